@@ -1,0 +1,1 @@
+"""Host adapters: the only code that knows a model library's internals."""

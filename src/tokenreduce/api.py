@@ -1,0 +1,68 @@
+"""The public API: apply / remove a method, list methods, read what the last forward did."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from .adapters import timm_vit
+from .core.method import Host, Reducer
+from .core.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Info:
+    """What a patched model is set to do, and what its last forward did.
+
+    Attributes:
+        spec: canonical spec string of the applied method.
+        schedule: the compiled schedule (non-prefix tokens after each block).
+        tokens_per_block: total tokens (prefix included) leaving each block in the last forward,
+            or the compiled counts before any forward.
+        sizes: (B, N) patches each final token stands for (last forward), or None.
+        index: (B, N) original sequence position of each final token (last forward), or None.
+        snapshots: block -> (B, N_block, N0) membership map after that block's reduction;
+            only with ``apply(..., trace=True)``.
+        aux_losses: named auxiliary losses emitted by a learned reducer in the last forward.
+    """
+
+    spec: str
+    host: Host
+    schedule: Schedule
+    tokens_per_block: list[int]
+    sizes: Tensor | None
+    index: Tensor | None
+    snapshots: dict[int, Tensor]
+    aux_losses: dict[str, Tensor]
+
+
+def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False) -> nn.Module:
+    """Patch a timm VisionTransformer in place to run ``spec``, e.g. ``'tome(r=13)'``.
+
+    Reversible with :func:`remove`; state_dict keys stay those of timm (a learned reducer adds
+    its own under ``tokenreduce.``). Returns the model.
+    """
+    return timm_vit.apply(model, spec, trace=trace)
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Restore the unpatched timm model."""
+    return timm_vit.remove(model)
+
+
+def get_info(model: nn.Module) -> Info:
+    """Schedule and last-forward record of a patched model."""
+    patch = timm_vit.get_patch(model)
+    last = patch.last
+    counts = patch.schedule.tokens_per_block(patch.host.num_prefix)
+    return Info(
+        spec=patch.reducer.spec(),
+        host=patch.host,
+        schedule=patch.schedule,
+        tokens_per_block=list(last.tokens_per_block) if last else counts,
+        sizes=last.sizes(last.index[..., None]) if last else None,
+        index=last.index if last else None,
+        snapshots=dict(last.snapshots) if last else {},
+        aux_losses=dict(last.aux_losses) if last else {},
+    )

@@ -1,0 +1,4 @@
+"""Model-agnostic core: token state, tensor primitives, schedules, the method registry.
+
+Nothing in ``core`` imports timm.
+"""

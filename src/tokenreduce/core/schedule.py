@@ -1,0 +1,161 @@
+"""One schedule vocabulary for every method.
+
+A :class:`Schedule` lists, for each block, how many non-prefix tokens leave it. It compiles from
+``r`` (tokens removed per block), ``keep`` + ``locs`` (fraction kept at given blocks) or
+``counts`` + ``locs`` (explicit token counts). Block indices are 0-based.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .errors import SpecError
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Non-prefix tokens after each block.
+
+    Attributes:
+        num_patches: non-prefix tokens entering block 0.
+        counts: (depth,) non-prefix tokens leaving each block.
+        locs: blocks where the reducer runs (counts drop only there).
+        where: 'attn' (after attention + residual, before the MLP) or 'block' (after the MLP).
+    """
+
+    num_patches: int
+    counts: tuple[int, ...]
+    locs: tuple[int, ...]
+    where: str
+
+    @property
+    def depth(self) -> int:
+        return len(self.counts)
+
+    def count_at(self, block: int) -> int | None:
+        """Target count if the reducer runs at ``block``, else None."""
+        return self.counts[block] if block in self.locs else None
+
+    def tokens_per_block(self, num_prefix: int) -> list[int]:
+        """Total tokens (prefix included) leaving each block."""
+        return [c + num_prefix for c in self.counts]
+
+    def describe(self) -> str:
+        steps = " -> ".join(str(self.counts[i]) for i in self.locs)
+        return f"{self.num_patches} -> {steps} non-prefix tokens at blocks {list(self.locs)} ({self.where})"
+
+
+def check_locs(locs: Sequence[int], depth: int, method: str) -> tuple[int, ...]:
+    locs = tuple(int(i) for i in locs)
+    bad = [i for i in locs if not 0 <= i < depth]
+    if bad:
+        raise SpecError(
+            f"{method}: block index {bad[0]} is beyond the model's depth {depth}; "
+            f"valid blocks are 0..{depth - 1}"
+        )
+    if list(locs) != sorted(set(locs)):
+        raise SpecError(f"{method}: locs={locs} must be strictly increasing block indices")
+    return locs
+
+
+def _build(n: int, depth: int, targets: dict[int, int], where: str, method: str) -> Schedule:
+    counts, cur = [], n
+    for block in range(depth):
+        if block in targets:
+            new = targets[block]
+            if not 1 <= new <= cur:
+                raise SpecError(
+                    f"{method}: block {block} would keep {new} of {cur} tokens; "
+                    f"a count must lie in [1, {cur}]"
+                )
+            cur = new
+        counts.append(cur)
+    return Schedule(n, tuple(counts), tuple(sorted(targets)), where)
+
+
+def from_keep(
+    n: int, depth: int, keep: float, locs: Sequence[int], where: str, method: str,
+    extra_token: bool = False,
+) -> Schedule:
+    """Keep ceil(keep * tokens) at each block in ``locs`` (EViT's rule); with ``extra_token``
+    one more token (the fused one) is added wherever something was dropped."""
+    check_keep(keep, method)
+    locs = check_locs(locs, depth, method)
+    targets, cur = {}, n
+    for block in locs:
+        kept = math.ceil(keep * cur)
+        cur = kept + 1 if extra_token and kept < cur else kept
+        targets[block] = cur
+    return _build(n, depth, targets, where, method)
+
+
+def from_r(
+    n: int, depth: int, r: int | Sequence[int], where: str, method: str,
+    max_r=lambda tokens: tokens - 1,
+) -> Schedule:
+    """Remove r tokens at every block (an int) or r[i] at block i (a sequence of length depth).
+    ``max_r(tokens)`` is the method's limit for a block entered with ``tokens`` tokens."""
+    rs = [r] * depth if isinstance(r, int) else list(r)
+    if len(rs) != depth:
+        raise SpecError(f"{method}: r has {len(rs)} entries; give one int or one per block ({depth})")
+    targets, cur = {}, n
+    for block, ri in enumerate(rs):
+        if not isinstance(ri, int) or ri < 0:
+            raise SpecError(f"{method}: r must be a non-negative int or a list of them, got {ri!r}")
+        if ri > max_r(cur):
+            raise SpecError(
+                f"{method}: r={ri} is too large at block {block}: {cur} tokens are left there and "
+                f"at most {max_r(cur)} can be removed; choose a smaller r"
+            )
+        if ri:
+            cur -= ri
+            targets[block] = cur
+    return _build(n, depth, targets, where, method)
+
+
+def from_counts(
+    n: int, depth: int, counts: Sequence[int], locs: Sequence[int], where: str, method: str
+) -> Schedule:
+    locs = check_locs(locs, depth, method)
+    if len(counts) != len(locs):
+        raise SpecError(
+            f"{method}: counts has {len(counts)} entries but locs has {len(locs)}; give one count per loc"
+        )
+    return _build(n, depth, dict(zip(locs, (int(c) for c in counts))), where, method)
+
+
+def check_keep(keep: float, method: str) -> None:
+    if not isinstance(keep, (int, float)) or not 0.0 < keep <= 1.0:
+        raise SpecError(f"{method}: keep={keep!r} is outside (0, 1]; keep is the fraction of tokens kept")
+
+
+def check_where(where: str, method: str) -> None:
+    if where not in ("attn", "block"):
+        raise SpecError(f"{method}: where={where!r} is invalid; choose 'attn' or 'block'")
+
+
+def compile_schedule(
+    n: int, depth: int, method: str, *, where: str, keep: float | None = None,
+    r: int | Sequence[int] | None = None, counts: Sequence[int] | None = None,
+    locs: Sequence[int] | None = None, extra_token: bool = False,
+    max_r=lambda tokens: tokens - 1,
+) -> Schedule:
+    """Compile whichever of keep / r / counts a spec gave (exactly one)."""
+    given = [name for name, v in (("keep", keep), ("r", r), ("counts", counts)) if v is not None]
+    if len(given) != 1:
+        raise SpecError(
+            f"{method}: give exactly one of keep (with locs), r, or counts (with locs); got "
+            f"{', '.join(given) or 'none'}"
+        )
+    check_where(where, method)
+    if r is not None:
+        if locs is not None:
+            raise SpecError(f"{method}: r acts at every block; give r as a list to vary it, not locs")
+        return from_r(n, depth, r, where, method, max_r)
+    if locs is None:
+        raise SpecError(f"{method}: {given[0]} needs locs, the blocks where tokens are reduced")
+    if keep is not None:
+        return from_keep(n, depth, keep, locs, where, method, extra_token)
+    return from_counts(n, depth, counts, locs, where, method)

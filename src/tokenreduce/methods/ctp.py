@@ -1,0 +1,73 @@
+"""ctp: EET's content-based token pruning.
+
+Paper: "EET: Efficient ... Fine-Grained Image Retrieval" (content-based token pruning, CTP),
+arXiv 2504.16691. Checked against: github.com/WhiteJiang/EET (model/vit.py).
+
+Inside the attention of a scoring block, with A_h = softmax(Q_h K_h^T / sqrt(d)) and the per-head
+output O_h = A_h V_h (B, H, N, d_h) before the output projection:
+    S[h, i] = ||O_h[i]||_2                            (B, H, N)  content norm of head h at token i
+    W[h, i] = S[h, i] / (sum_h' S[h', i] + 1e-8)      normalised across heads, per token
+    M[i]    = sum_h W[h, i] * A_h[CLS -> i]           (B, N - p)  importance of patch token i
+After the whole block (attention + MLP), the top-k patch tokens by M are kept; the rest are
+dropped (not fused). Nothing is learned.
+Official schedule (``ctp()``): keep 98, 49, 12 of 196 patch tokens after blocks 3, 7, 9 of 12.
+Other grids and depths get the same fractions at the proportional blocks
+(counts round(n * 98/196, n * 49/196, n * 12/196), blocks floor(l * depth / 12)).
+
+Deviations: none in the score. Only the CLS row of A is computed (from q_cls and K), so the block
+keeps the fused attention kernel; this changes nothing numerically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ..core import ops
+from ..core.errors import SpecError
+from ..core.method import AttnInfo, Host, Reducer, register_method
+from ..core.schedule import Schedule, compile_schedule
+from ..core.state import TokenState
+
+OFFICIAL_COUNTS = (98, 49, 12)  # of 196 patches
+OFFICIAL_LOCS = (3, 7, 9)  # of 12 blocks
+
+
+@dataclass(frozen=True)
+class CTPConfig:
+    keep: float | None = None
+    counts: Sequence[int] | None = None
+    locs: Sequence[int] | None = None
+
+
+@register_method("ctp")
+class CTP(Reducer):
+    """Content-weighted CLS-attention pruning after the block: (B, N, C) -> (B, p + count, C)."""
+
+    Config = CTPConfig
+    needs = frozenset({"cls_attn", "head_norms"})
+    needs_class_token = True
+    zero = {"keep": 1.0, "locs": (0,)}
+    where = "block"
+
+    def bind(self, host: Host) -> Schedule:
+        c = self.cfg
+        if c.keep is None and c.counts is None:
+            if c.locs is not None:
+                raise SpecError("ctp: give counts or keep with locs; ctp() alone is the official schedule")
+            locs = sorted({min(host.depth - 1, (l * host.depth) // 12) for l in OFFICIAL_LOCS})
+            counts = [max(1, round(host.num_patches * k / 196)) for k in OFFICIAL_COUNTS][: len(locs)]
+            return compile_schedule(host.num_patches, host.depth, self.name, where="block",
+                                    counts=counts, locs=locs)
+        return compile_schedule(host.num_patches, host.depth, self.name, where="block",
+                                keep=c.keep, counts=c.counts, locs=c.locs)
+
+    def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
+        p = state.num_prefix
+        norms = info.head_norms[:, :, p:]  # (B, H, N - p)
+        weights = norms / (norms.sum(dim=1, keepdim=True) + 1e-8)
+        scores = (weights * info.cls_attn[:, :, p:]).sum(dim=1)  # (B, N - p)
+        keep, _ = ops.keep_topk(scores, count, p)
+        return state.gather(x, keep)

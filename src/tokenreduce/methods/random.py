@@ -1,0 +1,62 @@
+"""random: drop tokens at random, the practical speed limit of any pruning schedule.
+
+No paper; the honest floor every method is compared against (shared/methods.md, Sec. 5). A random
+pruner at the same per-block token counts as a method has the same shapes and no scoring cost.
+
+The kept set is a fixed function of (seed, block): drawn once at ``bind`` and shared by every image
+and every call, so outputs are reproducible and batch-invariant and the forward pays only a
+gather. Change ``seed`` to measure the spread over random patterns.
+
+Deviations: none (no reference implementation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..core.method import AttnInfo, Host, Reducer, register_method
+from ..core.schedule import Schedule, compile_schedule
+from ..core.state import TokenState
+
+
+@dataclass(frozen=True)
+class RandomConfig:
+    keep: float | None = None
+    r: int | Sequence[int] | None = None
+    counts: Sequence[int] | None = None
+    locs: Sequence[int] | None = None
+    where: str = "attn"
+    seed: int = 0
+
+
+@register_method("random")
+class RandomPrune(Reducer):
+    """Keep a seeded random subset of ``count`` non-prefix tokens: x (B, N, C) -> (B, p + count, C)."""
+
+    Config = RandomConfig
+    zero = {"keep": 1.0, "locs": (0,)}
+
+    def bind(self, host: Host) -> Schedule:
+        c = self.cfg
+        sched = compile_schedule(
+            host.num_patches, host.depth, self.name, where=c.where, keep=c.keep, r=c.r,
+            counts=c.counts, locs=c.locs,
+        )
+        gen = torch.Generator().manual_seed(int(c.seed))
+        self._keep: dict[int, Tensor] = {}
+        prev = host.num_patches
+        for block in sched.locs:
+            count = sched.counts[block]
+            self._keep[block] = torch.rand(prev, generator=gen).topk(count).indices.sort().values
+            prev = count
+        return sched
+
+    def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
+        p = state.num_prefix
+        keep = self._keep[state.block].to(x.device) + p  # (count,)
+        idx = torch.cat([torch.arange(p, device=x.device), keep]).expand(x.shape[0], -1)
+        return state.gather(x, idx)  # (B, p + count, C)

@@ -1,0 +1,51 @@
+"""topk: keep the tokens the class token attends to most; drop the rest (no fusion).
+
+The plain attention-score pruner (EViT without its fused token), a floor for every
+attention-based method. Score: head-mean CLS attention a_i = (1/H) sum_h A_h[CLS -> i].
+
+Deviations: none (no reference implementation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ..core import ops
+from ..core.method import AttnInfo, Host, Reducer, register_method
+from ..core.schedule import Schedule, compile_schedule
+from ..core.state import TokenState
+
+
+@dataclass(frozen=True)
+class TopKConfig:
+    keep: float | None = 0.7
+    counts: Sequence[int] | None = None
+    locs: Sequence[int] = (3, 6, 9)
+    where: str = "attn"
+
+
+@register_method("topk")
+class TopK(Reducer):
+    """x (B, N, C) -> (B, p + count, C), keeping the highest head-mean CLS attention."""
+
+    Config = TopKConfig
+    needs = frozenset({"cls_attn"})
+    needs_class_token = True
+    zero = {"keep": 1.0}
+
+    def bind(self, host: Host) -> Schedule:
+        c = self.cfg
+        keep = None if c.counts is not None else c.keep
+        return compile_schedule(
+            host.num_patches, host.depth, self.name, where=c.where, keep=keep, counts=c.counts,
+            locs=c.locs,
+        )
+
+    def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
+        p = state.num_prefix
+        scores = info.cls_attn[:, :, p:].mean(dim=1)  # (B, N - p)
+        keep, _ = ops.keep_topk(scores, count, p)
+        return state.gather(x, keep)
