@@ -123,7 +123,7 @@ def from_counts(
         raise SpecError(
             f"{method}: counts has {len(counts)} entries but locs has {len(locs)}; give one count per loc"
         )
-    return _build(n, depth, dict(zip(locs, (int(c) for c in counts))), where, method)
+    return _build(n, depth, dict(zip(locs, (int(c) for c in counts), strict=True)), where, method)
 
 
 def check_keep(keep: float, method: str) -> None:

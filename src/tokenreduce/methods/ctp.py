@@ -57,7 +57,7 @@ class CTP(Reducer):
         if c.keep is None and c.counts is None:
             if c.locs is not None:
                 raise SpecError("ctp: give counts or keep with locs; ctp() alone is the official schedule")
-            locs = sorted({min(host.depth - 1, (l * host.depth) // 12) for l in OFFICIAL_LOCS})
+            locs = sorted({min(host.depth - 1, (loc * host.depth) // 12) for loc in OFFICIAL_LOCS})
             counts = [max(1, round(host.num_patches * k / 196)) for k in OFFICIAL_COUNTS][: len(locs)]
             return compile_schedule(host.num_patches, host.depth, self.name, where="block",
                                     counts=counts, locs=locs)
