@@ -1,0 +1,47 @@
+"""The ``tokenreduce`` command line. Each subcommand lives in ``tokenreduce.commands.<name>`` and
+exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
+
+Methods are addressed only by spec strings like ``'evit(keep=0.7, locs=(3, 6, 9))'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .core.errors import TokenReduceError
+
+#: Subcommand modules under tokenreduce.commands, in the order --help lists them.
+COMMANDS = ("list", "inspect", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tokenreduce",
+        description="Token reduction for timm Vision Transformers: apply a method by spec string, "
+        "measure speed, MACs and accuracy.",
+        epilog="Specs: name(key=value, ...), e.g. 'tome(r=13)', 'evit(keep=0.7, locs=(3, 6, 9))', 'ctp()'. "
+        "Run 'tokenreduce list' for the methods and their parameters.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"tokenreduce.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except TokenReduceError as e:
+        print(f"tokenreduce {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
