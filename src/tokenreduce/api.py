@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from .adapters import timm_vit
@@ -61,7 +62,7 @@ def get_info(model: nn.Module) -> Info:
         host=patch.host,
         schedule=patch.schedule,
         tokens_per_block=list(last.tokens_per_block) if last else counts,
-        sizes=last.sizes(last.index[..., None]) if last else None,
+        sizes=(last.size if last.size is not None else torch.ones(last.index.shape)) if last else None,
         index=last.index if last else None,
         snapshots=dict(last.snapshots) if last else {},
         aux_losses=dict(last.aux_losses) if last else {},

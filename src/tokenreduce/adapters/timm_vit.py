@@ -79,8 +79,6 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False) -> nn.M
     (``get_info(model).snapshots``), for visualisation; it costs a (B, N, N) map per forward.
     """
     host = check_host(model)
-    if hasattr(model, _ATTR):
-        remove(model)
     reducer = build_reducer(spec)
     if reducer.needs_class_token and not host.has_class_token:
         raise UnsupportedModelError(
@@ -88,6 +86,8 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False) -> nn.M
             "token; use a model with one, or a method that needs none (random, tome)"
         )
     schedule = reducer.bind(host)
+    if hasattr(model, _ATTR):  # only now: a failed apply leaves the previous patch in place
+        remove(model)
     ref = next(model.parameters())
     reducer.to(device=ref.device)
     if any(True for _ in reducer.parameters()):

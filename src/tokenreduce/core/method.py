@@ -49,8 +49,9 @@ class Host:
 class Reducer(nn.Module):
     """Base class of every method. Subclasses set ``Config``, ``needs`` and ``zero``.
 
-    ``zero`` holds spec parameters that make the method reduce nothing (used by the contract
-    tests: the patched model must then equal the unpatched one).
+    ``zero`` holds spec parameters that make the method reduce nothing (the contract tests check
+    that the patched model then equals the unpatched one); ``example`` holds parameters that
+    reduce tokens on a 4-block model (the contract tests run them on tiny hosts).
     """
 
     name: ClassVar[str] = ""
@@ -58,6 +59,7 @@ class Reducer(nn.Module):
     needs: ClassVar[frozenset[str]] = frozenset()
     needs_class_token: ClassVar[bool] = False
     zero: ClassVar[dict[str, Any]] = {}
+    example: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, cfg: Any) -> None:
         super().__init__()

@@ -50,6 +50,7 @@ class CTP(Reducer):
     needs = frozenset({"cls_attn", "head_norms"})
     needs_class_token = True
     zero = {"keep": 1.0, "locs": (0,)}
+    example = {"counts": (32, 16), "locs": (1, 2)}
     where = "block"
 
     def bind(self, host: Host) -> Schedule:

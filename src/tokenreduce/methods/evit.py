@@ -43,7 +43,8 @@ class EViT(Reducer):
     Config = EViTConfig
     needs = frozenset({"cls_attn"})
     needs_class_token = True
-    zero = {"keep": 1.0}
+    zero = {"keep": 1.0, "locs": (1,)}
+    example = {"keep": 0.5, "locs": (1, 2)}
 
     def bind(self, host: Host) -> Schedule:
         c = self.cfg

@@ -39,6 +39,7 @@ class RandomPrune(Reducer):
 
     Config = RandomConfig
     zero = {"keep": 1.0, "locs": (0,)}
+    example = {"keep": 0.5, "locs": (1, 2)}
 
     def bind(self, host: Host) -> Schedule:
         c = self.cfg

@@ -41,6 +41,7 @@ class ToMe(Reducer):
     Config = ToMeConfig
     needs = frozenset({"keys"})
     zero = {"r": 0}
+    example = {"r": 8}
 
     @property
     def proportional(self) -> bool:

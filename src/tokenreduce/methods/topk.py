@@ -34,7 +34,8 @@ class TopK(Reducer):
     Config = TopKConfig
     needs = frozenset({"cls_attn"})
     needs_class_token = True
-    zero = {"keep": 1.0}
+    zero = {"keep": 1.0, "locs": (1,)}
+    example = {"keep": 0.5, "locs": (1, 2)}
 
     def bind(self, host: Host) -> Schedule:
         c = self.cfg

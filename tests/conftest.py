@@ -1,0 +1,30 @@
+"""Tiny timm ViT hosts shared by the tests (depth 4, dim 64, 32x32 input, 64 patches)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from timm.models.deit import VisionTransformerDistilled
+from timm.models.vision_transformer import VisionTransformer
+
+TINY = dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2, num_classes=10)
+
+#: The host matrix of DESIGN.md: each entry builds a tiny model of one timm ViT variant.
+HOSTS = {
+    "deit": lambda: VisionTransformer(**TINY),
+    "distilled": lambda: VisionTransformerDistilled(**TINY),
+    "registers": lambda: VisionTransformer(**TINY, reg_tokens=2),
+    "layerscale": lambda: VisionTransformer(**TINY, init_values=0.1),
+    "qknorm": lambda: VisionTransformer(**TINY, qk_norm=True),
+    "avgpool": lambda: VisionTransformer(**TINY, class_token=False, global_pool="avg"),
+}
+
+
+def make_host(name: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return HOSTS[name]().eval()
+
+
+@pytest.fixture
+def images() -> torch.Tensor:
+    return torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
