@@ -1,0 +1,99 @@
+"""Pictures of what a method did: which patches were kept, merged (coloured by group) or pruned
+at every reduction block. Uses ``apply(..., trace=True)`` and ``get_info(model).snapshots``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .api import apply, get_info
+
+
+def patch_groups(source: Tensor, num_prefix: int) -> Tensor:
+    """Token each original patch belongs to after a reduction, -1 where it was pruned.
+
+    Args:
+        source: (N, N0) 0/1 membership of the N0 original tokens in the N current tokens.
+    Returns:
+        (N0 - num_prefix,) long: current token index per original patch, or -1.
+    """
+    patches = source[:, num_prefix:]  # (N, P)
+    group = patches.argmax(dim=0)
+    return torch.where(patches.sum(dim=0) > 0, group, torch.full_like(group, -1))
+
+
+def group_image(groups: Tensor, sizes: Tensor, grid: tuple[int, int], image: np.ndarray,
+                patch: tuple[int, int]) -> np.ndarray:
+    """(H, W, 3) picture: kept patches as in the image, merged ones tinted by group, pruned dark."""
+    out = image.copy()
+    rng = np.random.default_rng(0)
+    palette = rng.uniform(0.15, 1.0, size=(int(groups.max().item()) + 2, 3))
+    ph, pw = patch
+    for p, g in enumerate(groups.tolist()):
+        r, c = divmod(p, grid[1])
+        cell = out[r * ph : (r + 1) * ph, c * pw : (c + 1) * pw]
+        if g < 0:
+            cell *= 0.15
+        elif sizes[g] > 1:
+            cell[:] = 0.45 * cell + 0.55 * palette[g]
+    return out
+
+
+def _to_display(image: Tensor) -> np.ndarray:
+    """(C, H, W) normalised tensor -> (H, W, 3) in [0, 1] (per-image min-max, for display only)."""
+    img = image.detach().float()
+    img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)
+    img = img.permute(1, 2, 0).numpy()
+    return np.repeat(img, 3, axis=2) if img.shape[2] == 1 else img[..., :3]
+
+
+@torch.no_grad()
+def visualize(model: nn.Module, spec: str, images: Tensor, out_dir: str | Path,
+              titles: list[str] | None = None) -> list[Path]:
+    """Write one PNG per image: the input, then the token grid after every reduction block.
+
+    Args:
+        model: a timm VisionTransformer (patched or not; it is re-patched with ``spec`` and trace).
+        images: (B, C, H, W) model inputs.
+    Returns:
+        the PNG paths written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    apply(model, spec, trace=True)
+    model.eval()
+    model(images)
+    info = get_info(model)
+    p, grid = info.host.num_prefix, info.host.grid
+    patch = (images.shape[2] // grid[0], images.shape[3] // grid[1])
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    blocks = sorted(info.snapshots)
+    for i in range(images.shape[0]):
+        base = _to_display(images[i])
+        fig, axes = plt.subplots(1, len(blocks) + 1, figsize=(2.2 * (len(blocks) + 1), 2.6), squeeze=False)
+        axes[0, 0].imshow(base)
+        axes[0, 0].set_title(titles[i] if titles else "input", fontsize=8)
+        for ax, block in zip(axes[0, 1:], blocks, strict=True):
+            source = info.snapshots[block][i]
+            groups = patch_groups(source, p)
+            sizes = source.sum(-1)
+            ax.imshow(group_image(groups, sizes, grid, base, patch))
+            kept = int((groups >= 0).sum())
+            ax.set_title(f"after block {block}\n{source.shape[0] - p} tokens, {kept} patches live", fontsize=8)
+        for ax in axes[0]:
+            ax.axis("off")
+        fig.suptitle(spec, fontsize=9)
+        fig.tight_layout()
+        path = out_dir / f"image{i:03d}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
