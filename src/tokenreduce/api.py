@@ -26,6 +26,10 @@ class Info:
         snapshots: block -> (B, N_block, N0) membership map after that block's reduction;
             only with ``apply(..., trace=True)``.
         aux_losses: named auxiliary losses emitted by a learned reducer in the last forward.
+        keep_mask: (B, N) keep policy of the final tokens in the last forward, aligned with
+            ``index`` (prefix entries 1), when a learned pruner trained with a soft policy instead
+            of dropping tokens (DynamicViT in training); None when every final token is kept.
+            Not detached: a token-distillation loss that only weights tokens by it should detach it.
     """
 
     spec: str
@@ -36,6 +40,7 @@ class Info:
     index: Tensor | None
     snapshots: dict[int, Tensor]
     aux_losses: dict[str, Tensor]
+    keep_mask: Tensor | None = None
 
 
 def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False) -> nn.Module:
@@ -66,4 +71,5 @@ def get_info(model: nn.Module) -> Info:
         index=last.index if last else None,
         snapshots=dict(last.snapshots) if last else {},
         aux_losses=dict(last.aux_losses) if last else {},
+        keep_mask=last.keep_mask if last else None,
     )

@@ -3,8 +3,10 @@
 The patch replaces ``model.forward_features`` (an instance attribute; ``remove`` deletes it) with a
 loop that calls timm's own sub-modules by name: patch_embed, _pos_embed, patch_drop, norm_pre,
 and per block norm1, attn.qkv, attn.q_norm, attn.k_norm, attn.norm, attn.proj, attn.proj_drop,
-ls1, drop_path1, norm2, mlp, ls2, drop_path2, then norm. Attention always runs through fused SDPA;
-the side products a method asked for (CLS row, keys, head-output norms) are computed beside it.
+ls1, drop_path1, norm2, mlp, ls2, drop_path2, then norm. Attention runs through fused SDPA; the
+side products a method asked for (CLS row, keys, head-output norms) are computed beside it. Only
+while a learned pruner trains with a soft keep policy (``TokenState.keep_mask``) is attention
+computed explicitly, by :func:`policy_softmax`.
 A reducer with parameters is attached as ``model.tokenreduce`` (its own state_dict keys); a
 training-free one adds no keys.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -89,7 +92,8 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False) -> nn.M
     if hasattr(model, _ATTR):  # only now: a failed apply leaves the previous patch in place
         remove(model)
     ref = next(model.parameters())
-    reducer.to(device=ref.device)
+    reducer.to(device=ref.device, dtype=ref.dtype)
+    reducer.train(model.training)  # later model.train()/eval() calls reach it as a submodule
     if any(True for _ in reducer.parameters()):
         model.tokenreduce = reducer
     setattr(model, _ATTR, Patch(reducer, schedule, host, trace))
@@ -179,12 +183,20 @@ def _attention(attn: nn.Module, x: Tensor, state: TokenState, needs: frozenset[s
     bias = state.attn_bias()  # (B, 1, 1, N) or None
     if bias is not None:
         bias = bias.to(q.dtype)
-    o = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias, dropout_p=attn.attn_drop.p if attn.training else 0.0
-    )  # (B, H, N, d)
+    probs = None
+    if state.keep_mask is None:
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias, dropout_p=attn.attn_drop.p if attn.training else 0.0
+        )  # (B, H, N, d)
+    else:
+        logits = (q * attn.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+        if bias is not None:
+            logits = logits + bias
+        probs = policy_softmax(logits, state.keep_mask)
+        o = attn.attn_drop(probs) @ v  # (B, H, N, d)
     info = AttnInfo()
     if "cls_attn" in needs:
-        info.cls_attn = cls_attention(q, k, attn.scale, bias)
+        info.cls_attn = cls_attention(q, k, attn.scale, bias) if probs is None else probs[:, :, 0]
     if "keys" in needs:
         info.keys = k
     if "head_norms" in needs:
@@ -193,3 +205,28 @@ def _attention(attn: nn.Module, x: Tensor, state: TokenState, needs: frozenset[s
     if getattr(attn, "gate", None) is not None:
         out = out * attn.gate(x).sigmoid()
     return attn.proj_drop(attn.proj(out)), info
+
+
+def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6) -> Tensor:
+    """Attention under a soft keep policy (attention masking of DynamicViT, arXiv 2106.02034).
+
+        A_ij = exp(s_ij) G_ij / sum_k exp(s_ik) G_ik,   G_ij = policy_j (j != i),  G_ii = 1
+
+    The policy multiplies probabilities rather than adding log(policy) to the logits, so the
+    gradient reaches policy_j even where it is 0 (a log-mask would give 0 * inf there). A token
+    always attends to itself, so no row is empty. As in the official code, the row is shifted by
+    its max and computed in float32, and eps keeps it finite when every kept logit underflows:
+    A_ij = (exp(s_ij - m_i) G_ij + eps / N) / (sum_k exp(s_ik - m_i) G_ik + eps).
+
+    Args:
+        logits: (B, H, N, N) scaled attention logits s (plus any additive bias).
+        policy: (B, N) keep policy in [0, 1].
+    Returns:
+        (B, H, N, N) attention probabilities in the dtype of ``logits``.
+    """
+    N = logits.shape[-1]
+    eye = torch.eye(N, dtype=torch.bool, device=logits.device)
+    gate = torch.where(eye, 1.0, policy.float()[:, None, None, :])  # (B, 1, N, N)
+    s = logits.float()
+    e = (s - s.amax(dim=-1, keepdim=True)).exp() * gate
+    return ((e + eps / N) / (e.sum(dim=-1, keepdim=True) + eps)).to(logits.dtype)

@@ -30,6 +30,11 @@ class TokenState:
         source: (B, N, N0) float 0/1 membership of original tokens, only when tracing.
         prop_attn: add log(size) to the attention logits (proportional attention).
         keep_pruned: keep pruned tokens aside in ``pruned`` (Last Layer Fusion, unmerge).
+        keep_mask: (B, N) keep policy in [0, 1] aligned with the tokens (prefix entries 1), or
+            None. While set, the attention of the following blocks weights key j by
+            keep_mask[:, j] (a token always sees itself) instead of dropping tokens: the
+            differentiable stand-in for pruning that learned pruners train with (DynamicViT).
+            Pruning methods that set it reduce through :meth:`gather`, which keeps it aligned.
     """
 
     num_prefix: int
@@ -40,6 +45,7 @@ class TokenState:
     source: Tensor | None = None
     prop_attn: bool = False
     keep_pruned: bool = False
+    keep_mask: Tensor | None = None
     pruned: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
     tokens_per_block: list[int] = field(default_factory=list)
@@ -82,6 +88,8 @@ class TokenState:
             self.size = ops.gather_tokens(self.size, idx)
         if self.source is not None:
             self.source = ops.gather_tokens(self.source, idx)
+        if self.keep_mask is not None:
+            self.keep_mask = ops.gather_tokens(self.keep_mask, idx)
         return ops.gather_tokens(x, idx)
 
     def merge(self, x: Tensor, plan: ops.MergePlan) -> Tensor:
