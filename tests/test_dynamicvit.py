@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from conftest import make_host
 
 import tokenreduce as tr
-from tokenreduce.adapters.timm_vit import _attention, policy_softmax
+from tokenreduce.adapters.timm_vit import _attention
 from tokenreduce.core.method import Host
+from tokenreduce.core.ops import policy_softmax
 from tokenreduce.core.state import TokenState
 from tokenreduce.methods.dynamicvit import convert_official_checkpoint
 

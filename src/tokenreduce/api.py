@@ -67,9 +67,15 @@ def get_info(model: nn.Module) -> Info:
         host=patch.host,
         schedule=patch.schedule,
         tokens_per_block=list(last.tokens_per_block) if last else counts,
-        sizes=(last.size if last.size is not None else torch.ones(last.index.shape)) if last else None,
+        sizes=_sizes(last),
         index=last.index if last else None,
         snapshots=dict(last.snapshots) if last else {},
         aux_losses=dict(last.aux_losses) if last else {},
         keep_mask=last.keep_mask if last else None,
     )
+
+
+def _sizes(last) -> Tensor | None:
+    if last is None:
+        return None
+    return last.size if last.size is not None else torch.ones_like(last.index, dtype=torch.float)

@@ -6,7 +6,7 @@ and per block norm1, attn.qkv, attn.q_norm, attn.k_norm, attn.norm, attn.proj, a
 ls1, drop_path1, norm2, mlp, ls2, drop_path2, then norm. Attention runs through fused SDPA; the
 side products a method asked for (CLS row, keys, head-output norms) are computed beside it. Only
 while a learned pruner trains with a soft keep policy (``TokenState.keep_mask``) is attention
-computed explicitly, by :func:`policy_softmax`.
+computed explicitly, by :func:`tokenreduce.core.ops.policy_softmax`.
 A reducer with parameters is attached as ``model.tokenreduce`` (its own state_dict keys); a
 training-free one adds no keys.
 """
@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.errors import TokenReduceError, UnsupportedModelError
 from ..core.method import AttnInfo, Host, Reducer, build_reducer
-from ..core.ops import cls_attention
+from ..core.ops import cls_attention, policy_softmax
 from ..core.schedule import Schedule
 from ..core.state import TokenState
 
@@ -206,27 +205,3 @@ def _attention(attn: nn.Module, x: Tensor, state: TokenState, needs: frozenset[s
         out = out * attn.gate(x).sigmoid()
     return attn.proj_drop(attn.proj(out)), info
 
-
-def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6) -> Tensor:
-    """Attention under a soft keep policy (attention masking of DynamicViT, arXiv 2106.02034).
-
-        A_ij = exp(s_ij) G_ij / sum_k exp(s_ik) G_ik,   G_ij = policy_j (j != i),  G_ii = 1
-
-    The policy multiplies probabilities rather than adding log(policy) to the logits, so the
-    gradient reaches policy_j even where it is 0 (a log-mask would give 0 * inf there). A token
-    always attends to itself, so no row is empty. As in the official code, the row is shifted by
-    its max and computed in float32, and eps keeps it finite when every kept logit underflows:
-    A_ij = (exp(s_ij - m_i) G_ij + eps / N) / (sum_k exp(s_ik - m_i) G_ik + eps).
-
-    Args:
-        logits: (B, H, N, N) scaled attention logits s (plus any additive bias).
-        policy: (B, N) keep policy in [0, 1].
-    Returns:
-        (B, H, N, N) attention probabilities in the dtype of ``logits``.
-    """
-    N = logits.shape[-1]
-    eye = torch.eye(N, dtype=torch.bool, device=logits.device)
-    gate = torch.where(eye, 1.0, policy.float()[:, None, None, :])  # (B, 1, N, N)
-    s = logits.float()
-    e = (s - s.amax(dim=-1, keepdim=True)).exp() * gate
-    return ((e + eps / N) / (e.sum(dim=-1, keepdim=True) + eps)).to(logits.dtype)

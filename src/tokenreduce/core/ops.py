@@ -98,3 +98,28 @@ def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> MergePla
     src = order[:, :r]
     dst = best_idx.gather(1, src)
     return MergePlan(num_prefix, order[:, r:].sort(dim=-1).values, src, dst)
+
+
+def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6) -> Tensor:
+    """Attention under a soft keep policy (attention masking of DynamicViT, arXiv 2106.02034).
+
+        A_ij = exp(s_ij) G_ij / sum_k exp(s_ik) G_ik,   G_ij = policy_j (j != i),  G_ii = 1
+
+    The policy multiplies probabilities rather than adding log(policy) to the logits, so the
+    gradient reaches policy_j even where it is 0 (a log-mask would give 0 * inf there). A token
+    always attends to itself, so no row is empty. As in the official code, the row is shifted by
+    its max and computed in float32, and eps keeps it finite when every kept logit underflows:
+    A_ij = (exp(s_ij - m_i) G_ij + eps / N) / (sum_k exp(s_ik - m_i) G_ik + eps).
+
+    Args:
+        logits: (B, H, N, N) scaled attention logits s (plus any additive bias).
+        policy: (B, N) keep policy in [0, 1].
+    Returns:
+        (B, H, N, N) attention probabilities in the dtype of ``logits``.
+    """
+    N = logits.shape[-1]
+    eye = torch.eye(N, dtype=torch.bool, device=logits.device)
+    gate = torch.where(eye, 1.0, policy.float()[:, None, None, :])  # (B, 1, N, N)
+    s = logits.float()
+    e = (s - s.amax(dim=-1, keepdim=True)).exp() * gate
+    return ((e + eps / N) / (e.sum(dim=-1, keepdim=True) + eps)).to(logits.dtype)

@@ -14,7 +14,7 @@ D = 1 before the first stage:
     z_global = sum_j D_j z_j[C/2:] / sum_j D_j                             (B, 1, C - C/2)
     pi       = LogSoftmax(MLP([z[..., :C/2], z_global]))                   (B, M, 2)
     MLP: Linear(C, C/2), GELU, Linear(C/2, C/4), GELU, Linear(C/4, 2); pi[..., 0] = log P(keep)
-Training (every token stays; attention is masked instead, see adapters.timm_vit.policy_softmax):
+Training (every token stays; attention is masked instead, see core.ops.policy_softmax):
     D <- GumbelSoftmax(pi, tau, hard=True)[..., 0] * D        straight-through, cumulative
     A_ij = exp(s_ij) G_ij / sum_k exp(s_ik) G_ik,  G_ij = D_j (j != i), G_ii = 1  (later blocks)
     aux_losses['ratio'] = ratio_weight / S * sum_s mean_b (mean_j D^s_bj - keep^s)^2
