@@ -1,0 +1,201 @@
+"""Throughput and latency of several specs on one model, measured in one interleaved run.
+
+For every case (the unpatched model, always included, and each spec) one round times
+    throughput  img_per_s  = B * iters / t      at batch B (default 32)
+    latency     latency_ms = 1000 * t / iters   at batch 1
+The rounds go round-robin over the cases, starting one case later each round, so machine drift
+(thermal, other processes, frequency scaling) hits every case alike; warm-up rounds come first
+and are discarded. Each result is the median over the timed rounds with its inter-quartile
+range, and each ratio is the median of the per-round ratios against the unpatched model of the
+same round (a paired estimate, so drift between rounds cancels):
+    speedup         = img_per_s(spec) / img_per_s(unpatched)
+    latency_speedup = latency_ms(unpatched) / latency_ms(spec)
+Both are > 1 when the spec is faster. Everything runs under ``torch.inference_mode()`` in eval mode.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import timm_vit
+from ..core.errors import TokenReduceError
+from ..core.method import Reducer, build_reducer
+from .macs import input_shape
+
+
+@dataclass(frozen=True)
+class Case:
+    """One thing to time: ``spec`` None is the unpatched model."""
+
+    label: str
+    spec: str | None
+
+
+@dataclass
+class SpeedResult:
+    """Medians over the timed rounds; ``*_runs`` hold the per-round values in round order."""
+
+    label: str
+    spec: str | None
+    batch: int
+    img_per_s: float = math.nan
+    img_per_s_iqr: float = math.nan
+    latency_ms: float = math.nan
+    latency_ms_iqr: float = math.nan
+    speedup: float = math.nan
+    latency_speedup: float = math.nan
+    img_per_s_runs: list[float] = field(default_factory=list)
+    latency_ms_runs: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def matched_random(model: nn.Module, spec: str | Reducer, seed: int = 0) -> str:
+    """The ``random(counts=..., locs=..., where=...)`` spec with exactly the per-block token counts
+    of ``spec`` on ``model``: same shapes, no scoring cost - the speed limit of that schedule.
+
+    The schedule is compiled the way ``apply`` compiles it (``reducer.bind(host)``), so ``model``
+    is left untouched.
+    """
+    sched = build_reducer(spec).bind(timm_vit.check_host(model))
+    counts = tuple(sched.counts[i] for i in sched.locs)
+    return f"random(counts={counts!r}, locs={tuple(sched.locs)!r}, where={sched.where!r}, seed={seed})"
+
+
+def _median_iqr(values: Sequence[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    if len(values) < 2:
+        return float(values[0]), 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return float(statistics.median(values)), float(q3 - q1)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(model: nn.Module, x: Tensor, iters: int) -> float:
+    """Seconds for ``iters`` forwards of ``x``."""
+    _sync(x.device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        model(x)
+    _sync(x.device)
+    return time.perf_counter() - t0
+
+
+def _patch(model: nn.Module, reducer: Reducer | None, dtype: torch.dtype) -> None:
+    if reducer is None:
+        return
+    timm_vit.apply(model, reducer)
+    reducer.to(dtype=dtype).eval()  # apply moves a learned reducer to the device only; timing is eval
+
+
+def measure_speed(
+    model: nn.Module, cases: Sequence[Case], *, batch: int = 32, img_size: int | None = None,
+    warmup: int = 2, repeats: int = 10, min_run_s: float = 0.05, threads: int | None = None,
+    seed: int = 0, progress: Callable[[str], None] | None = None,
+) -> list[SpeedResult]:
+    """Time every case (plus the unpatched model, added first if absent) in one interleaved run.
+
+    Args:
+        model: an unpatched timm ViT, already on its device and dtype.
+        cases: what to time; a spec is applied before its measurement and removed after.
+        batch: batch size for throughput; latency is always at batch 1.
+        warmup: untimed rounds before the ``repeats`` timed ones.
+        min_run_s: each timed measurement repeats the forward until it lasts about this long
+            (the count is fixed per case from the last warm-up round), so short forwards are not
+            lost in timer resolution.
+        threads: torch.set_num_threads for the run (restored afterwards); None leaves it.
+        progress: called with one line per timed round.
+    Returns:
+        one SpeedResult per case, the unpatched model first, with ratios filled in.
+    """
+    if hasattr(model, timm_vit._ATTR):
+        raise TokenReduceError("measure_speed takes an unpatched model; pass the methods as specs")
+    if batch < 1 or repeats < 1 or warmup < 0:
+        raise TokenReduceError(f"need batch >= 1, repeats >= 1, warmup >= 0; got {batch}, {repeats}, {warmup}")
+    cases = list(cases)
+    if not any(c.spec is None for c in cases):
+        cases.insert(0, Case("unpatched", None))
+    cases.sort(key=lambda c: c.spec is not None)  # the baseline first; stable for the rest
+    # One model instance for all cases, patched and unpatched in turn: every case runs on the very
+    # same weights in the same memory, and the footprint stays one model however many specs are
+    # timed (a deepcopy per spec would multiply memory and give each case its own cache/NUMA
+    # placement). apply/remove only swap a bound method and compile a schedule, outside the timer.
+    # Reducers are built once so a learned one keeps the same parameters in every round.
+    reducers = [None if c.spec is None else build_reducer(c.spec) for c in cases]
+    for reducer in reducers:  # fail on a bad spec before any timing
+        if reducer is not None:
+            timm_vit.apply(model, reducer)
+            timm_vit.remove(model)
+
+    ref = next(model.parameters())
+    gen = torch.Generator().manual_seed(seed)
+    x_big = torch.randn(batch, *input_shape(model, img_size), generator=gen).to(ref.device, ref.dtype)
+    x_one = x_big[:1].clone()
+    results = [SpeedResult(c.label, c.spec, batch) for c in cases]
+    iters = [[1, 1] for _ in cases]  # forwards per measurement: (batch B, batch 1)
+
+    old_threads, was_training = torch.get_num_threads(), model.training
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for rnd in range(warmup + repeats):
+                timed = rnd >= warmup
+                for j in _round_order(len(cases), rnd):
+                    _patch(model, reducers[j], ref.dtype)
+                    try:
+                        t_big = _time(model, x_big, iters[j][0])
+                        t_one = _time(model, x_one, iters[j][1])
+                    finally:
+                        if reducers[j] is not None:
+                            timm_vit.remove(model)
+                    if not timed:
+                        if rnd == warmup - 1:
+                            iters[j] = [max(1, math.ceil(min_run_s * n / t)) if t > 0 else 1
+                                        for n, t in zip(iters[j], (t_big, t_one), strict=True)]
+                        continue
+                    res = results[j]
+                    res.img_per_s_runs.append(batch * iters[j][0] / t_big)
+                    res.latency_ms_runs.append(1000.0 * t_one / iters[j][1])
+                if progress is not None and timed:
+                    progress(f"round {rnd + 1 - warmup}/{repeats}: "
+                             + ", ".join(f"{r.label} {r.img_per_s_runs[-1]:.1f} img/s" for r in results))
+                elif progress is not None:
+                    progress(f"warm-up round {rnd + 1}/{warmup}")
+    finally:
+        torch.set_num_threads(old_threads)
+        model.train(was_training)
+
+    base = results[0]
+    for res in results:
+        res.img_per_s, res.img_per_s_iqr = _median_iqr(res.img_per_s_runs)
+        res.latency_ms, res.latency_ms_iqr = _median_iqr(res.latency_ms_runs)
+        res.speedup = paired_ratio(res.img_per_s_runs, base.img_per_s_runs)
+        res.latency_speedup = paired_ratio(base.latency_ms_runs, res.latency_ms_runs)
+    return results
+
+
+def _round_order(n: int, rnd: int) -> list[int]:
+    """Cases in round ``rnd``: round-robin, starting one case later each round."""
+    start = rnd % n
+    return list(range(start, n)) + list(range(start))
+
+
+def paired_ratio(num: Sequence[float], den: Sequence[float]) -> float:
+    """Median over rounds of num[k] / den[k] (values measured in the same round k)."""
+    ratios = [a / b for a, b in zip(num, den, strict=True) if b > 0]
+    return float(statistics.median(ratios)) if ratios else math.nan

@@ -1,0 +1,179 @@
+"""bench: analytic MACs against torch.utils.flop_counter, the speed harness's bookkeeping, reports.
+
+No assertion here is about absolute speed or speed ratios: the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import timm
+import torch
+from conftest import make_host
+
+import tokenreduce as tr
+from tokenreduce.bench import (
+    Case,
+    count_macs,
+    flop_counter_macs,
+    format_table,
+    matched_random,
+    measure_speed,
+    provenance,
+    write_json,
+)
+from tokenreduce.bench.speed import paired_ratio
+
+
+def spec_of(name: str, params: dict) -> str:
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+
+
+def method_specs() -> list[str]:
+    """Per registered method: its zero-reduction spec and its example spec (tiny 4-block model)."""
+    specs = []
+    for name in tr.list_methods():
+        cls = tr.get_method(name)
+        specs += [spec_of(name, cls.zero), spec_of(name, cls.example)]
+    return specs
+
+
+def assert_close(analytic: int, measured: int, tol: float = 0.01) -> None:
+    assert abs(analytic - measured) <= tol * measured, f"analytic {analytic} vs flop_counter {measured}"
+
+
+@pytest.mark.parametrize("host", ["deit", "distilled", "registers", "avgpool"])
+def test_unpatched_macs_match_flop_counter(host):
+    model = make_host(host)
+    report = count_macs(model)
+    assert report.total == flop_counter_macs(model)  # no side products: exact
+    assert report.spec is None and report.scoring == 0
+    assert report.tokens_per_block == [64 + model.num_prefix_tokens] * 4
+
+
+@pytest.mark.parametrize("spec", method_specs())
+def test_patched_macs_match_flop_counter(spec):
+    model = tr.apply(make_host("deit"), spec)
+    report = count_macs(model)
+    assert_close(report.total, flop_counter_macs(model))
+    info = tr.get_info(model)
+    assert report.tokens_per_block == info.schedule.tokens_per_block(info.host.num_prefix)
+    assert report.tokens_per_block == info.tokens_per_block  # the real counts of the forward just run
+    assert report.spec == info.spec
+
+
+@pytest.mark.parametrize("where", ["attn", "block"])
+def test_where_decides_the_mlp_tokens(where):
+    model = tr.apply(make_host("deit"), f"topk(keep=0.5, locs=(1,), where={where!r})")
+    b = count_macs(model).blocks[1]
+    assert (b.tokens_in, b.tokens_out) == (65, 33)
+    assert b.tokens_mlp == (33 if where == "attn" else 65)
+    assert b.mlp == b.tokens_mlp * 2 * 64 * 256
+
+
+def test_block_formulas():
+    """qkv N D 3D, attention 2 N^2 D, proj N D D, MLP N D hidden 2, stem, head."""
+    report = count_macs(make_host("deit"))
+    n, d, hidden = 65, 64, 256
+    b = report.blocks[0]
+    assert (b.qkv, b.attn, b.proj, b.mlp) == (n * d * 3 * d, 2 * n * n * d, n * d * d, n * d * hidden * 2)
+    assert report.stem == 64 * 3 * 4 * 4 * d
+    assert report.head == d * 10
+
+
+def test_scoring_side_products_are_counted():
+    base = count_macs(make_host("deit")).blocks
+    model = tr.apply(make_host("deit"), "tome(r=8)")
+    blocks = count_macs(model).blocks
+    m = 64
+    assert blocks[0].scoring == (m + 1) // 2 * (m // 2) * 32  # ToMe matching, head_dim 32
+    tr.apply(model, "random(counts=(56, 48, 40, 32), locs=(0, 1, 2, 3))")
+    assert all(b.scoring == 0 for b in count_macs(model).blocks)
+    tr.apply(model, "evit(keep=0.5, locs=(1,))")
+    evit = count_macs(model).blocks[1]
+    dropped = 64 - 32
+    assert evit.scoring == 65 * 64 + dropped * 64  # CLS row + fused token
+    assert base[1].scoring == 0
+
+
+def test_published_deit_small_macs():
+    """DeiT-S: 4.6 G unpatched, EViT 0.7 3.0 G, ToMe r=13 2.7 G, CTP 2.5 G (methods.md, Sec. 5)."""
+    model = timm.create_model("deit_small_patch16_224").eval()
+    g = {}
+    for spec in [None, "evit(keep=0.7, locs=(3, 6, 9))", "tome(r=13)", "ctp()"]:
+        if spec:
+            tr.apply(model, spec)
+        g[spec] = count_macs(model).total / 1e9
+    assert g[None] == pytest.approx(4.6, abs=0.05)
+    assert g["evit(keep=0.7, locs=(3, 6, 9))"] == pytest.approx(3.0, abs=0.05)
+    assert g["tome(r=13)"] == pytest.approx(2.7, abs=0.05)
+    assert g["ctp()"] == pytest.approx(2.5, abs=0.05)
+
+
+def test_patched_macs_reject_other_image_size():
+    model = tr.apply(make_host("deit"), "tome(r=8)")
+    with pytest.raises(tr.TokenReduceError, match="patches"):
+        count_macs(model, img_size=64)
+
+
+@pytest.mark.parametrize("spec", ["evit(keep=0.5, locs=(1, 2))", "tome(r=8)", "ctp()"])
+def test_matched_random_has_the_same_token_counts(spec):
+    model = make_host("deit")
+    rnd = matched_random(model, spec)
+    assert not hasattr(model, "_tokenreduce_patch")  # left untouched
+    tr.apply(model, spec)
+    want = tr.get_info(model).schedule
+    tr.apply(model, rnd)
+    got = tr.get_info(model).schedule
+    assert (got.counts, got.where) == (want.counts, want.where)
+
+
+def test_measure_speed_bookkeeping():
+    model = make_host("deit").train()
+    threads = torch.get_num_threads()
+    lines = []
+    results = measure_speed(
+        model, [Case("tome", "tome(r=8)"), Case("zero", "tome(r=0)")], batch=2, warmup=1, repeats=2,
+        min_run_s=0.0, threads=1, progress=lines.append,
+    )
+    assert [r.label for r in results] == ["unpatched", "tome", "zero"]
+    assert results[0].speedup == 1.0 and results[0].latency_speedup == 1.0
+    for r in results:
+        assert len(r.img_per_s_runs) == len(r.latency_ms_runs) == 2
+        assert r.img_per_s > 0 and r.latency_ms > 0 and r.img_per_s_iqr >= 0
+        assert r.speedup > 0 and r.latency_speedup > 0
+    assert len(lines) == 3
+    assert not hasattr(model, "_tokenreduce_patch") and model.training
+    assert torch.get_num_threads() == threads
+
+
+def test_measure_speed_rejects_bad_input():
+    model = tr.apply(make_host("deit"), "tome(r=8)")
+    with pytest.raises(tr.TokenReduceError, match="unpatched"):
+        measure_speed(model, [Case("x", "tome(r=8)")])
+    with pytest.raises(tr.SpecError, match="beyond"):
+        measure_speed(make_host("deit"), [Case("x", "evit(locs=(9,))")], repeats=1)
+
+
+def test_paired_ratio_is_the_median_of_same_round_ratios():
+    assert paired_ratio([2.0, 30.0, 4.0], [1.0, 10.0, 1.0]) == 3.0
+
+
+def test_report_table_json_provenance(tmp_path):
+    table = format_table([{"a": "x", "b": 1.5}, {"a": "yy", "b": None}], [("a", "A"), ("b", "B")])
+    assert table.splitlines()[0].split() == ["A", "B"] and "-" in table.splitlines()[-1]
+    prov = provenance(argv=["tokenreduce", "bench"], threads=1, batch_sizes=[4, 1], seed=0)
+    for key in ("command", "git_revision", "torch", "timm", "python", "platform", "cpu", "threads", "dtype",
+                "batch_sizes", "seed"):
+        assert key in prov
+    path = write_json(tmp_path / "sub" / "r.json", {"provenance": prov})
+    assert json.loads(path.read_text())["provenance"]["command"] == "tokenreduce bench"
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize("host", ["distilled", "registers"])
+@pytest.mark.parametrize("spec", ["tome(r=8)", "evit(keep=0.5, locs=(1, 2))"])
+def test_patched_macs_on_several_prefix_tokens(host, spec):
+    model = tr.apply(make_host(host), spec)
+    assert_close(count_macs(model).total, flop_counter_macs(model))
