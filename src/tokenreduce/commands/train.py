@@ -1,0 +1,142 @@
+"""``tokenreduce train``: train a ViT from scratch, or fine-tune a (reduced) model.
+
+Settings come from, in increasing priority: TrainConfig defaults, ``--recipe NAME``, the flags
+given. Multi-process: ``torchrun --nproc_per_node N -m tokenreduce.cli train ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+#: CLI flag -> timm create_model kwarg.
+MODEL_FLAGS = {"img_size": "img_size", "patch_size": "patch_size", "in_chans": "in_chans", "dim": "embed_dim",
+               "depth": "depth", "heads": "num_heads", "mlp_ratio": "mlp_ratio", "num_classes": "num_classes",
+               "drop_path": "drop_path_rate"}
+#: CLI dest -> TrainConfig field, for the flags that map one to one.
+CONFIG_FLAGS = ("spec", "init", "teacher", "distill_weight", "data", "data_dir", "download", "augment", "epochs",
+                "batch_size", "eval_batch_size", "lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing",
+                "grad_clip", "amp", "seed", "deterministic", "subset", "eval_subset", "eval_every", "out", "resume",
+                "force", "ckpt_every", "threads", "device", "num_workers", "quiet")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..train.recipes import RECIPES
+
+    recipes = "; ".join(f"{k}: {v['description']}" for k, v in RECIPES.items())
+    p = sub.add_parser(
+        "train", help="train a ViT from scratch or fine-tune a reduced model",
+        description="Train a timm ViT (from scratch, or from --init CKPT) with an optional reducer --spec, "
+        "optional distillation from --teacher CKPT. Checkpoints (safetensors + JSON) go to --out; --resume continues "
+        "an interrupted run exactly. Multi-process: torchrun --nproc_per_node N -m tokenreduce.cli train ...",
+        epilog=f"Recipes: {recipes}. Example: tokenreduce train --recipe fmnist-vit",
+    )
+    g = p.add_argument_group("model")
+    g.add_argument("--recipe", help="named recipe (model + optimiser + schedule); flags override it")
+    g.add_argument("--model", help="timm model name, e.g. vit_tiny_patch16_224 (the size flags override it)")
+    g.add_argument("--img-size", type=int)
+    g.add_argument("--patch-size", type=int)
+    g.add_argument("--in-chans", type=int, help="1 (grayscale) or 3")
+    g.add_argument("--dim", type=int, help="embedding width")
+    g.add_argument("--depth", type=int)
+    g.add_argument("--heads", type=int)
+    g.add_argument("--mlp-ratio", type=float)
+    g.add_argument("--num-classes", type=int, help="default: the dataset's")
+    g.add_argument("--drop-path", type=float, help="stochastic depth rate")
+    g.add_argument("--pretrained", action="store_true", default=None, help="start from timm's weights (network)")
+    g.add_argument("--spec", help="reducer to fine-tune with, e.g. 'evit(keep=0.7, locs=(3,))'")
+    g.add_argument("--init", metavar="CKPT", help="start from this checkpoint's model and weights")
+    g.add_argument("--teacher", metavar="CKPT", help="distil from this frozen checkpoint")
+    g.add_argument("--distill", help="what to distil: logits, tokens or logits,tokens (default with a teacher: logits)")
+    g.add_argument("--distill-weight", type=float)
+    d = p.add_argument_group("data")
+    d.add_argument("--data", metavar="NAME_OR_DIR",
+                   help="fashion_mnist (default), a directory of Fashion-MNIST idx files, or an image folder "
+                   "ROOT/{train,val}/<class>/<image>")
+    d.add_argument("--data-dir", metavar="DIR", help="where a named dataset's files are")
+    d.add_argument("--download", action="store_true", default=None, help="fetch a missing dataset (network)")
+    d.add_argument("--augment", help="none, crop_flip, crop_flip_erase or rrc_flip (default: the dataset's)")
+    d.add_argument("--subset", type=int, metavar="N", help="train (and evaluate) on a fixed N-image subset")
+    d.add_argument("--eval-subset", type=int, metavar="N")
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--epochs", type=int)
+    o.add_argument("--batch-size", type=int, help="global batch size (split across processes)")
+    o.add_argument("--eval-batch-size", type=int)
+    o.add_argument("--lr", type=float, help="peak AdamW learning rate")
+    o.add_argument("--min-lr", type=float)
+    o.add_argument("--weight-decay", type=float)
+    o.add_argument("--warmup-epochs", type=float)
+    o.add_argument("--label-smoothing", type=float)
+    o.add_argument("--grad-clip", type=float)
+    o.add_argument("--amp", choices=("bf16",), help="bf16 autocast")
+    r = p.add_argument_group("run")
+    r.add_argument("--out", metavar="DIR", help="output directory (default for a recipe: $TOKENREDUCE_CACHE/<recipe>)")
+    r.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
+    r.add_argument("--force", action="store_true", default=None, help="overwrite a run in --out")
+    r.add_argument("--ckpt-every", type=int, metavar="STEPS")
+    r.add_argument("--eval-every", type=int, metavar="EPOCHS")
+    r.add_argument("--seed", type=int)
+    r.add_argument("--deterministic", action="store_true", default=None)
+    r.add_argument("--threads", type=int, help="torch CPU threads")
+    r.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    r.add_argument("--workers", dest="num_workers", type=int, help="data loader workers (default 0)")
+    r.add_argument("--quiet", action="store_true", default=None, help="no progress output")
+    r.add_argument("--results", metavar="PATH", help="also write a results JSON (metrics, command, versions)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The TrainConfig the flags ask for (recipe, then flags)."""
+    from ..core.errors import TokenReduceError
+    from ..train.loop import TrainConfig
+    from ..train.recipes import default_out, get_recipe
+
+    fields: dict[str, Any] = get_recipe(args.recipe) if args.recipe else {}
+    model = dict(fields.get("model") or {})
+    kwargs = dict(model.get("kwargs") or {})
+    if args.model:
+        model["name"] = args.model
+    kwargs.update({kw: getattr(args, flag) for flag, kw in MODEL_FLAGS.items() if getattr(args, flag) is not None})
+    if args.pretrained:
+        model["pretrained"] = True
+    if model or kwargs:
+        if "name" not in model:
+            raise TokenReduceError("model size flags need --model NAME (a timm ViT) or --recipe")
+        fields["model"] = {**model, "kwargs": kwargs}
+    fields.update({k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None})
+    if args.distill:
+        fields["distill"] = tuple(s.strip() for s in args.distill.split(",") if s.strip())
+    if not fields.get("out"):
+        if not args.recipe:
+            raise TokenReduceError("give --out DIR (where checkpoints go) or --recipe NAME")
+        fields["out"] = str(default_out(args.recipe))
+    return TrainConfig.from_dict(fields)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..train.loop import train
+
+    cfg = config_from_args(args)
+    metrics = train(cfg)
+    if "checkpoint" not in metrics:  # not the main process
+        return 0
+    extra = " (reused; --force retrains)" if metrics.get("reused") else ""
+    print(f"top1 {metrics.get('top1', float('nan')):.2f}  loss {metrics.get('loss', float('nan')):.4f}  "
+          f"checkpoint {metrics['checkpoint']}{extra}")
+    if args.results:
+        write_results(Path(args.results), cfg, metrics)
+    return 0
+
+
+def write_results(path: Path, cfg, metrics: dict[str, Any]) -> None:
+    """Results JSON: the command that made it, the config, the metrics and the environment."""
+    from ..train.loop import run_info
+
+    command = "tokenreduce " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    record = {"command": command, "config": cfg.to_dict(), "metrics": metrics, "run": run_info()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")

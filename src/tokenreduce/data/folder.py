@@ -1,0 +1,88 @@
+"""Images in class folders (the ImageNet layout): ``ROOT/<split>/<class>/<image>``.
+
+``ROOT/train`` and ``ROOT/val`` (``test`` is looked for as ``test``, then ``val``). Classes are
+the sorted sub-directory names of the split. Images are read with PIL; 8-bit modes (RGB, L, P,
+RGBA, CMYK, ...) are converted to what the model takes, 16-/32-bit and float modes are refused
+with an error naming the file (converting them would silently clip values).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from .fashion_mnist import DataError
+from .transforms import Transform
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+#: PIL modes that convert to 8-bit RGB / L without losing range.
+EIGHT_BIT_MODES = frozenset({"1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr"})
+_SPLIT_DIRS = {"train": ("train",), "val": ("val", "validation", "test"), "test": ("test", "val", "validation")}
+
+
+def split_dir(root: str | os.PathLike, split: str) -> Path:
+    """The directory holding ``split``'s class folders."""
+    root = Path(root)
+    if not root.exists():
+        raise DataError(f"image folder {root} does not exist")
+    if not root.is_dir():
+        raise DataError(f"{root} is not a directory (expected ROOT/train/<class>/*.jpg, ROOT/val/<class>/*.jpg)")
+    if split not in _SPLIT_DIRS:
+        raise DataError(f"split must be one of {', '.join(_SPLIT_DIRS)}, got {split!r}")
+    for name in _SPLIT_DIRS[split]:
+        if (root / name).is_dir():
+            return root / name
+    raise DataError(f"{root} has no '{_SPLIT_DIRS[split][0]}' directory; expected the ImageNet layout "
+                    f"ROOT/train/<class>/<image>, ROOT/val/<class>/<image>")
+
+
+def load_image(path: Path, mode: str):
+    """PIL image converted to ``mode`` ('RGB' or 'L'); DataError for unreadable files or wide modes."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        img = Image.open(path)
+        img.load()
+    except (OSError, UnidentifiedImageError) as e:
+        raise DataError(f"cannot read image {path}: {e}") from e
+    if img.mode not in EIGHT_BIT_MODES:
+        raise DataError(f"image {path} has mode {img.mode!r} (16-/32-bit or float); convert it to 8-bit RGB or "
+                        "grayscale (e.g. PIL: img.convert('RGB') after scaling) before training")
+    if img.mode in ("P", "PA") and "transparency" in img.info:
+        img = img.convert("RGBA")
+    return img.convert(mode)
+
+
+class ImageFolder(Dataset):
+    """Items ``(transform(PIL image), class index)``; ``classes`` are the folder names."""
+
+    def __init__(self, root: str | os.PathLike, split: str, transform: Transform | None = None,
+                 in_chans: int = 3) -> None:
+        self.root = split_dir(root, split)
+        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        if not self.classes:
+            raise DataError(f"{self.root} holds no class folders; expected {self.root}/<class>/<image>")
+        self.samples: list[tuple[Path, int]] = []
+        for label, name in enumerate(self.classes):
+            files = sorted(p for p in (self.root / name).rglob("*") if p.suffix.lower() in EXTENSIONS)
+            self.samples += [(p, label) for p in files]
+        if not self.samples:
+            raise DataError(f"{self.root} holds no images (looked for {', '.join(EXTENSIONS)} in "
+                            f"{len(self.classes)} class folders)")
+        self.targets = torch.tensor([label for _, label in self.samples])
+        self.transform = transform
+        self.mode = "L" if in_chans == 1 else "RGB"
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        img = load_image(path, self.mode)
+        return (self.transform(img) if self.transform else img), label
+
+    def __repr__(self) -> str:
+        return f"ImageFolder({self.root}, n={len(self)}, classes={len(self.classes)})"

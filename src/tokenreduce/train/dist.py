@@ -1,0 +1,167 @@
+"""torchrun / DDP helpers and the samplers that make runs reproducible.
+
+``torchrun --nproc_per_node N -m tokenreduce.cli train ...`` sets RANK / WORLD_SIZE /
+LOCAL_RANK; :func:`setup` joins the process group (gloo on CPU, nccl on CUDA). Without those
+variables everything runs in one process and the collectives are no-ops.
+
+Sampling: the batch size is *global*. Each global batch is the same set of samples whatever the
+number of processes (a seeded permutation per epoch, cut into global batches, each split across
+ranks), and each sample's augmentation is seeded by (seed, epoch, index) through
+``data.Seeded``. So N processes see exactly the data 1 process sees, and a resumed run can skip
+the batches it already consumed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.utils.data import Sampler
+
+from ..core.errors import TokenReduceError
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands: rank among world processes, and its device."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def resolve_device(device: str | None, local_rank: int = 0) -> torch.device:
+    """``device`` or, when None, cuda:<local_rank> if CUDA is available, else cpu."""
+    if device in (None, "auto"):
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TokenReduceError(f"device {device!r} requested but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device(f"cuda:{local_rank}")
+    return dev
+
+
+def setup(device: str | None = None) -> DistInfo:
+    """Join the torchrun process group if the environment says so; returns this process's DistInfo."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local)
+    if world > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world)
+    if dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    return DistInfo(rank, world, local, dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(t: Tensor) -> Tensor:
+    """Sum ``t`` over processes (a copy; identity in one process)."""
+    t = t.clone()
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed for one sample's augmentation (splitmix64 of the three numbers)."""
+    z = (seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+class TrainBatchSampler(Sampler[list[tuple[int, int]]]):
+    """This rank's share of each global batch of an epoch, as ``(index, sample_seed)`` keys.
+
+    Epoch ``e``'s order is ``randperm(n)`` from a generator seeded with ``seed + e``; it is cut
+    into ``n // batch_size`` global batches (the incomplete last one is dropped) and rank ``r``
+    takes positions ``r::world`` of each. ``set_epoch(e, skip=k)`` starts at global batch ``k``.
+    """
+
+    def __init__(self, n: int, batch_size: int, *, seed: int, rank: int = 0, world: int = 1,
+                 shuffle: bool = True) -> None:
+        if batch_size % world:
+            raise TokenReduceError(f"batch size {batch_size} is global and must be divisible by the "
+                                   f"{world} processes")
+        if n < batch_size:
+            raise TokenReduceError(f"{n} training images are fewer than one batch of {batch_size}; "
+                                   "lower --batch-size or raise --subset")
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.rank, self.world, self.shuffle = rank, world, shuffle
+        self.epoch, self.skip = 0, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.n // self.batch_size
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch - self.skip
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        if self.shuffle:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        else:
+            order = list(range(self.n))
+        B = self.batch_size
+        for b in range(self.skip, self.batches_per_epoch):
+            batch = order[b * B : (b + 1) * B][self.rank :: self.world]
+            yield [(i, sample_seed(self.seed, self.epoch, i)) for i in batch]
+
+
+class ShardSampler(Sampler[list[int]]):
+    """Evaluation batches: rank ``r`` takes images ``r::world`` (no padding, no duplicates), so
+    summed counts over ranks equal one process's counts exactly."""
+
+    def __init__(self, n: int, batch_size: int, *, rank: int = 0, world: int = 1) -> None:
+        self.indices = list(range(rank, n, world))
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return -(-len(self.indices) // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for s in range(0, len(self.indices), self.batch_size):
+            yield self.indices[s : s + self.batch_size]
