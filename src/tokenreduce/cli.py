@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = ["tokenreduce", *argv]  # the command as typed, for results' provenance
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

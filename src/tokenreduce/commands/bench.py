@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out:
         result = {
-            "provenance": provenance(threads=threads, dtype=args.dtype, device=args.device,
+            "provenance": provenance(argv=args.argv, threads=threads, dtype=args.dtype, device=args.device,
                                      batch_sizes=[settings["batch"], 1], seed=args.seed),
             "model": {"name": args.model, "img_size": list(model.patch_embed.img_size), "pretrained": args.pretrained,
                       "checkpoint": args.checkpoint, "params": sum(p.numel() for p in model.parameters())},

@@ -22,22 +22,27 @@ def complement_index(idx: Tensor, n: int) -> Tensor:
     return mask.nonzero()[:, 1].reshape(idx.shape[0], n - idx.shape[1])
 
 
-def keep_topk(scores: Tensor, k: int, num_prefix: int) -> tuple[Tensor, Tensor]:
+def keep_topk(scores: Tensor, k: int, num_prefix: int, with_drop: bool = False) -> tuple[Tensor, Tensor | None]:
     """Indices of the prefix tokens plus the k highest-scoring non-prefix tokens.
 
     Args:
         scores: (B, M) scores of the M non-prefix tokens.
         k: how many non-prefix tokens to keep.
         num_prefix: prefix tokens in front of them, always kept first.
+        with_drop: also return the dropped positions.
     Returns:
-        keep (B, num_prefix + k) and drop (B, M - k) positions into the full sequence; kept
-        tokens stay in their original order (spatial order for patches).
+        keep (B, num_prefix + k) and drop (B, M - k) or None: positions into the full sequence;
+        kept tokens stay in their original order (spatial order for patches), dropped ones too.
     """
     B, M = scores.shape
-    order = scores.argsort(dim=1, descending=True)  # (B, M)
-    top = order[:, :k].sort(dim=1).values + num_prefix
-    drop = order[:, k:].sort(dim=1).values + num_prefix
     prefix = torch.arange(num_prefix, device=scores.device).expand(B, num_prefix)
+    drop = None
+    if with_drop:  # one full sort, so keep and drop partition the tokens even under ties
+        order = scores.argsort(dim=1, descending=True)
+        top, drop = order[:, :k], order[:, k:].sort(dim=1).values + num_prefix
+    else:
+        top = scores.topk(k, dim=1, sorted=False).indices
+    top = top.sort(dim=1).values + num_prefix
     return torch.cat([prefix, top], 1), drop
 
 
@@ -58,7 +63,7 @@ class MergePlan:
     """Bipartite merge of the non-prefix tokens: set A (even), set B (odd).
 
     ``src`` (B, r) rows of A merged into ``dst`` (B, r) rows of B; ``unm`` (B, |A| - r) rows of A
-    kept. Output order: prefix, unmerged A, B.
+    kept (in similarity order, as in ToMe). Output order: prefix, unmerged A, B.
     """
 
     num_prefix: int
@@ -97,7 +102,7 @@ def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> MergePla
     order = best.argsort(dim=-1, descending=True)
     src = order[:, :r]
     dst = best_idx.gather(1, src)
-    return MergePlan(num_prefix, order[:, r:].sort(dim=-1).values, src, dst)
+    return MergePlan(num_prefix, order[:, r:], src, dst)
 
 
 def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6) -> Tensor:

@@ -93,15 +93,18 @@ class TokenState:
         return ops.gather_tokens(x, idx)
 
     def merge(self, x: Tensor, plan: ops.MergePlan) -> Tensor:
-        """Apply a size-weighted merge plan to x and every aligned tensor; returns merged x."""
-        size = self.sizes(x)
-        x = plan.apply(x * size[..., None], "sum")
-        self.size = plan.apply(size[..., None], "sum")[..., 0]
-        x = x / self.size[..., None]
+        """Apply a size-weighted merge plan to x and every aligned tensor; returns merged x.
+
+        x_dst <- (sum_i s_i x_i) / (sum_i s_i) over the tokens merged into dst; s_dst <- sum_i s_i.
+        """
+        size = self.sizes(x)[..., None]  # (B, N, 1)
+        merged = plan.apply(torch.cat([x * size, size], dim=-1), "sum")  # one pass for x and size
+        x, size = merged[..., :-1], merged[..., -1:]
+        self.size = size[..., 0]
         self.index = plan.apply(self.index[..., None], "first")[..., 0]
         if self.source is not None:
             self.source = plan.apply(self.source, "sum")
-        return x
+        return x / size
 
     def gather_and_fuse(self, x: Tensor, keep: Tensor, drop: Tensor, weights: Tensor) -> Tensor:
         """Keep ``keep`` (B, K) and append one token fused from ``drop`` (B, D) (EViT).

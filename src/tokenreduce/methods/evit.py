@@ -57,7 +57,7 @@ class EViT(Reducer):
         p = state.num_prefix
         attn = info.cls_attn[:, :, p:].mean(dim=1)  # (B, N - p)
         kept = count - 1 if self.cfg.fuse else count
-        keep, drop = ops.keep_topk(attn, kept, p)
+        keep, drop = ops.keep_topk(attn, kept, p, with_drop=self.cfg.fuse)
         if not self.cfg.fuse:
             return state.gather(x, keep)
         weights = attn.gather(1, drop - p)  # (B, N - p - kept)
