@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +86,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--quiet", action="store_true", default=None, help="no progress output")
     r.add_argument("--results", metavar="PATH", help="also write a results JSON (metrics, command, versions)")
     p.set_defaults(func=run)
+    _OPTIONS.update({a.dest: a.option_strings[-1] for a in p._actions if a.option_strings and a.dest != "help"})
+
+
+#: argparse dest -> option string, to write down the command that made a result.
+_OPTIONS: dict[str, str] = {}
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``tokenreduce train`` command equivalent to ``args`` (the flags that were given)."""
+    parts = ["tokenreduce", "train"]
+    for dest, opt in _OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None or value is False:
+            continue
+        parts += [opt] if value is True else [opt, shlex.quote(str(value))]
+    return " ".join(parts)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -128,15 +143,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"top1 {metrics.get('top1', float('nan')):.2f}  loss {metrics.get('loss', float('nan')):.4f}  "
           f"checkpoint {metrics['checkpoint']}{extra}")
     if args.results:
-        write_results(Path(args.results), cfg, metrics)
+        write_results(Path(args.results), command_line(args), cfg, metrics)
     return 0
 
 
-def write_results(path: Path, cfg, metrics: dict[str, Any]) -> None:
+def write_results(path: Path, command: str, cfg, metrics: dict[str, Any]) -> None:
     """Results JSON: the command that made it, the config, the metrics and the environment."""
     from ..train.loop import run_info
 
-    command = "tokenreduce " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     record = {"command": command, "config": cfg.to_dict(), "metrics": metrics, "run": run_info()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")

@@ -184,7 +184,8 @@ def pil_transform(cfg: DataConfig, *, train: bool, augment: str = "rrc_flip") ->
 
     if augment not in AUGMENTS:
         raise TokenReduceError(f"unknown augment {augment!r}; choose from {', '.join(AUGMENTS)}")
-    common = dict(input_size=(3, *cfg.img_size), interpolation=cfg.interpolation, mean=(0.0,) * 3, std=(1.0,) * 3,
+    c = cfg.in_chans
+    common = dict(input_size=(c, *cfg.img_size), interpolation=cfg.interpolation, mean=(0.0,) * c, std=(1.0,) * c,
                   crop_pct=cfg.crop_pct)
     if train and augment == "rrc_flip":
         base = create_transform(**common, is_training=True, color_jitter=0.0, hflip=0.5)
