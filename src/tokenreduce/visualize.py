@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .api import apply, get_info
+from .core.method import Reducer
 
 
 def patch_groups(source: Tensor, num_prefix: int) -> Tensor:
@@ -51,12 +52,13 @@ def _to_display(image: Tensor) -> np.ndarray:
 
 
 @torch.no_grad()
-def visualize(model: nn.Module, spec: str, images: Tensor, out_dir: str | Path,
+def visualize(model: nn.Module, spec: str | Reducer, images: Tensor, out_dir: str | Path,
               titles: list[str] | None = None) -> list[Path]:
     """Write one PNG per image: the input, then the token grid after every reduction block.
 
     Args:
         model: a timm VisionTransformer (patched or not; it is re-patched with ``spec`` and trace).
+        spec: a spec string, or a Reducer (e.g. a trained one, which keeps its weights).
         images: (B, C, H, W) model inputs.
     Returns:
         the PNG paths written.
@@ -90,7 +92,7 @@ def visualize(model: nn.Module, spec: str, images: Tensor, out_dir: str | Path,
             ax.set_title(f"after block {block}\n{source.shape[0] - p} tokens, {kept} patches live", fontsize=8)
         for ax in axes[0]:
             ax.axis("off")
-        fig.suptitle(spec, fontsize=9)
+        fig.suptitle(info.spec, fontsize=9)
         fig.tight_layout()
         path = out_dir / f"image{i:03d}.png"
         fig.savefig(path, dpi=110)

@@ -1,0 +1,171 @@
+"""``tokenreduce demo``: the built-in default run, from a fresh clone in minutes on 2 CPU cores.
+
+1. the reference model: the cached ``fmnist-vit`` checkpoint, else a short version of its recipe
+   trained into the cache (a checkpoint: an interrupted demo resumes it, a second demo reuses it);
+2. every registered training-free method (learned ones are skipped, with a note) at the specs whose
+   measured speed-up is closest to 1.5x, 2x and 2.5x (bench/budgets.py), random over 3 seeds;
+3. top-1, MACs, img/s, latency and speed-ups of all of them in one run (bench/accuracy.py);
+4. the table on stdout; results.json, results.csv, pareto.png and per-method visualisations of a
+   few test images in ``--out``. Progress goes to stderr.
+
+``--quick`` is a seconds-long smoke run of the same pipeline: a tiny model trained on 512 images,
+200 test images, 2 budgets, short timings. Its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import TokenReduceError
+
+#: The short stand-in for the reference recipe: ~4 min of training on 2 cores.
+SHORT = {"epochs": 2, "subset": 30000, "eval_subset": 2000, "batch_size": 64, "warmup_epochs": 0.1}
+#: The --quick model: tiny, trained in seconds.
+QUICK_MODEL = {"name": "vit_tiny_patch16_224",
+               "kwargs": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 32,
+                          "depth": 4, "num_heads": 2, "mlp_ratio": 2.0}}
+QUICK_TRAIN = {"model": QUICK_MODEL, "data": "fashion_mnist", "epochs": 1, "batch_size": 64, "lr": 2e-3,
+               "warmup_epochs": 0.2, "subset": 512, "eval_subset": 200}
+FULL = {"subset": None, "short_subset": 5000, "budgets": "1.5,2,2.5", "seeds": "0,1,2", "rule": "measured",
+        "images": 3,
+        "speed": {"batch": 32, "warmup": 2, "repeats": 7, "min_run_s": 0.05}}
+QUICK = {"subset": 200, "short_subset": 200, "budgets": "1.5,2", "seeds": "0,1", "rule": "macs", "images": 2,
+         "speed": {"batch": 8, "warmup": 1, "repeats": 2, "min_run_s": 0.0}}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo", help="the built-in default: every training-free method at 1.5x/2x/2.5x on Fashion-MNIST",
+        description="Evaluate every registered training-free method at the specs closest to 1.5x, 2x and 2.5x "
+        "measured speed-up on the reference Fashion-MNIST ViT (cached, or a short version trained now): "
+        "table, results.json/csv, pareto.png and visualisations. Under 10 minutes on 2 CPU cores.",
+    )
+    p.add_argument("--out", default="runs/demo", metavar="DIR", help="output directory (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="seconds-long smoke run on a tiny model (numbers are noise)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
+    p.add_argument("--subset", type=int, help="test images (default: all 10000 with the cached reference, a fixed "
+                   "5000 with the short one, 200 with --quick)")
+    p.add_argument("--budgets", help="target speed-ups (default: 1.5,2,2.5; quick 1.5,2)")
+    p.add_argument("--seeds", help="seeds of random (default: 0,1,2; quick 0,1)")
+    p.set_defaults(func=run)
+
+
+def _train(cfg_fields: dict[str, Any], note: str) -> Path:
+    from ..commands.eval import log
+    from ..train.loop import TrainConfig, train
+
+    log(note)
+    metrics = train(TrainConfig.from_dict({**cfg_fields, "resume": True}))
+    return Path(metrics["checkpoint"])
+
+
+def reference(quick: bool, threads: int) -> tuple[Path, str, bool]:
+    """(checkpoint, how it was obtained, whether it is the cached full reference)."""
+    from ..train.recipes import cache_dir, default_out, get_recipe, reference_checkpoint
+
+    if quick:
+        out = cache_dir() / "demo-quick"
+        cfg = {**QUICK_TRAIN, "out": str(out), "threads": threads, "download": True, "quiet": True}
+        note = f"quick mode: a tiny ViT trained on 512 images into {out} (seconds)"
+        return _train(cfg, note), "tiny model (quick)", False
+    try:
+        return reference_checkpoint("fmnist-vit"), "cached reference fmnist-vit", True
+    except TokenReduceError:
+        pass
+    out = cache_dir() / "fmnist-vit-short"
+    cfg = {**get_recipe("fmnist-vit"), **SHORT, "out": str(out), "threads": threads, "download": True}
+    note = (f"no trained reference model at {default_out('fmnist-vit')}/model.safetensors, so the demo trains a "
+            f"short version of it now: {SHORT['epochs']} epochs on {SHORT['subset']} training images (about 4 "
+            f"minutes on 2 cores) into {out}; an interrupted run resumes there and later demos reuse it. The full "
+            "reference (higher accuracy, about an hour on 2 cores): tokenreduce train --recipe fmnist-vit")
+    return _train(cfg, note), f"short fmnist-vit ({SHORT['epochs']} epochs on {SHORT['subset']} images)", False
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..bench.accuracy import evaluate_cases
+    from ..bench.report import provenance
+    from .eval import (
+        budget_cases,
+        load_data,
+        load_reference,
+        log,
+        parse_floats,
+        parse_ints,
+        print_table,
+        threads_text,
+        write_outputs,
+    )
+    from .visualize import draw
+
+    t0 = time.perf_counter()
+    mode = QUICK if args.quick else FULL
+    targets = parse_floats(args.budgets or mode["budgets"], "--budgets")
+    seeds = parse_ints(args.seeds or mode["seeds"], "--seeds")
+    if not targets or not seeds:
+        raise TokenReduceError("give at least one budget and one seed")
+    if args.threads < 1:
+        raise TokenReduceError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    speed = {**mode["speed"], "threads": args.threads}
+    out = Path(args.out)
+
+    ckpt, origin, full = reference(args.quick, args.threads)
+    t_ref = time.perf_counter() - t0
+    model, meta = load_reference(str(ckpt))
+    log(f"reference: {ckpt} ({origin}), ready after {t_ref:.0f} s")
+    n_test = args.subset or (mode["subset"] if full else mode["short_subset"])
+    data_args = argparse.Namespace(data=None, data_dir=None, download=True, subset=n_test)
+    data, data_info = load_data(model, meta, data_args)
+
+    log(f"choosing specs for {', '.join(f'{t:g}x' for t in targets)} ({mode['rule']} rule)")
+    cases, picks, skipped = budget_cases(model, targets, None, mode["rule"], speed)
+    rows = evaluate_cases(model, data, cases, seeds=seeds, speed=speed, progress=log)
+    wall = time.perf_counter() - t0
+    print(f"tokenreduce demo: {origin}, {data_info['name']} ({data_info['which']}), batch {speed['batch']} "
+          f"(latency: batch 1), {threads_text(args.threads)}, random over seeds {seeds}")
+    print_table(rows)
+    for name, why in skipped.items():
+        print(f"not shown: {name} ({why})")
+
+    info = {
+        "provenance": provenance(argv=args.argv, threads=args.threads, batch_sizes=[speed["batch"], 1],
+                                 seed=seeds[0], seeds=seeds, quick=args.quick, wall_s=round(wall, 1),
+                                 reference_s=round(t_ref, 1)),
+        "reference": {"checkpoint": str(ckpt), "origin": origin, "model": meta.get("model"),
+                      "train_metrics": {k: (meta.get("metrics") or {}).get(k) for k in ("top1", "epochs", "steps")}},
+        "data": data_info, "speed": speed,
+        "budgets": {"targets": targets, "rule": mode["rule"], "picks": picks, "skipped": skipped},
+    }
+    write_outputs(out, rows, info, f"demo: {origin}; {data_info['n']} test images, {threads_text(args.threads)}, "
+                  f"batch {speed['batch']}")
+    images, titles = _images(data, mode["images"], meta.get("classes") or [])
+    middle = sorted(targets)[len(targets) // 2]
+    specs = _one_per_method(picks, middle)
+    log(f"visualising {len(titles)} test images for {', '.join(specs)}")
+    paths = draw(model, specs, images, titles, out / "visualize")
+    log(f"wrote {len(paths)} visualisations under {out / 'visualize'}")
+    print(f"done in {time.perf_counter() - t0:.0f} s (reference ready after {t_ref:.0f} s); results in {out}/")
+    return 0
+
+
+def _images(data, n: int, classes: list[str]):
+    """The first ``n`` evaluation images and their titles (class names)."""
+    images, labels = data.tensors
+    n = min(n, len(labels))
+    titles = [classes[int(y)] if int(y) < len(classes) else f"class {int(y)}" for y in labels[:n]]
+    return images[:n], titles
+
+
+def _one_per_method(picks: list[dict[str, Any]], target: float) -> list[str]:
+    """Per method, the pick made for the target closest to ``target``."""
+    best: dict[str, dict[str, Any]] = {}
+    for p in picks:
+        cur = best.get(p["method"])
+        if cur is None or abs(p["target"] - target) < abs(cur["target"] - target):
+            best[p["method"]] = p
+    return [p["spec"] for p in best.values()]

@@ -1,0 +1,40 @@
+"""``tokenreduce demo --quick`` end to end (tiny model trained in seconds, 200 real Fashion-MNIST test
+images), and that a second run reuses the trained checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tokenreduce.cli import main
+from tokenreduce.data.fashion_mnist import SYSTEM_DIR
+
+pytestmark = pytest.mark.skipif(not (SYSTEM_DIR / "train-images-idx3-ubyte.gz").is_file(),
+                                reason=f"Fashion-MNIST is not installed in {SYSTEM_DIR}")
+
+
+def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--threads", "1", "--out", str(out)]) == 0
+    printed, err = capsys.readouterr()
+    data = json.loads((out / "results.json").read_text())
+    rows = data["results"]
+    assert rows[0]["kind"] == "unpatched" and rows[0]["top1_drop"] == 0.0
+    methods = {r["method"] for r in rows[1:]}
+    assert methods == {"ctp", "evit", "random", "tome", "topk"}  # every training-free method, no learned one
+    assert "dynamicvit" in data["budgets"]["skipped"] and "dynamicvit" in err
+    for name in methods:
+        assert sorted(r["budget"] for r in rows if r["method"] == name) == [1.5, 2.0], name
+    assert all(r["spec"] in printed for r in rows[1:])
+    assert all(r["n_runs"] == 2 for r in rows if r["method"] == "random")
+    assert data["provenance"]["quick"] is True and data["data"]["n"] == 200
+    assert (out / "results.csv").is_file() and (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+    vis = sorted(p.parent.name.split("_")[0] for p in (out / "visualize").rglob("image000.png"))
+    assert vis == sorted(methods) and len(list((out / "visualize").rglob("*.png"))) == 2 * len(methods)
+
+    ckpt = tmp_path / "cache" / "demo-quick" / "model.safetensors"
+    stamp = ckpt.stat().st_mtime_ns
+    assert main(["demo", "--quick", "--threads", "1", "--out", str(out), "--budgets", "1.5", "--seeds", "0"]) == 0
+    assert ckpt.stat().st_mtime_ns == stamp  # reused, not retrained

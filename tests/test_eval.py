@@ -1,0 +1,184 @@
+"""``tokenreduce eval`` / ``visualize``, the eval engine and the budget rule, on a tiny untrained ViT
+checkpoint (28x28 grayscale, 49 patches, depth 4, dim 32) and a few real Fashion-MNIST test images.
+Only structure and invariants are checked, never a speed or an accuracy level."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from tokenreduce.bench.accuracy import EvalCase, evaluate_cases, is_stochastic, with_seed
+from tokenreduce.bench.budgets import candidates, find_budgets, fit_power, is_learned, training_free
+from tokenreduce.cli import main
+from tokenreduce.data.fashion_mnist import SYSTEM_DIR
+from tokenreduce.train.checkpoint import build_model, save_checkpoint
+
+MODEL = {"name": "vit_tiny_patch16_224",
+         "kwargs": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 4,
+                    "num_heads": 2, "mlp_ratio": 2.0}}
+FAST = ["--subset", "48", "--threads", "1", "--repeats", "1", "--warmup", "0", "--batch", "4", "--eval-batch", "16"]
+needs_fmnist = pytest.mark.skipif(not (SYSTEM_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
+                                  reason=f"Fashion-MNIST is not installed in {SYSTEM_DIR}")
+
+
+def tiny_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(MODEL).eval()
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    path = tmp_path / "ref.safetensors"
+    save_checkpoint(path, tiny_model(), meta={"model": MODEL, "spec": None, "data": {"name": "fashion_mnist"}})
+    return path
+
+
+def one_line_error(capsys, argv: list[str], match: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith(f"tokenreduce {argv[0]}: error: ") and match in err[-1], err
+    assert not any("Traceback" in line for line in err)
+
+
+# ----------------------------------------------------------------------------- eval command
+
+
+@needs_fmnist
+def test_eval_writes_json_csv_png_with_every_spec(tmp_path, ckpt, capsys):
+    tuned = tmp_path / "tuned.safetensors"
+    model = tiny_model(1)
+    import tokenreduce
+
+    tokenreduce.apply(model, "tome(r=2)")
+    save_checkpoint(tuned, model, meta={"model": MODEL, "spec": "tome(r=2)", "config": {"seed": 7}})
+    specs = ["tome(r=4)", "random(keep=0.5, locs=(1, 2))"]
+    out = tmp_path / "out"
+    argv = ["eval", "--checkpoint", str(ckpt), "--checkpoint", str(tuned), "--budgets", "1.5,2",
+            "--methods", "evit,topk", "--seeds", "0,1", "--out", str(out), *FAST]
+    for s in specs:
+        argv += ["--spec", s]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((out / "results.json").read_text())
+    rows = data["results"]
+    labels = [r["label"] for r in rows]
+    assert rows[0]["kind"] == "unpatched" and rows[0]["top1_drop"] == 0.0 and rows[0]["speedup"] == 1.0
+    for s in specs:
+        assert s in labels and s in printed
+    assert {r["method"] for r in rows if r["budget"]} == {"evit", "topk"}
+    assert sorted(r["budget"] for r in rows if r["method"] == "evit") == [1.5, 2.0]
+    tuned_row = next(r for r in rows if r["kind"] == "fine-tuned")
+    assert tuned_row["checkpoints"] == [str(tuned)] and tuned_row["seeds"] == [7]
+    rnd = rows[labels.index(specs[1])]
+    assert rnd["n_runs"] == 2 and rnd["seeds"] == [0, 1] and rnd["top1_std"] is not None
+    assert rows[labels.index("tome(r=4)")]["top1_std"] is None
+    for r in rows:
+        for key in ("top1", "top1_drop", "macs", "img_per_s", "latency_ms", "speedup", "tokens_per_block", "spec"):
+            assert key in r, (r["label"], key)
+        assert r["macs"] > 0 and len(r["tokens_per_block"]) == 4 and 0 <= r["top1"] <= 100
+        assert math.isclose(r["top1_drop"], rows[0]["top1"] - r["top1"])
+        if r["kind"] != "unpatched":
+            assert r["macs"] < rows[0]["macs"]
+    prov = data["provenance"]
+    assert prov["threads"] == 1 and prov["seeds"] == [0, 1] and "eval" in prov["command"] and prov["torch"]
+    assert data["data"]["n"] == 48 and data["data"]["of"] == 10000
+    with open(out / "results.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [r["label"] for r in table] == labels and table[0]["top1_drop"] == "0.0"
+    assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@needs_fmnist
+def test_eval_errors_are_one_line(tmp_path, ckpt, capsys):
+    one_line_error(capsys, ["eval", "--checkpoint", str(tmp_path / "missing.safetensors"), "--spec", "tome(r=2)"],
+                   "does not exist")
+    one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", "tome(r=2)", "--data",
+                            str(tmp_path / "nodata"), *FAST], "does not exist")
+    one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", "dynamicvit(keep=0.5, locs=(1, 2))", *FAST],
+                   "learned parameters")
+    one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", "tome(r=", *FAST], "malformed spec")
+    one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--budgets", "0.5", *FAST], "must be > 1")
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def test_evaluate_cases_puts_unpatched_first_and_seeds_only_stochastic():
+    model = tiny_model()
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(12, 1, 28, 28, generator=g), torch.randint(0, 10, (12,),
+                                                                                                  generator=g))
+    cases = [EvalCase("t", "tome(r=3)"), EvalCase("r", "random(keep=0.5, locs=(1,))")]
+    speed = {"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}
+    rows = evaluate_cases(model, data, cases, seeds=(3, 4, 5), eval_batch=5, speed=speed)
+    assert [r["label"] for r in rows] == ["unpatched", "t", "r"]
+    assert rows[1]["n_runs"] == 1 and rows[1]["seeds"] is None
+    assert rows[2]["seeds"] == [3, 4, 5] and [run["spec"] for run in rows[2]["runs"]][0].endswith("seed=3)")
+    assert not hasattr(model, "_tokenreduce_patch")
+
+
+def test_seed_helpers():
+    assert is_stochastic("random(keep=0.5, locs=(1,))") and not is_stochastic("tome(r=2)")
+    assert with_seed("random(keep=0.5, locs=(1,), seed=0)", 4) == "random(keep=0.5, locs=(1,), seed=4)"
+
+
+# ----------------------------------------------------------------------------- budgets
+
+
+def test_learned_methods_are_not_training_free():
+    model = tiny_model()
+    assert is_learned(model, "dynamicvit") and not is_learned(model, "tome")
+    free, skipped = training_free(model)
+    assert "dynamicvit" in skipped and {"tome", "evit", "topk", "ctp", "random"} <= set(free)
+
+
+@pytest.mark.parametrize("rule", ["macs", "measured"])
+def test_budget_picks_are_monotone_in_the_target(rule):
+    model = tiny_model()
+    targets = [1.2, 1.5, 2.0, 2.5]
+    free, _ = training_free(model)
+    speed = {"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}
+    picks = find_budgets(model, free, targets, rule=rule, speed=speed)
+    for name in free:
+        mine = [p for p in picks if p.method == name]
+        assert mine and [p.target for p in mine] == sorted(p.target for p in mine)
+        macs = [p.macs_speedup for p in mine]
+        assert macs == sorted(macs) and len(set(macs)) == len(macs), (name, mine)
+    assert not hasattr(model, "_tokenreduce_patch")
+
+
+def test_macs_rule_picks_the_nearest_candidate():
+    model = tiny_model()
+    for name in ("tome", "evit", "ctp"):
+        cs = candidates(model, name)
+        ratios = [c.macs_speedup for c in cs]
+        assert ratios == sorted(ratios) and ratios[0] > 1.0
+        (pick,) = find_budgets(model, [name], [1.5])
+        assert abs(math.log(pick.macs_speedup / 1.5)) == min(abs(math.log(r / 1.5)) for r in ratios)
+
+
+def test_fit_power_recovers_a_power_law_and_refuses_a_falling_one():
+    a, b = fit_power([(x, 0.8 * x**0.7) for x in (1.2, 1.6, 2.4)])
+    assert math.isclose(a, 0.8) and math.isclose(b, 0.7)
+    assert fit_power([(1.2, 1.3), (2.0, 1.1)]) is None and fit_power([(1.5, 1.4)]) is None
+
+
+# ----------------------------------------------------------------------------- visualize command
+
+
+@needs_fmnist
+def test_visualize_command_writes_a_png_per_image_and_spec(tmp_path, ckpt, capsys):
+    out = tmp_path / "vis"
+    assert main(["visualize", "--checkpoint", str(ckpt), "--spec", "tome(r=4)", "--spec",
+                 "evit(keep=0.5, locs=(1, 2))", "--index", "0,5", "--out", str(out)]) == 0
+    pngs = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png"))
+    assert pngs == ["evit_keep_0.5_locs_1_2/image000.png", "evit_keep_0.5_locs_1_2/image001.png",
+                    "tome_r_4/image000.png", "tome_r_4/image001.png"]
+    capsys.readouterr()
+    one_line_error(capsys, ["visualize", "--checkpoint", str(ckpt)], "carries no reducer")
+    one_line_error(capsys, ["visualize", "--checkpoint", str(ckpt), "--spec", "tome(r=4)", "--index", "99999"],
+                   "outside the test set")
