@@ -9,8 +9,12 @@ from .checkpoint import (
     read_meta,
     save_checkpoint,
 )
+from .loop import TrainConfig, eval_loader, evaluate, fit, train
+from .recipes import get_recipe, list_recipes, reference_checkpoint
+from .tasks import ClassificationTask
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "build_model", "load_model", "read_checkpoint", "read_meta",
-    "save_checkpoint",
+    "Checkpoint", "CheckpointError", "ClassificationTask", "TrainConfig", "build_model", "eval_loader", "evaluate",
+    "fit", "get_recipe", "list_recipes", "load_model", "read_checkpoint", "read_meta", "reference_checkpoint",
+    "save_checkpoint", "train",
 ]

@@ -52,7 +52,7 @@ from .checkpoint import (
 from .tasks import ClassificationTask
 
 #: Fields that say how to run, not what to train: they may change when a run is resumed.
-RUNTIME_FIELDS = ("out", "resume", "force", "threads", "device", "num_workers", "quiet", "ckpt_every")
+RUNTIME_FIELDS = ("out", "resume", "force", "threads", "device", "num_workers", "quiet", "ckpt_every", "download")
 
 
 @dataclass
