@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+import tokenreduce
 from tokenreduce.bench.accuracy import EvalCase, evaluate_cases, is_stochastic, with_seed
 from tokenreduce.bench.budgets import candidates, find_budgets, fit_power, is_learned, training_free
 from tokenreduce.cli import main
@@ -20,6 +21,7 @@ from tokenreduce.train.checkpoint import build_model, save_checkpoint
 MODEL = {"name": "vit_tiny_patch16_224",
          "kwargs": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 4,
                     "num_heads": 2, "mlp_ratio": 2.0}}
+LEARNED = "dynamicvit(keep=0.5, locs=(1, 2))"
 FAST = ["--subset", "48", "--threads", "1", "--repeats", "1", "--warmup", "0", "--batch", "4", "--eval-batch", "16"]
 needs_fmnist = pytest.mark.skipif(not (SYSTEM_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
                                   reason=f"Fashion-MNIST is not installed in {SYSTEM_DIR}")
@@ -51,10 +53,8 @@ def one_line_error(capsys, argv: list[str], match: str) -> None:
 def test_eval_writes_json_csv_png_with_every_spec(tmp_path, ckpt, capsys):
     tuned = tmp_path / "tuned.safetensors"
     model = tiny_model(1)
-    import tokenreduce
-
-    tokenreduce.apply(model, "tome(r=2)")
-    save_checkpoint(tuned, model, meta={"model": MODEL, "spec": "tome(r=2)", "config": {"seed": 7}})
+    tokenreduce.apply(model, LEARNED)  # a learned reducer: its weights live in the checkpoint
+    save_checkpoint(tuned, model, meta={"model": MODEL, "spec": LEARNED, "config": {"seed": 7}})
     specs = ["tome(r=4)", "random(keep=0.5, locs=(1, 2))"]
     out = tmp_path / "out"
     argv = ["eval", "--checkpoint", str(ckpt), "--checkpoint", str(tuned), "--budgets", "1.5,2",
@@ -73,6 +73,7 @@ def test_eval_writes_json_csv_png_with_every_spec(tmp_path, ckpt, capsys):
     assert sorted(r["budget"] for r in rows if r["method"] == "evit") == [1.5, 2.0]
     tuned_row = next(r for r in rows if r["kind"] == "fine-tuned")
     assert tuned_row["checkpoints"] == [str(tuned)] and tuned_row["seeds"] == [7]
+    assert tuned_row["method"] == "dynamicvit" and tuned_row["speedup"] is not None
     rnd = rows[labels.index(specs[1])]
     assert rnd["n_runs"] == 2 and rnd["seeds"] == [0, 1] and rnd["top1_std"] is not None
     assert rows[labels.index("tome(r=4)")]["top1_std"] is None
@@ -98,7 +99,7 @@ def test_eval_errors_are_one_line(tmp_path, ckpt, capsys):
                    "does not exist")
     one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", "tome(r=2)", "--data",
                             str(tmp_path / "nodata"), *FAST], "does not exist")
-    one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", "dynamicvit(keep=0.5, locs=(1, 2))", *FAST],
+    one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", LEARNED, *FAST],
                    "learned parameters")
     one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", "tome(r=", *FAST], "malformed spec")
     one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--budgets", "0.5", *FAST], "must be > 1")
@@ -179,6 +180,13 @@ def test_visualize_command_writes_a_png_per_image_and_spec(tmp_path, ckpt, capsy
     assert pngs == ["evit_keep_0.5_locs_1_2/image000.png", "evit_keep_0.5_locs_1_2/image001.png",
                     "tome_r_4/image000.png", "tome_r_4/image001.png"]
     capsys.readouterr()
+    model = tiny_model(2)
+    tokenreduce.apply(model, LEARNED)
+    tuned = tmp_path / "tuned.safetensors"
+    save_checkpoint(tuned, model, meta={"model": MODEL, "spec": LEARNED, "data": {"name": "fashion_mnist"}})
+    assert main(["visualize", "--checkpoint", str(tuned), "--images", "1", "--out", str(out / "trained")]) == 0
+    assert [p.parent.name for p in (out / "trained").rglob("*.png")] == [
+        "dynamicvit_keep_0.5_locs_1_2_ratio_weight_2.0_tau_1.0"]
     one_line_error(capsys, ["visualize", "--checkpoint", str(ckpt)], "carries no reducer")
     one_line_error(capsys, ["visualize", "--checkpoint", str(ckpt), "--spec", "tome(r=4)", "--index", "99999"],
                    "outside the test set")
