@@ -87,19 +87,14 @@ def barrier() -> None:
 
 
 def all_reduce_sum(t: Tensor) -> Tensor:
-    """Sum ``t`` over processes (a copy; identity in one process)."""
-    t = t.clone()
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
-def broadcast_object(obj: object, src: int = 0) -> object:
+    """Sum ``t`` over processes (a copy on t's device; identity in one process)."""
     if not dist.is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+        return t.clone()
+    # nccl reduces only CUDA tensors; the loop keeps its counters on the CPU
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+    out = t.to(dev, copy=True)
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.to(t.device)
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
