@@ -23,7 +23,8 @@ def test_tome_identical_tokens_merge_exactly_and_sizes_add():
     x = torch.stack([cls[0], a0, b0, a1 * 3, b1])[None]  # a1 scaled: same direction as b0
     state = state_for(x)
     plan = ops.bipartite_soft_matching(x, r=1, num_prefix=1)
-    assert plan.src.tolist() == [[1]] and plan.dst.tolist() == [[0]]
+    # a1 (position 3) is merged into the output slot of b0 (after cls and the unmerged a0)
+    assert plan.src.tolist() == [[3]] and plan.dst.tolist() == [[2]]
     out = state.merge(x, plan)
     # output order: prefix, unmerged A (a0), B (b0 merged with a1, b1)
     torch.testing.assert_close(out[0, 0], cls[0])
@@ -48,7 +49,8 @@ def test_tome_merges_the_most_similar_pairs_first():
     x = torch.randn(1, 1 + 8, 16)
     x[0, 1 + 4] = x[0, 1 + 5] * 2  # a2 and b2 point the same way: the best edge
     plan = ops.bipartite_soft_matching(x, r=1, num_prefix=1)
-    assert plan.src.tolist() == [[2]] and plan.dst.tolist() == [[2]]
+    # a2 sits at position 1 + 4; b2's output slot follows cls and the 3 unmerged A tokens
+    assert plan.src.tolist() == [[5]] and plan.dst.tolist() == [[1 + 3 + 2]]
 
 
 def test_evit_fuses_the_lowest_attention_tokens_with_raw_weights():

@@ -3,16 +3,18 @@ size-weighted merge, CLS-row attention. Shapes: B batch, N tokens, C channels, H
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
 def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:
     """x (B, N, ...) gathered along dim 1 at idx (B, K) -> (B, K, ...)."""
     view = idx.reshape(*idx.shape, *([1] * (x.dim() - 2)))
-    return x.gather(1, view.expand(*idx.shape, *x.shape[2:]))
+    return x.gather(1, view.expand(*idx.shape, *x.shape[2:]))  # (B, K, ...)
 
 
 def complement_index(idx: Tensor, n: int) -> Tensor:
@@ -60,28 +62,57 @@ def cls_attention(q: Tensor, k: Tensor, scale: float, bias: Tensor | None = None
 
 @dataclass(frozen=True)
 class MergePlan:
-    """Bipartite merge of the non-prefix tokens: set A (even), set B (odd).
+    """A merge of tokens into fewer tokens, as positions into the current sequence (B, N).
 
-    ``src`` (B, r) rows of A merged into ``dst`` (B, r) rows of B; ``unm`` (B, |A| - r) rows of A
-    kept (in similarity order, as in ToMe). Output order: prefix, unmerged A, B.
+    ``keep`` (B, N - r): the tokens that survive, in output order; ``src`` (B, r): the tokens
+    that are merged away; ``dst`` (B, r): the output slot each of them is added into, and
+    ``dst_pos`` (B, r) that slot's token in the input (``keep`` at ``dst``).
     """
 
-    num_prefix: int
-    unm: Tensor
+    keep: Tensor
     src: Tensor
     dst: Tensor
+    dst_pos: Tensor
 
-    def apply(self, x: Tensor, mode: str) -> Tensor:
-        """x (B, N, C) -> (B, N - r, C). ``mode`` 'sum' adds sources into destinations,
-        'first' leaves destinations unchanged (used for the index map)."""
-        p = self.num_prefix
-        prefix, a, b = x[:, :p], x[:, p::2], x[:, p + 1 :: 2]
-        unm = gather_tokens(a, self.unm)
-        if mode == "sum" and self.src.shape[1] > 0:
-            src = gather_tokens(a, self.src)
-            view = self.dst.reshape(*self.dst.shape, *([1] * (x.dim() - 2)))
-            b = b.scatter_reduce(1, view.expand_as(src), src, reduce="sum")
-        return torch.cat([prefix, unm, b], 1)
+    def sum(self, t: Tensor) -> Tensor:
+        """t (B, N, ...) -> (B, N - r, ...): every kept row plus the rows merged into it."""
+        out = gather_tokens(t, self.keep)
+        if self.src.shape[1] > 0:
+            src = gather_tokens(t, self.src)
+            out.scatter_add_(1, _expand_like(self.dst, src), src)
+        return out
+
+    def mean(self, x: Tensor, size: Tensor) -> tuple[Tensor, Tensor]:
+        """Size-weighted merge: x (B, N, C), size (B, N) -> x' (B, N - r, C), size' (B, N - r).
+
+        x'_d = (s_d x_d + sum_i s_i x_i) / S_d with S_d = s_d + sum_i s_i over the tokens i merged
+        into d, computed as x_d + sum_i (s_i / S_d) (x_i - x_d): only the r merged rows are
+        touched after the gather of the kept ones, so merging costs about what pruning costs.
+        """
+        out = gather_tokens(x, self.keep)
+        new_size = gather_tokens(size, self.keep)
+        if self.src.shape[1] == 0:
+            return out, new_size
+        w = gather_tokens(size, self.src)  # (B, r)
+        new_size = new_size.scatter_add(1, self.dst, w)
+        x_src = gather_tokens(x, self.src)  # (B, r, C)
+        x_dst = gather_tokens(x, self.dst_pos)  # (B, r, C) values before the merge
+        step = (x_src - x_dst) * (w / new_size.gather(1, self.dst))[..., None]
+        out.scatter_add_(1, _expand_like(self.dst, step), step)
+        return out, new_size
+
+
+def _expand_like(idx: Tensor, t: Tensor) -> Tensor:
+    """(B, K) -> (B, K, ...) broadcast to the shape of t."""
+    return idx.reshape(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
+
+
+@functools.lru_cache(maxsize=64)
+def _fixed_positions(num_prefix: int, n_b: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Positions of the prefix tokens and of set B, (1, p) and (1, |B|); cached: every ToMe block
+    needs them and building them is a measurable share of a batch-1 forward on a CPU."""
+    prefix = torch.arange(num_prefix, device=device)[None]
+    return prefix, num_prefix + 1 + 2 * torch.arange(n_b, device=device)[None]
 
 
 def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> MergePlan:
@@ -89,21 +120,25 @@ def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> MergePla
 
     Non-prefix tokens alternate into A (even) and B (odd); each A token is linked to its most
     cosine-similar B token and the r most similar links are merged. Prefix tokens take no part.
+    Output order: prefix, the unmerged A tokens (in similarity order, as in ToMe), all of B.
 
     Args:
         metric: (B, N, d) similarity features (ToMe: keys averaged over heads).
         r: tokens to remove, at most |A| = ceil((N - num_prefix) / 2).
     """
-    metric = metric[:, num_prefix:]
-    metric = metric / metric.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    p = num_prefix
+    metric = F.normalize(metric[:, p:], dim=-1, eps=1e-6)
     a, b = metric[:, ::2], metric[:, 1::2]
     scores = a @ b.transpose(-2, -1)  # (B, |A|, |B|)
     best, best_idx = scores.max(dim=-1)  # (B, |A|)
     order = best.argsort(dim=-1, descending=True)
-    src = order[:, :r]
-    dst = best_idx.gather(1, src)
-    return MergePlan(num_prefix, order[:, r:], src, dst)
-
+    src, unm = order[:, :r], order[:, r:]
+    dst = best_idx.gather(1, src)  # (B, r) index into B
+    n_unm = unm.shape[1]
+    prefix, b_pos = _fixed_positions(p, b.shape[1], metric.device)
+    batch = metric.shape[0]
+    keep = torch.cat([prefix.expand(batch, -1), p + 2 * unm, b_pos.expand(batch, -1)], dim=1)  # (B, N - r)
+    return MergePlan(keep, p + 2 * src, p + n_unm + dst, p + 1 + 2 * dst)
 
 def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6) -> Tensor:
     """Attention under a soft keep policy (attention masking of DynamicViT, arXiv 2106.02034).

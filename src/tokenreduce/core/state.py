@@ -97,14 +97,11 @@ class TokenState:
 
         x_dst <- (sum_i s_i x_i) / (sum_i s_i) over the tokens merged into dst; s_dst <- sum_i s_i.
         """
-        size = self.sizes(x)[..., None]  # (B, N, 1)
-        merged = plan.apply(torch.cat([x * size, size], dim=-1), "sum")  # one pass for x and size
-        x, size = merged[..., :-1], merged[..., -1:]
-        self.size = size[..., 0]
-        self.index = plan.apply(self.index[..., None], "first")[..., 0]
+        x, self.size = plan.mean(x, self.sizes(x))
+        self.index = ops.gather_tokens(self.index, plan.keep)
         if self.source is not None:
-            self.source = plan.apply(self.source, "sum")
-        return x / size
+            self.source = plan.sum(self.source)
+        return x
 
     def gather_and_fuse(self, x: Tensor, keep: Tensor, drop: Tensor, weights: Tensor) -> Tensor:
         """Keep ``keep`` (B, K) and append one token fused from ``drop`` (B, D) (EViT).
