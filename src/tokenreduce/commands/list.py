@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     for name in list_methods():
         cls = get_method(name)
         params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Config))
-        doc = (cls.__module__ and __import__(cls.__module__, fromlist=["x"]).__doc__ or "").strip()
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip()
         print(f"{name}({params})")
         print(f"    {doc.splitlines()[0] if doc else ''}")
     return 0
