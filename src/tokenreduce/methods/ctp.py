@@ -1,7 +1,8 @@
 """ctp: EET's content-based token pruning.
 
-Paper: "EET: Efficient ... Fine-Grained Image Retrieval" (content-based token pruning, CTP),
-arXiv 2504.16691. Checked against: github.com/WhiteJiang/EET (model/vit.py).
+Paper: "Rethinking Vision Transformer for Large-Scale Fine-Grained Image Retrieval" (EET), Jiang,
+Tang, Pan, Li, arXiv 2504.16691; content-based token pruning (CTP).
+Checked against: github.com/WhiteJiang/EET (model/vit.py: Attention.forward, VisionTransformer.forward).
 
 Inside the attention of a scoring block, with A_h = softmax(Q_h K_h^T / sqrt(d)) and the per-head
 output O_h = A_h V_h (B, H, N, d_h) before the output projection:
@@ -15,7 +16,9 @@ Other grids and depths get the same fractions at the proportional blocks
 (counts round(n * 98/196, n * 49/196, n * 12/196), blocks floor(l * depth / 12)).
 
 Deviations: none in the score. Only the CLS row of A is computed (from q_cls and K), so the block
-keeps the fused attention kernel; this changes nothing numerically.
+keeps the fused attention kernel; this changes nothing numerically. Kept tokens stay in spatial
+order (the official code orders them by score; the blocks are permutation-equivariant). With
+several prefix tokens (distillation, registers) all are protected and the CLS row is the first's.
 """
 
 from __future__ import annotations
