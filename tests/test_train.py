@@ -18,12 +18,13 @@ import torch
 from torch import Tensor
 
 import tokenreduce
+from tokenreduce import TokenReduceError
 from tokenreduce.cli import main
 from tokenreduce.data.fashion_mnist import make_synthetic
 from tokenreduce.methods.random import RandomPrune
 from tokenreduce.train import load_model, read_checkpoint
 from tokenreduce.train.checkpoint import build_model
-from tokenreduce.train.loop import TrainConfig, WarmupCosine, train
+from tokenreduce.train.loop import TrainConfig, WarmupCosine, make_model, seed_all, train
 from tokenreduce.train.tasks import ClassificationTask
 
 TINY = {"name": "vit_tiny_patch16_224",
@@ -131,6 +132,32 @@ def test_finetune_reduced_model_with_distillation(data: str, tmp_path: Path) -> 
     model, meta = load_model(tmp_path / "student")
     assert meta["spec"].startswith("evit(") and tokenreduce.get_info(model).spec == meta["spec"]
     assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
+def test_learned_reducer_trains_through_the_generic_loop(data: str, tmp_path: Path) -> None:
+    """DynamicViT: predictors learn from CE + its ratio loss + logit and token distillation, with no
+    method branch in the loop; the fine-tuned checkpoint carries the predictors."""
+    train(tiny_config(data, tmp_path / "teacher", epochs=1))
+    teacher = str(tmp_path / "teacher" / "model.safetensors")
+    spec = "dynamicvit(keep=0.5, locs=(0,))"
+    kw = dict(epochs=1, init=teacher, spec=spec, teacher=teacher, distill=("logits", "tokens"))
+    row = train(tiny_config(data, tmp_path / "student", **kw))["history"][-1]
+    assert {"train_ce", "train_aux/ratio", "train_distill_logits", "train_distill_tokens"} <= set(row)
+    seed_all(0)  # the loop seeds before building the model: this rebuilds its initial predictors
+    initial = {k: v for k, v in make_model(tiny_config(data, None, **kw))[0].state_dict().items()
+               if k.startswith("tokenreduce.")}
+    model, meta = load_model(tmp_path / "student")
+    assert meta["spec"] == tokenreduce.get_info(model).spec
+    learned = {k: v for k, v in model.state_dict().items() if k.startswith("tokenreduce.")}
+    assert learned.keys() == initial.keys() and learned
+    assert any(not torch.equal(learned[k], initial[k]) for k in learned), "the predictors did not learn"
+
+
+def test_bad_training_settings_are_clear_errors(data: str) -> None:
+    for kw, words in [({"lr": 0.0}, "lr must be > 0"), ({"epochs": 0}, "epochs must be >= 1"),
+                      ({"batch_size": 0}, "batch size"), ({"label_smoothing": 1.0}, "label smoothing")]:
+        with pytest.raises(TokenReduceError, match=words):
+            tiny_config(data, None, **kw)
 
 
 class _AuxRandom(RandomPrune):

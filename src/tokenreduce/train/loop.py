@@ -101,6 +101,20 @@ class TrainConfig:
     quiet: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        checks = [
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (0 <= self.min_lr <= self.lr, f"min_lr must lie in [0, lr={self.lr}], got {self.min_lr}"),
+            (self.warmup_epochs >= 0, f"warm-up epochs must be >= 0, got {self.warmup_epochs}"),
+            (0 <= self.label_smoothing < 1, f"label smoothing must lie in [0, 1), got {self.label_smoothing}"),
+            (self.subset is None or self.subset >= 1, f"subset must be >= 1 images, got {self.subset}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise TokenReduceError(message)
+
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 

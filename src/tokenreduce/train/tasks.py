@@ -56,7 +56,9 @@ class ClassificationTask(nn.Module):
                             any teacher with the same classes;
         ``distill_tokens``  ``w * MSE(student patch tokens, teacher tokens at the same original
                             positions)``; final normalised tokens (B, N', C) of an unpatched
-                            teacher of the same width, gathered at ``final_positions``.
+                            teacher of the same width, gathered at ``final_positions``; where
+                            the reducer masks tokens (``get_info(model).keep_mask``, DynamicViT
+                            in training) the mean runs over the kept tokens only.
 
     The teacher is frozen and always in eval mode.
     """
@@ -139,4 +141,11 @@ class ClassificationTask(nn.Module):
         pos = final_positions(self.model, N, B, s_tokens.device)[:, s_prefix:] - s_prefix  # (B, N'-p) patch ids
         idx = (pos + t_prefix)[..., None].expand(-1, -1, t_tokens.shape[-1])
         target = t_tokens.gather(1, idx)  # (B, N'-p, C)
-        return F.mse_loss(s_tokens[:, s_prefix:], target)
+        err = (s_tokens[:, s_prefix:] - target).pow(2).mean(-1)  # (B, N'-p)
+        info = _info(self.model)
+        mask = None if info is None else info.keep_mask
+        if mask is None:
+            return err.mean()
+        # a reducer that masks instead of dropping (DynamicViT in training): only live tokens count
+        live = mask[:, s_prefix:].detach()
+        return (err * live).sum() / live.sum().clamp_min(1.0)
