@@ -147,7 +147,7 @@ def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = Non
     reducer, schedule = patch.reducer, patch.schedule
     state = TokenState.start(
         x, patch.host.num_prefix, trace=patch.trace, prop_attn=reducer.proportional,
-        keep_pruned=getattr(reducer, "keep_pruned", False),
+        keep_pruned=reducer.keep_pruned,
     )
     for i, blk in enumerate(self.blocks):
         state.block = i

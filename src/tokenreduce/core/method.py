@@ -58,6 +58,8 @@ class Reducer(nn.Module):
     Config: ClassVar[type]
     needs: ClassVar[frozenset[str]] = frozenset()
     needs_class_token: ClassVar[bool] = False
+    #: keep pruned tokens aside in the TokenState (for methods that bring them back, e.g. LLF)
+    keep_pruned: ClassVar[bool] = False
     zero: ClassVar[dict[str, Any]] = {}
     example: ClassVar[dict[str, Any]] = {}
 
