@@ -5,7 +5,10 @@ No assertion here is about absolute speed or speed ratios: the machine is shared
 
 from __future__ import annotations
 
+import ast
 import json
+import re
+from pathlib import Path
 
 import pytest
 import timm
@@ -13,6 +16,7 @@ import torch
 from conftest import make_host
 
 import tokenreduce as tr
+from tokenreduce.adapters.timm_vit import check_host
 from tokenreduce.bench import (
     Case,
     count_macs,
@@ -24,10 +28,12 @@ from tokenreduce.bench import (
     write_json,
 )
 from tokenreduce.bench.speed import paired_ratio
+from tokenreduce.core.method import format_spec, matched_spec
+from tokenreduce.core.schedule import Schedule
 
 
 def spec_of(name: str, params: dict) -> str:
-    return f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+    return format_spec(name, params)
 
 
 def method_specs() -> list[str]:
@@ -92,8 +98,11 @@ def test_scoring_side_products_are_counted():
     assert all(b.scoring == 0 for b in count_macs(model).blocks)
     tr.apply(model, "evit(keep=0.5, locs=(1,))")
     evit = count_macs(model).blocks[1]
-    dropped = 64 - 32
-    assert evit.scoring == 65 * 64 + dropped * 64  # CLS row + fused token
+    assert evit.scoring == 65 * 64  # the CLS row; the fused token is a weighted sum, not a MAC
+    tr.apply(model, "ctp(counts=(32,), locs=(1,))")
+    assert count_macs(model).blocks[1].scoring == 65 * 64  # the CLS row; head norms are norms, not MACs
+    tr.apply(model, "dynamicvit(keep=0.5, locs=(1,))")
+    assert count_macs(model).blocks[1].scoring == 64 * (64 * 64 + 64 * 32 + 32 * 16 + 16 * 2)  # its predictor
     assert base[1].scoring == 0
 
 
@@ -127,6 +136,13 @@ def test_matched_random_has_the_same_token_counts(spec):
     tr.apply(model, rnd)
     got = tr.get_info(model).schedule
     assert (got.counts, got.where) == (want.counts, want.where)
+
+
+def test_matched_spec_needs_a_schedule_a_pruner_can_replay():
+    shrink = Schedule(64, (64, 48, 48, 32), (1, 3), "block")
+    assert tr.build_reducer(matched_spec(shrink)).bind(check_host(make_host("deit"))) == shrink
+    with pytest.raises(tr.SpecError, match="replays"):
+        matched_spec(Schedule(64, (64, 32, 64, 64), (1, 2), "attn"))  # grows back: no pruner replays it
 
 
 def test_measure_speed_bookkeeping():
@@ -177,3 +193,33 @@ def test_report_table_json_provenance(tmp_path):
 def test_patched_macs_on_several_prefix_tokens(host, spec):
     model = tr.apply(make_host(host), spec)
     assert_close(count_macs(model).total, flop_counter_macs(model))
+
+
+# ----------------------------------------------------------------------------- no method knowledge
+
+
+def named_methods(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) for every method name a string of ``source`` spells (docstrings and f-string parts
+    included): the whole string, a spec ``name(``, or a quoted reference (``name``, 'name', `name`).
+    English words that happen to be method names ("a random subset") do not count."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for name in names:
+                quoted = rf"(?<![\w.]){re.escape(name)}\(|[`'\"]{re.escape(name)}[`'\"]"
+                if node.value.strip() == name or re.search(quoted, node.value):
+                    found.append((node.lineno, name))
+    return found
+
+
+def test_bench_knows_no_method_by_name():
+    """bench/ reads what methods declare (costs, families, learned); it never spells a method's name."""
+    names = set(tr.list_methods())
+    bench = Path(tr.__file__).parent / "bench"
+    bad = [f"bench/{path.name}:{line} spells {name!r}" for path in sorted(bench.glob("*.py"))
+           for line, name in named_methods(path.read_text(), names)]
+    assert not bad, "\n".join(bad)
+    # the check itself sees specs, bare names and quoted references, not English words
+    hits = named_methods('"""a ``tome`` note, a random subset."""\nx = f"topk(keep={1})"\ny = "evit"\n', names)
+    assert sorted(n for _, n in hits) == ["evit", "tome", "topk"]
+

@@ -10,8 +10,15 @@ import pytest
 import torch
 
 import tokenreduce
-from tokenreduce.train import CheckpointError, build_model, load_model, read_checkpoint, save_checkpoint
-from tokenreduce.train.checkpoint import load_weights, restore_training_state
+from tokenreduce.models import (
+    CheckpointError,
+    build_model,
+    load_model,
+    load_weights,
+    read_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+)
 
 CFG = {"name": "vit_tiny_patch16_224",
        "kwargs": {"img_size": 28, "patch_size": 7, "embed_dim": 32, "depth": 2, "num_heads": 2, "in_chans": 1,

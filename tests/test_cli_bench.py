@@ -57,7 +57,7 @@ def test_bench_loads_a_checkpoint(tmp_path, capsys):
     torch.save(sd, bad)
     assert main(["bench", *TINY, "--quick", "--repeats", "1", "--checkpoint", str(good)]) == 0
     capsys.readouterr()
-    one_line_error(capsys, ["bench", *TINY, "--quick", "--checkpoint", str(bad)], "missing keys (1): head.weight")
+    one_line_error(capsys, ["bench", *TINY, "--quick", "--checkpoint", str(bad)], "missing 1 keys (e.g. head.weight)")
     one_line_error(capsys, ["bench", *TINY, "--checkpoint", str(tmp_path / "none.pth")], "does not exist")
 
 
@@ -80,3 +80,16 @@ def test_inspect_prints_schedule_and_macs(capsys):
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, match):
     one_line_error(capsys, argv, match)
+
+
+def test_list_names_every_registered_method_and_task(capsys):
+    from tokenreduce import list_methods
+    from tokenreduce.tasks import get_task, list_tasks
+
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    specs = [line.strip() for line in lines if line.startswith("  ") and not line.startswith("    ")]
+    for name in list_methods() + list_tasks():
+        assert any(s == name or s.startswith(f"{name}(") for s in specs), name
+    for name in list_tasks():
+        assert any(line.strip().startswith(f"metric {get_task(name).metric};") for line in lines), name

@@ -1,7 +1,9 @@
 """The contract every registered method keeps, on every host of the matrix.
 
 Parametrised over list_methods(), so a newly registered method is covered automatically; each
-method supplies ``zero`` (reduces nothing) and ``example`` (reduces on a 4-block model).
+method supplies ``zero`` (reduces nothing) and ``example`` (reduces on a 4-block model). What a
+method declares about itself (``learned``, ``conserves_patches``, ``where``, ``scoring_macs``,
+``budget_family``) is held to what it does; no test here knows a method by name.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import torch
 from conftest import HOSTS, make_host
 
 import tokenreduce as tr
+from tokenreduce.adapters.timm_vit import check_host
+from tokenreduce.bench import count_macs, flop_counter_macs
+from tokenreduce.core.method import NEED_MACS, NEEDS, format_spec
 
 METHODS = tr.list_methods()
 
 
 def spec_of(name: str, params: dict) -> str:
-    return f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+    return format_spec(name, params)
 
 
 def supported(method: str, host: str) -> bool:
@@ -64,8 +69,13 @@ def test_schedule_counts_prefix_and_sizes(method, host, images):
     info = tr.get_info(model)
     p = model.num_prefix_tokens
     assert info.tokens_per_block == info.schedule.tokens_per_block(p)
-    assert info.tokens_per_block[-1] < 64 + p
+    assert info.schedule.where == tr.build_reducer(info.spec).where, "where has one declaration: Reducer.where"
     assert torch.isfinite(out).all()
+    if not info.schedule.locs:  # a method that only changes the attention keeps every token in place
+        assert info.tokens_per_block == [64 + p] * 4 and not info.snapshots
+        assert torch.equal(info.index, torch.arange(64 + p).expand(3, -1))
+        return
+    assert info.tokens_per_block[-1] < 64 + p
     # prefix tokens are never reduced and stay first
     assert torch.equal(info.index[:, :p], torch.arange(p).expand(3, p))
     for block, source in info.snapshots.items():
@@ -73,7 +83,7 @@ def test_schedule_counts_prefix_and_sizes(method, host, images):
         assert (source.sum(1) <= 1).all(), "an original token belongs to at most one token"
     final = info.snapshots[max(info.snapshots)]
     torch.testing.assert_close(info.sizes, final.sum(-1))
-    if tr.get_method(method).Config.__name__ in ("ToMeConfig", "EViTConfig"):  # nothing is dropped
+    if tr.build_reducer(info.spec).conserves_patches:  # merged or fused, never dropped
         torch.testing.assert_close(info.sizes[:, p:].sum(1), torch.full((3,), 64.0))
 
 
@@ -105,3 +115,68 @@ def test_reapply_replaces_and_copies_are_independent(method, images):
     twin = copy.deepcopy(model)
     tr.remove(twin)
     assert tr.get_info(model).spec.startswith(method)
+
+
+# ----------------------------------------------------------------------------- declarations
+
+
+def test_every_attention_side_product_has_a_price():
+    assert set(NEED_MACS) == set(NEEDS)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_format_spec_round_trips(method):
+    params = {**tr.get_method(method).example, "extra": [1, 2], "flag": None}
+    assert tr.parse_spec(format_spec(method, params)) == (method, {**params, "extra": (1, 2)})
+    assert format_spec(method, {}) == method and tr.parse_spec(method) == (method, {})
+    with pytest.raises(tr.SpecError, match="identifier"):
+        format_spec(f"{method}(x=1)", {})
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_learned_is_declared_truthfully(method):
+    """``learned`` (read by bench to leave a method out of training-free budgets) holds exactly when the
+    method, bound to a model, has trainable parameters of its own."""
+    cls = tr.get_method(method)
+    assert isinstance(cls.learned, bool)
+    model = tr.apply(make_host("deit"), spec_of(method, cls.example))
+    own = [n for n, prm in model.named_parameters() if n.startswith("tokenreduce.") and prm.requires_grad]
+    assert bool(own) == cls.learned, own
+
+
+@pytest.mark.parametrize("host", ["deit", "registers"])
+@pytest.mark.parametrize("method", METHODS)
+def test_declared_scoring_macs_match_flop_counter(method, host):
+    """What a method declares its scoring costs (``scoring_macs``, summed by bench/macs.py) is what its
+    forward computes: torch.utils.flop_counter's count of the patched forward minus the analytic count
+    of everything but the scoring (exact on unpatched models, tests/test_bench.py), within 1%."""
+    cls = tr.get_method(method)
+    if not supported(method, host):
+        pytest.skip("needs a class token")
+    model = tr.apply(make_host(host), spec_of(method, cls.example))
+    report = count_macs(model)
+    measured = flop_counter_macs(model) - (report.total - report.scoring)
+    assert abs(report.scoring - measured) <= 0.01 * measured, (report.scoring, measured)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_budget_family_is_valid_and_mildest_first(method):
+    """Every member of ``budget_family`` is a spec of the method; the members a model accepts come
+    mildest first (their MACs speed-up never falls); a family, if any, reaches a real reduction."""
+    cls = tr.get_method(method)
+    model = make_host("deit")
+    family = cls.budget_family(check_host(model))
+    assert isinstance(family, list)
+    for spec in family:
+        assert tr.parse_spec(spec)[0] == method
+    base, ordered = count_macs(model).total, []
+    for spec in family:
+        try:
+            tr.apply(model, spec)
+        except tr.TokenReduceError:
+            continue
+        ordered.append(base / count_macs(model).total)
+        tr.remove(model)
+    assert ordered == sorted(ordered), "budget_family must list the mildest spec first"
+    assert not family or ordered[-1] > 1.0
+

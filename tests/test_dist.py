@@ -14,7 +14,7 @@ import torch
 
 from tokenreduce.data.fashion_mnist import make_synthetic
 from tokenreduce.train import read_checkpoint
-from tokenreduce.train.dist import ShardSampler, TrainBatchSampler
+from tokenreduce.train.dist import ShardSampler, TrainBatchSampler, gather_shards, shard_loader
 from tokenreduce.train.loop import TrainConfig, train
 
 TINY = {"name": "vit_tiny_patch16_224",
@@ -39,6 +39,25 @@ def test_shard_sampler_covers_everything_once() -> None:
     shards = [list(ShardSampler(11, 3, rank=r, world=2)) for r in range(2)]
     flat = sorted(i for shard in shards for batch in shard for i in batch)
     assert flat == list(range(11))
+
+
+def _gather_worker(rank: int, world: int, init: str, out: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        data = torch.utils.data.TensorDataset(torch.arange(5.0)[:, None] * 10)  # item i = [10 i]
+        rows = torch.cat([x for (x,) in shard_loader(data, batch_size=2)])  # (n_r, 1), this rank's items
+        torch.save(gather_shards(rows, len(data)), f"{out}.{rank}")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_gather_shards_puts_every_item_back_in_order(tmp_path: Path) -> None:
+    """What evaluators that rank (retrieval) rely on: uneven shards gathered in dataset order on every rank."""
+    init, out = f"file://{tmp_path / 'store'}", str(tmp_path / "rows")
+    torch.multiprocessing.spawn(_gather_worker, args=(2, init, out), nprocs=2, join=True)
+    for r in range(2):
+        assert torch.equal(torch.load(f"{out}.{r}"), torch.arange(5.0)[:, None] * 10)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")

@@ -1,6 +1,7 @@
 """``tokenreduce eval`` / ``visualize``, the eval engine and the budget rule, on a tiny untrained ViT
-checkpoint (28x28 grayscale, 49 patches, depth 4, dim 32) and a few real Fashion-MNIST test images.
-Only structure and invariants are checked, never a speed or an accuracy level."""
+checkpoint (28x28 grayscale, 49 patches, depth 4, dim 32) and a few real Fashion-MNIST test images
+(or synthetic ones in its file format). Only structure and invariants are checked, never a speed
+or an accuracy level; a task's metric must equal that task's own evaluation of the same model."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import torch
 
 import tokenreduce
 from tokenreduce.bench.accuracy import EvalCase, evaluate_cases, is_stochastic, with_seed
-from tokenreduce.bench.budgets import candidates, find_budgets, fit_power, is_learned, training_free
+from tokenreduce.bench.budgets import candidates, find_budgets, fit_power, training_free
 from tokenreduce.cli import main
-from tokenreduce.data.fashion_mnist import SYSTEM_DIR
-from tokenreduce.train.checkpoint import build_model, save_checkpoint
+from tokenreduce.data import data_config_from_model
+from tokenreduce.data.fashion_mnist import CLASSES, SYSTEM_DIR, make_synthetic
+from tokenreduce.models import build_model, save_checkpoint
+from tokenreduce.tasks import TaskContext, build_task
 
 MODEL = {"name": "vit_tiny_patch16_224",
          "kwargs": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 4,
@@ -105,6 +108,66 @@ def test_eval_errors_are_one_line(tmp_path, ckpt, capsys):
     one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--budgets", "0.5", *FAST], "must be > 1")
 
 
+def save_task_checkpoint(path, task_spec: str, spec: str | None = None, seed: int = 0) -> dict:
+    """A tiny model and ``task_spec`` bound to it, saved as the loop saves them: the model config as
+    bound (a task may drop the classifier), the task's own tensors under ``task.``, meta['task'].
+    Every owned float tensor is moved off its initial value, so only a loaded copy reproduces it.
+    Returns the model and the bound task."""
+    model = tiny_model(seed)
+    if spec:
+        tokenreduce.apply(model, spec)
+    task = build_task(task_spec)
+    task.bind(model, TaskContext(classes=list(CLASSES), seed=seed))
+    with torch.no_grad():
+        for v in task.owned_state_dict().values():
+            if v.is_floating_point():
+                v.mul_(-3.0).add_(0.5)
+    config = {**MODEL, "kwargs": {**MODEL["kwargs"], "num_classes": model.num_classes}}
+    save_checkpoint(path, model, task_state=task.owned_state_dict(),
+                    meta={"model": config, "spec": spec, "task": task.spec(), "classes": list(CLASSES),
+                          "config": {"seed": seed}, "data": {"name": "fashion_mnist"}})
+    return {"model": model.eval(), "task": task.eval()}
+
+
+@pytest.mark.parametrize(("task_spec", "metric"), [("hash(bits=8, ks=(1, 5))", "map"), ("segment", "miou")])
+def test_eval_reports_the_checkpoints_task_metric_with_its_own_weights(tmp_path, capsys, task_spec, metric):
+    data = make_synthetic(tmp_path / "fmnist", n_train=40, n_test=32)
+    ref = save_task_checkpoint(tmp_path / "ref.safetensors", task_spec)
+    tuned = save_task_checkpoint(tmp_path / "tuned.safetensors", task_spec, spec="tome(r=4)", seed=1)
+    out = tmp_path / "out"
+    assert main(["eval", "--checkpoint", str(tmp_path / "ref.safetensors"), "--checkpoint",
+                 str(tmp_path / "tuned.safetensors"), "--spec", "topk(keep=0.5, locs=(1,))", "--data", str(data),
+                 "--out", str(out), *FAST]) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [r["kind"] for r in rows] == ["unpatched", "training-free", "fine-tuned"]
+    assert metric in printed.splitlines()[1].split() and "top1 %" not in printed
+    for row, made in ((rows[0], ref), (rows[2], tuned)):  # the reference's and the fine-tuned task weights
+        task, model = made["task"], made["model"]
+        kw = {"data_dir": str(data), **data_config_from_model(model)}
+        want = task.evaluate(model, task.dataset("fashion_mnist", "test", train=False, **kw), batch_size=16,
+                             database=task.dataset("fashion_mnist", "train", train=False, **kw))
+        assert row["metric"] == metric and row["task"] == build_task(task_spec).spec()
+        assert row["value"] == row[metric] == pytest.approx(want[metric]), row["label"]
+        assert row["metrics"] and all(v == pytest.approx(want[k]) for k, v in row["metrics"].items())
+        figures = {p.name for p in task.plot(want, tmp_path / "figures")}
+        assert all((out / name).read_bytes()[:4] == b"\x89PNG" for name in figures)  # the task's own figures
+    for r in rows:
+        assert r["drop"] == r[f"{metric}_drop"] == pytest.approx(rows[0][metric] - r[metric])
+        assert "top1_drop" not in r and 0 <= r[metric] <= 100
+    with open(out / "results.csv") as f:
+        assert next(csv.DictReader(f))["metric"] == metric
+
+
+def test_eval_refuses_a_fine_tuned_checkpoint_of_another_task(tmp_path, capsys):
+    data = make_synthetic(tmp_path / "fmnist", n_train=20, n_test=12)
+    save_task_checkpoint(tmp_path / "ref.safetensors", "classify")
+    save_task_checkpoint(tmp_path / "hash.safetensors", "hash(bits=8)", spec="tome(r=4)")
+    one_line_error(capsys, ["eval", "--checkpoint", str(tmp_path / "ref.safetensors"), "--checkpoint",
+                            str(tmp_path / "hash.safetensors"), "--data", str(data), *FAST],
+                   "must share the reference's task")
+
+
 # ----------------------------------------------------------------------------- engine
 
 
@@ -117,6 +180,8 @@ def test_evaluate_cases_puts_unpatched_first_and_seeds_only_stochastic():
     speed = {"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}
     rows = evaluate_cases(model, data, cases, seeds=(3, 4, 5), eval_batch=5, speed=speed)
     assert [r["label"] for r in rows] == ["unpatched", "t", "r"]
+    assert all(r["metric"] == "top1" and r["value"] == r["top1"] and r["drop"] == r["top1_drop"] for r in rows)
+    assert rows[0]["metrics"]["n"] == 12 and rows[2]["value_std"] == rows[2]["top1_std"] is not None
     assert rows[1]["n_runs"] == 1 and rows[1]["seeds"] is None
     assert rows[2]["seeds"] == [3, 4, 5] and [run["spec"] for run in rows[2]["runs"]][0].endswith("seed=3)")
     assert not hasattr(model, "_tokenreduce_patch")
@@ -132,7 +197,7 @@ def test_seed_helpers():
 
 def test_learned_methods_are_not_training_free():
     model = tiny_model()
-    assert is_learned(model, "dynamicvit") and not is_learned(model, "tome")
+    assert tokenreduce.get_method("dynamicvit").learned and not tokenreduce.get_method("tome").learned
     free, skipped = training_free(model)
     assert "dynamicvit" in skipped and {"tome", "evit", "topk", "ctp", "random"} <= set(free)
 

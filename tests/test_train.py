@@ -22,10 +22,10 @@ from tokenreduce import TokenReduceError
 from tokenreduce.cli import main
 from tokenreduce.data.fashion_mnist import make_synthetic
 from tokenreduce.methods.random import RandomPrune
+from tokenreduce.models import build_model
+from tokenreduce.tasks import TaskContext, build_task
 from tokenreduce.train import load_model, read_checkpoint
-from tokenreduce.train.checkpoint import build_model
 from tokenreduce.train.loop import TrainConfig, WarmupCosine, make_model, seed_all, train
-from tokenreduce.train.tasks import ClassificationTask
 
 TINY = {"name": "vit_tiny_patch16_224",
         "kwargs": {"img_size": 28, "patch_size": 7, "embed_dim": 32, "depth": 2, "num_heads": 2, "in_chans": 1,
@@ -176,9 +176,10 @@ def test_task_returns_named_losses_including_aux() -> None:
     torch.manual_seed(0)
     model = build_model(TINY)
     tokenreduce.apply(model, _AuxRandom(RandomPrune.Config(keep=0.5, locs=(1,))))
-    task = ClassificationTask(model, label_smoothing=0.1)
+    task = build_task("classify")
+    task.bind(model, TaskContext(label_smoothing=0.1))
     out = task(torch.randn(4, 1, 28, 28), torch.tensor([0, 1, 2, 3]))
-    assert set(out.losses) == {"ce", "aux/ratio"} and out.logits.shape == (4, 10)
+    assert set(out.losses) == {"ce", "aux/ratio"} and out.logits.shape == (4, 10) and set(out.stats) == {"acc"}
     sum(out.losses.values()).backward()
     assert model.tokenreduce.w.grad is not None  # the loop's single backward reaches the reducer
 

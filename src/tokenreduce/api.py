@@ -43,13 +43,20 @@ class Info:
     keep_mask: Tensor | None = None
 
 
-def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False) -> nn.Module:
+def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: bool = False) -> nn.Module:
     """Patch a timm VisionTransformer in place to run ``spec``, e.g. ``'tome(r=13)'``.
 
     Reversible with :func:`remove`; state_dict keys stay those of timm (a learned reducer adds
     its own under ``tokenreduce.``). Returns the model.
+
+    Args:
+        trace: record which original patches each token holds after every reduction
+            (``get_info(model).snapshots``), for visualisation.
+        dense: ``model.forward_features(x)`` returns (B, p + N0, C), one token per original
+            position in the original order (pruned tokens restored, merged tokens copied to every
+            position they stand for), for dense tasks; ``model(x)`` pools those tokens as timm does.
     """
-    return timm_vit.apply(model, spec, trace=trace)
+    return timm_vit.apply(model, spec, trace=trace, dense=dense)
 
 
 def remove(model: nn.Module) -> nn.Module:

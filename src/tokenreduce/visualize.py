@@ -1,15 +1,21 @@
 """Pictures of what a method did: which patches were kept, merged (coloured by group) or pruned
-at every reduction block. Uses ``apply(..., trace=True)`` and ``get_info(model).snapshots``."""
+at every reduction block. Uses ``apply(..., trace=True)`` and ``get_info(model).snapshots``.
+PNGs are written atomically (``bench.report.write_figure``)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .api import apply, get_info
+from .adapters import timm_vit
+from .api import apply, get_info, remove
+from .bench.report import write_figure
+from .core.errors import TokenReduceError
 from .core.method import Reducer
 
 
@@ -75,7 +81,6 @@ def visualize(model: nn.Module, spec: str | Reducer, images: Tensor, out_dir: st
     p, grid = info.host.num_prefix, info.host.grid
     patch = (images.shape[2] // grid[0], images.shape[3] // grid[1])
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     blocks = sorted(info.snapshots)
     for i in range(images.shape[0]):
@@ -94,8 +99,41 @@ def visualize(model: nn.Module, spec: str | Reducer, images: Tensor, out_dir: st
             ax.axis("off")
         fig.suptitle(info.spec, fontsize=9)
         fig.tight_layout()
-        path = out_dir / f"image{i:03d}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(write_figure(fig, out_dir / f"image{i:03d}.png", dpi=110))
     return paths
+
+
+def slug(spec: str) -> str:
+    """A file-system-safe name for ``spec``: 'tome(r=4)' -> 'tome_r_4'."""
+    return re.sub(r"[^A-Za-z0-9.]+", "_", spec).strip("_")
+
+
+def draw(model: nn.Module, specs: Sequence[str | Reducer], images: Tensor, titles: list[str],
+         out: str | Path) -> list[Path]:
+    """:func:`visualize` each spec (a string, or a Reducer such as a trained one) into ``out/<slug>/``;
+    ``model`` is left unpatched."""
+    paths = []
+    for spec in specs:
+        name = spec if isinstance(spec, str) else spec.spec()
+        try:
+            paths += visualize(model, spec, images, Path(out) / slug(name), titles)
+        finally:
+            if hasattr(model, timm_vit._ATTR):  # visualize may fail before it patches
+                remove(model)
+    return paths
+
+
+def dataset_images(model: nn.Module, data: str, data_dir: str | None,
+                   indices: Sequence[int]) -> tuple[Tensor, list[str]]:
+    """(images (n, C, H, W) as ``model`` takes them, titles '#i class') of test images ``indices``."""
+    from .data import build_dataset, data_config_from_model
+
+    ds = build_dataset(data, "test", data_dir=data_dir, **data_config_from_model(model))
+    bad = [i for i in indices if not 0 <= i < len(ds)]
+    if bad:
+        raise TokenReduceError(f"image index {bad[0]} is outside the test set (0..{len(ds) - 1})")
+    items = [ds[i] for i in indices]
+    classes = list(getattr(ds, "classes", []))
+    titles = [f"#{i} {classes[int(y)] if int(y) < len(classes) else y}" for i, (_, y) in zip(indices, items,
+                                                                                              strict=True)]
+    return torch.stack([x for x, _ in items]), titles

@@ -3,10 +3,15 @@
 The patch replaces ``model.forward_features`` (an instance attribute; ``remove`` deletes it) with a
 loop that calls timm's own sub-modules by name: patch_embed, _pos_embed, patch_drop, norm_pre,
 and per block norm1, attn.qkv, attn.q_norm, attn.k_norm, attn.norm, attn.proj, attn.proj_drop,
-ls1, drop_path1, norm2, mlp, ls2, drop_path2, then norm. Attention runs through fused SDPA; the
-side products a method asked for (CLS row, keys, head-output norms) are computed beside it. Only
-while a learned pruner trains with a soft keep policy (``TokenState.keep_mask``) is attention
-computed explicitly, by :func:`tokenreduce.core.ops.policy_softmax`.
+ls1, drop_path1, norm2, mlp, ls2, drop_path2, then norm. Attention is
+:func:`tokenreduce.core.attention.attend` with the contributions declared for the block: the
+log-size bias (``TokenState.attn_bias``), the reducer's own bias (``Reducer.attn_bias``), the keep
+policy (``TokenState.keep_mask``), chunked attention (``Reducer.attention_chunk``) and the
+probabilities when the method needs them; fused SDPA wherever nothing needs the probabilities.
+The other side products a method asked for (CLS row, keys, head-output norms) are computed beside it.
+With ``model.set_grad_checkpointing()`` the blocks where the reducer does not act run through
+torch.utils.checkpoint (their attention contributions are computed first and passed in, so the
+recomputation in the backward pass sees the same ones).
 A reducer with parameters is attached as ``model.tokenreduce`` (its own state_dict keys); a
 training-free one adds no keys.
 """
@@ -14,13 +19,16 @@ training-free one adds no keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
+from ..core.attention import attend
 from ..core.errors import TokenReduceError, UnsupportedModelError
 from ..core.method import AttnInfo, Host, Reducer, build_reducer
-from ..core.ops import cls_attention, policy_softmax
+from ..core.ops import cls_attention
 from ..core.schedule import Schedule
 from ..core.state import TokenState
 
@@ -35,6 +43,7 @@ class Patch:
     schedule: Schedule
     host: Host
     trace: bool
+    dense: bool = False
     last: TokenState | None = field(default=None, repr=False)
 
 
@@ -74,11 +83,14 @@ def check_host(model: nn.Module) -> Host:
     )
 
 
-def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False) -> nn.Module:
+def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: bool = False) -> nn.Module:
     """Patch ``model`` in place to run ``spec`` (e.g. ``'tome(r=13)'``); returns the model.
 
     ``trace=True`` records which original patches each token holds after every reduction
     (``get_info(model).snapshots``), for visualisation; it costs a (B, N, N) map per forward.
+    ``dense=True``: ``forward_features`` returns one token per original position, (B, p + N0, C)
+    in the original order (pruned tokens restored, merged ones copied to every position they
+    hold: ``TokenState.dense``), for dense tasks.
     """
     host = check_host(model)
     reducer = build_reducer(spec)
@@ -95,7 +107,7 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False) -> nn.M
     reducer.train(model.training)  # later model.train()/eval() calls reach it as a submodule
     if any(True for _ in reducer.parameters()):
         model.tokenreduce = reducer
-    setattr(model, _ATTR, Patch(reducer, schedule, host, trace))
+    setattr(model, _ATTR, Patch(reducer, schedule, host, trace, dense))
     model.forward_features = _forward_features.__get__(model)
     return model
 
@@ -121,8 +133,9 @@ def _check_input(model: nn.Module, x: Tensor, host: Host) -> None:
     if x.dim() != 4:
         raise TokenReduceError(f"expected images (B, C, H, W), got a tensor of shape {tuple(x.shape)}")
     pe = model.patch_embed
-    if x.shape[1] != pe.proj.in_channels:
-        raise TokenReduceError(f"model expects {pe.proj.in_channels} input channels, got {x.shape[1]}")
+    chans = getattr(pe.proj, "in_channels", None)  # a Conv2d, or a stem that declares it
+    if chans is not None and x.shape[1] != chans:
+        raise TokenReduceError(f"model expects {chans} input channels, got {x.shape[1]}")
     ph, pw = pe.patch_size
     grid = (x.shape[2] // ph, x.shape[3] // pw)
     if grid != host.grid or x.shape[2] % ph or x.shape[3] % pw:
@@ -147,61 +160,97 @@ def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = Non
     reducer, schedule = patch.reducer, patch.schedule
     state = TokenState.start(
         x, patch.host.num_prefix, trace=patch.trace, prop_attn=reducer.proportional,
-        keep_pruned=reducer.keep_pruned,
+        keep_pruned=reducer.keep_pruned, dense=patch.dense,
     )
+    # timm's set_grad_checkpointing() sets this flag; its own forward_features is not called here
+    ckpt = bool(getattr(self, "grad_checkpointing", False)) and torch.is_grad_enabled()
     for i, blk in enumerate(self.blocks):
         state.block = i
-        x = _run_block(blk, x, state, reducer, schedule.count_at(i))
+        x = _run_block(blk, x, state, reducer, schedule, ckpt)
     patch.last = state
+    if patch.dense:
+        # (B, p + N0, C), one token per original position: the values of state.dense(x), without
+        # restoring the state's fields, so get_info still describes the tokens the last block made
+        x = state.unmerge(x)
     return self.norm(x)
 
 
-def _run_block(blk: nn.Module, x: Tensor, state: TokenState, reducer: Reducer,
-               count: int | None) -> Tensor:
+def _contributions(state: TokenState, reducer: Reducer | None) -> dict[str, Any]:
+    """The attention contributions declared for the current block: the log-size bias plus the
+    reducer's bias, the keep policy, the chunk size, as keyword arguments of :func:`attend`."""
+    bias = state.attn_bias()  # (B, 1, 1, N) or None
+    chunk = None
+    if reducer is not None:
+        extra = reducer.attn_bias(state, state.block)
+        if extra is not None:
+            bias = extra if bias is None else bias + extra
+        chunk = reducer.attention_chunk(state.block)
+    return dict(bias=bias, policy=state.keep_mask, chunk=chunk, num_prefix=state.num_prefix)
+
+
+def _run_block(blk: nn.Module, x: Tensor, state: TokenState, reducer: Reducer, schedule: Schedule,
+               ckpt: bool = False) -> Tensor:
     """One timm Block with the reducer where the schedule puts it. x (B, N, C)."""
-    active = count is not None and count < x.shape[1] - state.num_prefix
-    needs = reducer.needs if active else frozenset()
-    attn_out, info = _attention(blk.attn, blk.norm1(x), state, needs)
+    count = schedule.count_at(state.block)
+    active = schedule.active(state.block, x.shape[1] - state.num_prefix)
+    contrib = _contributions(state, reducer)
+    if not active:  # the plain block: a pure function of x and the contributions
+        if ckpt:
+            x = checkpoint(_plain_block, blk, x, use_reentrant=False, **contrib)
+        else:
+            x = _plain_block(blk, x, **contrib)
+        state.record(state.block, x.shape[1], False)
+        return x
+    attn_out, info = _attend(blk.attn, blk.norm1(x), reducer.needs, **contrib)
     x = x + blk.drop_path1(blk.ls1(attn_out))
-    if active and reducer.where == "attn":
+    if reducer.where == "attn":
         x = reducer.reduce(x, state, info, count)
     x = x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
-    if active and reducer.where == "block":
+    if reducer.where == "block":
         x = reducer.reduce(x, state, info, count)
-    state.record(state.block, x.shape[1], active)
+    state.record(state.block, x.shape[1], True)
     return x
 
 
-def _attention(attn: nn.Module, x: Tensor, state: TokenState, needs: frozenset[str]
-               ) -> tuple[Tensor, AttnInfo]:
-    """timm Attention through fused SDPA, plus the side products in ``needs``. x (B, N, C)."""
+def _plain_block(blk: nn.Module, x: Tensor, **contrib: Any) -> Tensor:
+    """timm's Block.forward with the attention contributions, nothing asked of it. x (B, N, C)."""
+    x = x + blk.drop_path1(blk.ls1(_attend(blk.attn, blk.norm1(x), frozenset(), **contrib)[0]))
+    return x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
+
+
+def _attention(attn: nn.Module, x: Tensor, state: TokenState, needs: frozenset[str],
+               reducer: Reducer | None = None) -> tuple[Tensor, AttnInfo]:
+    """timm Attention with the contributions ``state`` and ``reducer`` declare for the current block."""
+    return _attend(attn, x, needs, **_contributions(state, reducer))
+
+
+def _attend(attn: nn.Module, x: Tensor, needs: frozenset[str], *, bias: Tensor | None,
+            policy: Tensor | None, chunk: int | None, num_prefix: int) -> tuple[Tensor, AttnInfo]:
+    """timm Attention through :func:`attend`, plus the side products in ``needs``. x (B, N, C)."""
     B, N, _ = x.shape
     qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)  # (B, H, N, d) each
     q, k = attn.q_norm(q), attn.k_norm(k)
-    bias = state.attn_bias()  # (B, 1, 1, N) or None
     if bias is not None:
         bias = bias.to(q.dtype)
-    probs = None
-    if state.keep_mask is None:
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias, dropout_p=attn.attn_drop.p if attn.training else 0.0
-        )  # (B, H, N, d)
-    else:
-        logits = (q * attn.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
-        if bias is not None:
-            logits = logits + bias
-        probs = policy_softmax(logits, state.keep_mask)
-        o = attn.attn_drop(probs) @ v  # (B, H, N, d)
+    o, probs = attend(
+        q, k, v, scale=attn.scale, bias=bias, policy=policy, chunk=chunk, num_prefix=num_prefix,
+        dropout_p=attn.attn_drop.p if attn.training else 0.0,
+        # the CLS row under a keep policy is the first row of the explicit probabilities
+        need_probs="probs" in needs or ("cls_attn" in needs and policy is not None),
+    )  # o (B, H, N, d), probs (B, H, N, N) or None
     info = AttnInfo()
     if "cls_attn" in needs:
-        info.cls_attn = cls_attention(q, k, attn.scale, bias) if probs is None else probs[:, :, 0]
+        # prefix tokens attend to every token, with chunks too: this is the full row
+        row_bias = bias if bias is None else bias[:, :, :1]
+        info.cls_attn = cls_attention(q, k, attn.scale, row_bias) if probs is None else probs[:, :, 0]
     if "keys" in needs:
         info.keys = k
     if "head_norms" in needs:
         info.head_norms = o.norm(dim=-1)  # (B, H, N)
+    if "probs" in needs:
+        info.probs = probs
     out = attn.norm(o.transpose(1, 2).reshape(B, N, attn.attn_dim))
     if getattr(attn, "gate", None) is not None:
         out = out * attn.gate(x).sigmoid()
     return attn.proj_drop(attn.proj(out)), info
-

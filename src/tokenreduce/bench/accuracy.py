@@ -1,40 +1,48 @@
-"""Accuracy, MACs and measured speed of several specs on one model, in one run.
+"""The task's metrics, MACs and measured speed of several specs on one model, in one run.
 
-For a reference model (unpatched), an evaluation set and a list of :class:`EvalCase` this gives one
-row per case with
+For a reference model (unpatched), the task it was trained for (``tasks``: classify, hash,
+segment, ...; its metrics come from ``Task.evaluate``), an evaluation set and a list of
+:class:`EvalCase` this gives one row per case with
 
-    top1            mean top-1 (percent) over the case's runs
-    top1_std        sample standard deviation over the runs (None for a single run)
-    top1_drop       top1(unpatched) - top1, in points (> 0: accuracy lost); 0 for the unpatched row
+    metric          the task's primary metric name (``Task.metric``: top1, map, miou)
+    value           its mean over the case's runs
+    value_std       sample standard deviation over the runs (None for a single run)
+    drop            value(unpatched) - value (> 0: worse; sign flipped for a lower-is-better
+                    metric); 0 for the unpatched row
+    <metric>, <metric>_std, <metric>_drop   the same three under the metric's name (top1, ...)
+    metrics         mean over the runs of every numeric metric the task reports
     macs, gmacs     analytic MACs per image (count_macs, from the compiled schedule)
     macs_speedup    MACs(unpatched) / MACs
     img_per_s, latency_ms, speedup, latency_speedup
                     from ONE interleaved measure_speed run over every case (the unpatched model first)
     tokens_per_block  tokens (prefix included) leaving each block
 
-Runs: a stochastic method (its config has a ``seed`` field, e.g. ``random``) is evaluated once per
-seed, its spec's seed replaced; a deterministic one once; a trained case once per checkpoint
-(checkpoints of one spec, e.g. fine-tuned with different seeds, make one row). A trained case is
-timed as its spec on the reference model: weights do not change the shapes, so the speed is the same.
+Runs: a stochastic method (its config has a ``seed`` field) is evaluated once per seed, its spec's
+seed replaced; a deterministic one once; a trained case once per checkpoint (checkpoints of one
+spec, e.g. fine-tuned with different seeds, make one row), each with its own task tensors (a hash
+head). A trained case is timed as its spec on the reference model: weights do not change the
+shapes, so the speed is the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
 
 from ..adapters import timm_vit
 from ..core.errors import TokenReduceError
-from ..core.method import build_reducer, get_method, parse_spec
+from ..core.method import build_reducer, format_spec, get_method, parse_spec
+from ..tasks import Task, TaskContext, build_task
 from .macs import count_macs
+from .report import no_nan
 from .speed import Case, measure_speed
 
 Progress = Callable[[str], None]
@@ -72,28 +80,57 @@ def is_stochastic(spec: str) -> bool:
 def with_seed(spec: str, seed: int) -> str:
     """``spec`` with its ``seed`` parameter set to ``seed``."""
     name, params = parse_spec(spec)
-    params["seed"] = seed
-    return f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+    return format_spec(name, {**params, "seed": seed})
 
 
 def materialize(dataset: Dataset, progress: Progress | None = None) -> TensorDataset:
-    """The dataset as tensors (N, C, H, W) and (N,), decoded and transformed once for every run."""
+    """The dataset as tensors: images (N, C, H, W) and targets (N, ...) (class labels (N,), label
+    maps (N, H, W), ...), decoded and transformed once for every run."""
     if len(dataset) == 0:
         raise TokenReduceError("the evaluation set is empty")
-    images, labels = [], []
+    images, targets = [], []
     for i in range(len(dataset)):
         x, y = dataset[i]
         images.append(x)
-        labels.append(int(y))
+        targets.append(torch.as_tensor(y))
     if progress:
         progress(f"loaded {len(images)} evaluation images")
-    return TensorDataset(torch.stack(images), torch.tensor(labels))
+    return TensorDataset(torch.stack(images), torch.stack(targets))
 
 
-def _top1(model: nn.Module, data: TensorDataset, batch: int) -> float:
-    from ..train.loop import evaluate
+#: The task of a checkpoint whose metadata names none (made before tasks existed).
+DEFAULT_TASK = "classify"
 
-    return evaluate(model, DataLoader(data, batch_size=batch))["top1"]
+
+def bind_task(model: nn.Module, checkpoint: str | Path | None = None) -> Task:
+    """The task ``checkpoint`` was trained for (``meta['task']``), bound to ``model`` with its own
+    tensors (the ``task.*`` ones: a hash head, target codes) loaded; in eval mode.
+
+    Without a checkpoint: the default task bound to ``model`` (it owns nothing to load).
+    """
+    from ..models import read_checkpoint, task_weights
+
+    if checkpoint is None:
+        task = build_task(DEFAULT_TASK)
+        task.bind(model, TaskContext())
+        return task.eval()
+    ckpt = read_checkpoint(checkpoint)
+    meta = ckpt.meta
+    task = build_task(meta.get("task") or DEFAULT_TASK)
+    task.bind(model, TaskContext(classes=list(meta.get("classes") or []),
+                                 seed=int((meta.get("config") or {}).get("seed") or 0)))
+    task.load_owned_state_dict(task_weights(ckpt))
+    return task.eval()
+
+
+def _metrics(task: Task, model: nn.Module, data: TensorDataset, batch: int, database: Dataset | None
+             ) -> dict[str, Any]:
+    """``task.evaluate`` of ``model`` on ``data`` on the model's device; checks the primary metric is there."""
+    device = next(model.parameters()).device
+    metrics = task.evaluate(model, data, batch_size=batch, device=device, database=database)
+    if task.metric not in metrics:
+        raise TokenReduceError(f"task {task.spec()} reported {sorted(metrics)}, not its metric {task.metric!r}")
+    return dict(metrics)
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float | None]:
@@ -108,19 +145,20 @@ class _Row:
     macs: Any = None
 
 
-def _evaluate_case(model: nn.Module, case: EvalCase, data: TensorDataset, seeds: Sequence[int], batch: int,
-                   img_size: int | None, progress: Progress | None) -> _Row:
-    from ..train.checkpoint import load_model
+def _evaluate_case(model: nn.Module, task: Task, case: EvalCase, data: TensorDataset, database: Dataset | None,
+                   seeds: Sequence[int], batch: int, img_size: int | None, progress: Progress | None) -> _Row:
+    from ..models import load_model
 
     row = _Row(case)
+    m = task.metric
     if case.kind == "fine-tuned":
         for path in case.checkpoints:
             trained, meta = load_model(path)
-            row.runs.append({"checkpoint": str(path), "seed": (meta.get("config") or {}).get("seed"),
-                             "top1": _top1(trained, data, batch)})
+            metrics = _metrics(bind_task(trained, path), trained, data, batch, database)
+            row.runs.append({**metrics, "checkpoint": str(path), "seed": (meta.get("config") or {}).get("seed")})
             row.macs = count_macs(trained, img_size)
             if progress:
-                progress(f"{case.label} [{path}]: top1 {row.runs[-1]['top1']:.2f}")
+                progress(f"{case.label} [{path}]: {m} {metrics[m]:.2f}")
         return row
     variants = [(None, case.spec)]
     if case.spec is not None and is_stochastic(case.spec):
@@ -129,13 +167,13 @@ def _evaluate_case(model: nn.Module, case: EvalCase, data: TensorDataset, seeds:
         if spec is not None:
             timm_vit.apply(model, spec)
         try:
-            row.runs.append({"seed": seed, "spec": spec, "top1": _top1(model, data, batch)})
+            row.runs.append({**_metrics(task, model, data, batch, database), "seed": seed, "spec": spec})
             row.macs = count_macs(model, img_size)
         finally:
             if spec is not None:
                 timm_vit.remove(model)
         if progress:
-            progress(f"{case.label}{'' if seed is None else f' seed {seed}'}: top1 {row.runs[-1]['top1']:.2f}")
+            progress(f"{case.label}{'' if seed is None else f' seed {seed}'}: {m} {row.runs[-1][m]:.2f}")
     return row
 
 
@@ -159,16 +197,18 @@ def check_cases(model: nn.Module, cases: Sequence[EvalCase]) -> None:
 
 
 def evaluate_cases(
-    model: nn.Module, data: TensorDataset, cases: Sequence[EvalCase], *, seeds: Sequence[int] = (0, 1, 2),
-    eval_batch: int = 250, img_size: int | None = None, speed: dict[str, Any] | None = None,
-    progress: Progress | None = None,
+    model: nn.Module, data: TensorDataset, cases: Sequence[EvalCase], *, task: Task | None = None,
+    database: Dataset | None = None, seeds: Sequence[int] = (0, 1, 2), eval_batch: int = 250,
+    img_size: int | None = None, speed: dict[str, Any] | None = None, progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """Rows (see the module docstring) for ``cases`` on ``model``, the unpatched row first.
 
     Args:
         model: the unpatched reference model (eval mode, CPU or its device).
-        data: evaluation images (N, C, H, W) and labels (N,) (:func:`materialize`).
+        data: evaluation images (N, C, H, W) and the task's targets (:func:`materialize`).
         cases: what to evaluate; an unpatched case is added first when absent.
+        task: the reference's task bound to ``model`` (:func:`bind_task`); default: classification.
+        database: what a retrieval task ranks against (the training split); passed to ``Task.evaluate``.
         seeds: seeds of stochastic methods' runs.
         speed: keyword arguments for ``measure_speed`` (batch, warmup, repeats, min_run_s, threads).
     """
@@ -182,7 +222,8 @@ def evaluate_cases(
     if not seeds:
         raise TokenReduceError("give at least one seed")
     model.eval()
-    rows = [_evaluate_case(model, c, data, seeds, eval_batch, img_size, progress) for c in cases]
+    task = bind_task(model) if task is None else task
+    rows = [_evaluate_case(model, task, c, data, database, seeds, eval_batch, img_size, progress) for c in cases]
 
     timed: dict[str | None, str] = {}  # canonical spec -> label timed for it
     for c in cases:
@@ -193,18 +234,27 @@ def evaluate_cases(
     results = measure_speed(model, [Case(label, None if key is None else key) for key, label in timed.items()],
                             img_size=img_size, progress=progress, **(speed or {}))
     by_key = {r.spec: r for r in results}
-    return [_finish(r, by_key, rows[0]) for r in rows]
+    return [_finish(r, task, by_key, rows[0]) for r in rows]
 
 
-def _finish(row: _Row, speed: dict, base: _Row) -> dict[str, Any]:
-    c = row.case
-    top1, std = _stats([r["top1"] for r in row.runs])
-    ref = statistics.fmean(r["top1"] for r in base.runs)
+def _numeric(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finish(row: _Row, task: Task, speed: dict, base: _Row) -> dict[str, Any]:
+    c, m = row.case, task.metric
+    value, std = _stats([r[m] for r in row.runs])
+    ref = statistics.fmean(r[m] for r in base.runs)
+    drop = 0.0 if c.kind == "unpatched" else (ref - value if task.higher_is_better else value - ref)
     s = speed[None if c.spec is None else build_reducer(c.spec).spec()]
     seeds = [r["seed"] for r in row.runs if r.get("seed") is not None]
+    names = [k for k, v in row.runs[0].items() if _numeric(v) and k != "seed"
+             and all(_numeric(r.get(k)) for r in row.runs)]
     out = {
         "label": c.label, "method": c.method, "kind": c.kind, "spec": c.spec, "budget": c.budget,
-        "top1": top1, "top1_std": std, "top1_drop": 0.0 if c.kind == "unpatched" else ref - top1,
+        "task": task.spec(), "metric": m, "value": value, "value_std": std, "drop": drop,
+        m: value, f"{m}_std": std, f"{m}_drop": drop,
+        "metrics": {k: statistics.fmean(r[k] for r in row.runs) for k in names},
         "n_runs": len(row.runs), "seeds": seeds or None,
         "macs": row.macs.total, "gmacs": row.macs.total / 1e9, "macs_speedup": base.macs.total / row.macs.total,
         "img_per_s": s.img_per_s, "img_per_s_iqr": s.img_per_s_iqr, "latency_ms": s.latency_ms,
@@ -214,10 +264,5 @@ def _finish(row: _Row, speed: dict, base: _Row) -> dict[str, Any]:
     }
     if c.checkpoints:
         out["checkpoints"] = list(c.checkpoints)
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+    return no_nan(out)
 
-
-def first_images(data: TensorDataset, n: int) -> tuple[Tensor, Tensor]:
-    """The first ``n`` images (n, C, H, W) and labels (n,) of ``data``."""
-    images, labels = data.tensors
-    return images[:n], labels[:n]

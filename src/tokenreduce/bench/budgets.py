@@ -1,9 +1,10 @@
 """Budgets: which spec of each method gives a target speed-up on a given model.
 
-Users want a schedule for a target speed-up, not a guess. For every training-free method this
-module builds a small *family* of candidate specs ordered by strength (mildest first) that fits the
-model (depth, patch count), drops those the method rejects, and picks per target the candidate
-closest to it.
+Users want a schedule for a target speed-up, not a guess. Every method declares a small *family* of
+candidate specs ordered by strength, mildest first (``Reducer.budget_family(host)``, fitted to the
+model's depth and patch count); this module drops those the model rejects and picks per target the
+candidate closest to it. It knows no method: the families, and whether a method is ``learned``
+(then it needs fine-tuning and has no training-free budgets), are the methods' own declarations.
 
 The rule, for a target t (e.g. 1.5 or 2.0) and one method:
     macs_speedup(spec) = MACs(unpatched) / MACs(spec)       analytic, from the compiled schedule
@@ -17,18 +18,13 @@ The rule, for a target t (e.g. 1.5 or 2.0) and one method:
                      rise with the MACs ratio (b <= 0) falls back to rule 'macs'.
 Ties go to the milder spec. Both rules pick monotonically in t (nearest point on an increasing
 axis). A pick whose expected speed-up is more than 15% away from its target (e.g. beyond the
-family's strongest spec) is marked ``reached=False``.
+family's strongest spec) is marked ``reached=False``. Candidates with the same per-block token
+counts as a milder one are kept once.
 
-Families (block positions scale with depth as floor(l * depth / 12), the published 12-block ones):
-    keep + locs   'topk', 'evit', 'random' and any method whose config has keep and locs:
-                  keep in 0.95, 0.90, ..., 0.20 at the blocks of EViT's (3, 6, 9)
-    r             any method whose config has r: r = 1, 2, ... while the schedule is valid
-    tome          r = 1, 2, ... removed per block, clipped to half the tokens left (official ToMe's
-                  rule), written as a per-block list where the clip bites
-    ctp           the official CTP schedule with each kept fraction raised to a power a:
-                  counts round(N * f^a) for f in (98, 49, 12)/196 at the blocks of (3, 7, 9);
-                  a = 1 is ``ctp()``, smaller is milder, larger stronger
-A method with none of these gets no budgets (give its specs with ``--spec``).
+The default family (core.method): a config with ``keep`` and ``locs`` gets keep = 0.95, 0.90, ...,
+0.20 at blocks (3, 6, 9) of 12 scaled to the depth (floor(l * depth / 12)); one with ``r`` gets
+r = 1, 2, ...; a method may declare its own (a merging method's clipped r, an official schedule's
+fractions raised to powers), or none ([]: give its specs with ``--spec``).
 """
 
 from __future__ import annotations
@@ -42,124 +38,27 @@ from torch import nn
 
 from ..adapters import timm_vit
 from ..core.errors import TokenReduceError
-from ..core.method import Host, build_reducer, get_method, list_methods
+from ..core.method import build_reducer, get_method, list_methods
 from .macs import count_macs
 
-#: family(host) -> candidate specs, mildest first.
-Family = Callable[[Host], list[str]]
-_FAMILIES: dict[str, Family] = {}
-
-KEEPS = tuple(round(0.95 - 0.05 * i, 2) for i in range(16))  # 0.95 ... 0.20
-EVIT_LOCS = (3, 6, 9)  # of 12 blocks (EViT, DeiT-S)
-CTP_LOCS = (3, 7, 9)  # of 12 blocks (EET's CTP)
-CTP_FRACTIONS = (98 / 196, 49 / 196, 12 / 196)
 REACH_TOLERANCE = 1.15  # a pick within this factor of its target counts as reached
-CTP_POWERS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4, 1.7, 2.0)
-
-
-def register_family(name: str) -> Callable[[Family], Family]:
-    """Decorator: the candidate specs of method ``name`` (overrides the config-based default)."""
-
-    def deco(fn: Family) -> Family:
-        _FAMILIES[name] = fn
-        return fn
-
-    return deco
-
-
-def scaled_locs(locs: Sequence[int], depth: int) -> tuple[int, ...]:
-    """Blocks ``locs`` of a 12-block model moved to a ``depth``-block one (floor(l * depth / 12))."""
-    return tuple(sorted({min(depth - 1, (loc * depth) // 12) for loc in locs}))
-
-
-def _keep_family(name: str) -> Family:
-    def family(host: Host) -> list[str]:
-        locs = scaled_locs(EVIT_LOCS, host.depth)
-        return [f"{name}(keep={k}, locs={locs})" for k in KEEPS]
-
-    return family
-
-
-def _r_family(name: str) -> Family:
-    def family(host: Host) -> list[str]:
-        return [f"{name}(r={r})" for r in range(1, host.num_patches)]  # invalid ones are dropped later
-
-    return family
-
-
-@register_family("tome")
-def _tome_family(host: Host) -> list[str]:
-    out = []
-    for r in range(1, host.num_patches):
-        rs, n = [], host.num_patches
-        for _ in range(host.depth):
-            rs.append(min(r, n // 2))  # official ToMe's clip: never more than half the tokens
-            n -= rs[-1]
-        out.append(f"tome(r={r})" if all(x == r for x in rs) else f"tome(r={tuple(rs)})")
-        if n <= 1:
-            break
-    return out
-
-
-@register_family("ctp")
-def _ctp_family(host: Host) -> list[str]:
-    locs = scaled_locs(CTP_LOCS, host.depth)
-    out, seen = [], set()
-    for a in CTP_POWERS:
-        counts, prev = [], host.num_patches
-        for f in CTP_FRACTIONS[: len(locs)]:
-            prev = min(prev, max(1, round(host.num_patches * f**a)))
-            counts.append(prev)
-        if tuple(counts) not in seen:
-            seen.add(tuple(counts))
-            out.append(f"ctp(counts={tuple(counts)}, locs={locs})")
-    return out
-
-
-def family(name: str, host: Host) -> list[str]:
-    """Candidate specs of method ``name`` for ``host``, mildest first (may hold invalid ones)."""
-    if name in _FAMILIES:
-        return _FAMILIES[name](host)
-    fields = {f.name for f in dataclasses.fields(get_method(name).Config)}
-    if {"keep", "locs"} <= fields:
-        return _keep_family(name)(host)
-    if "r" in fields:
-        return _r_family(name)(host)
-    return []
-
-
-def is_learned(model: nn.Module, name: str) -> bool:
-    """Whether method ``name`` has learned parameters on ``model`` (then it needs fine-tuning).
-
-    Built with the method's zero-reduction (else example) parameters and bound to the model's host;
-    ``model`` is left untouched. Raises TokenReduceError when neither fits the model.
-    """
-    cls = get_method(name)
-    host = timm_vit.check_host(model)
-    error = None
-    for params in (cls.zero, cls.example):
-        reducer = build_reducer(f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})")
-        try:
-            reducer.bind(host)
-        except TokenReduceError as e:
-            error = e
-            continue
-        return any(True for _ in reducer.parameters())
-    raise TokenReduceError(f"{name} cannot be applied to this model: {error}")
 
 
 def training_free(model: nn.Module, methods: Sequence[str] | None = None) -> tuple[list[str], dict[str, str]]:
-    """(training-free methods among ``methods`` (default: all registered), {skipped: reason})."""
+    """(training-free methods among ``methods`` (default: all registered), {skipped: reason}).
+
+    Skipped: a ``learned`` method (fine-tune it first), one that needs a class token the model
+    lacks, one that declares no budget family for the model.
+    """
+    host = timm_vit.check_host(model)
     free, skipped = [], {}
     for name in methods if methods is not None else list_methods():
-        try:
-            learned = is_learned(model, name)
-        except TokenReduceError as e:
-            skipped[name] = str(e)
-            continue
-        if learned:
+        cls = get_method(name)
+        if cls.learned:
             skipped[name] = "learned parameters; fine-tune it first (tokenreduce train --spec ...)"
-        elif not family(name, timm_vit.check_host(model)):
+        elif cls.needs_class_token and not host.has_class_token:
+            skipped[name] = "scores tokens by class-token attention; this model has no class token"
+        elif not cls.budget_family(host):
             skipped[name] = "no budget family; give its specs with --spec"
         else:
             free.append(name)
@@ -200,13 +99,11 @@ def candidates(model: nn.Module, name: str, img_size: int | None = None) -> list
     host = timm_vit.check_host(model)
     base = count_macs(model, img_size).total
     out, seen = [], set()
-    for spec in family(name, host):
+    for spec in get_method(name).budget_family(host):
         try:
-            reducer = build_reducer(spec)
-            reducer.bind(host)
-        except TokenReduceError:
+            timm_vit.apply(model, build_reducer(spec))
+        except TokenReduceError:  # the model rejects this member (e.g. too strong for its depth)
             continue
-        timm_vit.apply(model, reducer)
         try:
             report = count_macs(model, img_size)
         finally:

@@ -1,12 +1,15 @@
 """The accuracy / speed trade-off as a picture and as a flat table.
 
-``plot_pareto``: top-1 against measured speed-up, one colour and marker per method, a line per
-method through its budgets (sorted by speed-up), error bars of +- one standard deviation over runs,
-the unpatched model as a black star at speed-up 1. Fine-tuned rows share their method's colour with
-open markers and a dashed line. matplotlib with the Agg backend (no display needed).
+``plot_pareto``: the task's primary metric (the rows' ``metric``: top1, map, miou; the y label)
+against measured speed-up, one colour and marker per method, a line per method through its budgets
+(sorted by speed-up), error bars of +- one standard deviation over runs, the unpatched model as a
+black star at speed-up 1. Fine-tuned rows share their method's colour with open markers and a
+dashed line. matplotlib with the Agg backend (no display needed).
 
 ``write_csv``: the rows as CSV, one line per row; list-valued fields are joined with spaces and
-the per-round timing lists are left out (they are in the JSON).
+the per-round timing lists and per-run metrics are left out (they are in the JSON).
+
+Both write atomically (``report.write_text``, ``report.write_figure``: a temporary file, then os.replace).
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .report import write_figure, write_text
+
 #: CSV columns, in order; extra keys of the rows are appended after these.
 CSV_COLUMNS = (
-    "label", "method", "kind", "spec", "budget", "top1", "top1_std", "top1_drop", "n_runs", "seeds", "macs",
+    "label", "method", "kind", "spec", "budget", "metric", "value", "value_std", "drop", "top1", "top1_std",
+    "top1_drop", "n_runs", "seeds", "macs",
     "gmacs", "macs_speedup", "img_per_s", "img_per_s_iqr", "latency_ms", "latency_ms_iqr", "speedup",
     "latency_speedup", "tokens_per_block",
 )
-_SKIP = {"runs", "img_per_s_runs", "latency_ms_runs"}
+_SKIP = {"runs", "metrics", "img_per_s_runs", "latency_ms_runs"}
 _MARKERS = "osD^vP<>Xhp*"
 
 
@@ -35,9 +41,7 @@ def _cell(v: Any) -> Any:
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> Path:
-    """Write ``rows`` as CSV (atomically: a temporary file, then rename). Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``rows`` as CSV (atomically). Returns the path."""
     extra = sorted({k for r in rows for k in r} - set(CSV_COLUMNS) - _SKIP)
     columns = [c for c in CSV_COLUMNS if any(c in r for r in rows)] + extra
     buf = io.StringIO()
@@ -45,31 +49,27 @@ def write_csv(path: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> Path:
     writer.writerow(columns)
     for r in rows:
         writer.writerow([_cell(r.get(c)) for c in columns])
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(buf.getvalue())
-    os.replace(tmp, path)
-    return path
+    return write_text(path, buf.getvalue())
 
 
 def _series(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """(method, kind) -> its rows sorted by measured speed-up (rows without one are skipped)."""
     out: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        if r.get("kind") == "unpatched" or r.get("speedup") is None or r.get("top1") is None:
+        if r.get("kind") == "unpatched" or r.get("speedup") is None or r.get("value") is None:
             continue
         out.setdefault((r["method"], r["kind"]), []).append(r)
     return {k: sorted(v, key=lambda r: r["speedup"]) for k, v in out.items()}
 
 
 def plot_pareto(path: str | os.PathLike, rows: Sequence[dict[str, Any]], title: str = "") -> Path:
-    """Write the top-1 vs measured speed-up PNG for ``rows`` (as from ``evaluate_cases``)."""
+    """Write the metric vs measured speed-up PNG for ``rows`` (as from ``evaluate_cases``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    metric = next((r["metric"] for r in rows if r.get("metric")), "value")
     series = _series(rows)
     methods = sorted({m for m, _ in series})
     colours = plt.get_cmap("tab10")
@@ -79,24 +79,20 @@ def plot_pareto(path: str | os.PathLike, rows: Sequence[dict[str, Any]], title: 
         colour, marker = style[method]
         tuned = kind == "fine-tuned"
         xs = [r["speedup"] for r in pts]
-        ys = [r["top1"] for r in pts]
-        errs = [r.get("top1_std") or 0.0 for r in pts]
+        ys = [r["value"] for r in pts]
+        errs = [r.get("value_std") or 0.0 for r in pts]
         ax.errorbar(xs, ys, yerr=errs if any(errs) else None, color=colour, marker=marker,
                     linestyle="--" if tuned else "-", markerfacecolor="none" if tuned else colour,
                     markersize=7, capsize=3, linewidth=1.3, label=f"{method} (fine-tuned)" if tuned else method)
     for r in rows:
-        if r.get("kind") == "unpatched" and r.get("top1") is not None:
-            ax.plot([1.0], [r["top1"]], marker="*", color="black", markersize=14, linestyle="none",
-                    label=f"unpatched ({r['top1']:.2f}%)")
+        if r.get("kind") == "unpatched" and r.get("value") is not None:
+            ax.plot([1.0], [r["value"]], marker="*", color="black", markersize=14, linestyle="none",
+                    label=f"unpatched ({metric} {r['value']:.2f})")
     ax.set_xlabel("measured speed-up (img/s vs unpatched, same run)")
-    ax.set_ylabel("top-1 accuracy (%)")
+    ax.set_ylabel(metric)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return write_figure(fig, path, dpi=120)

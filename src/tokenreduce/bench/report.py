@@ -7,12 +7,12 @@ batch sizes, seed), so that any figure we print can be reproduced.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
 import sys
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,46 +76,82 @@ def provenance(
     return info
 
 
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
-    """A plain-text table: ``columns`` lists (key, header); a missing value prints as '-'.
+#: A table column: (row key, header) or (row key, header, format): a ``str.format`` pattern such as
+#: ``"{:.2f}"`` or a callable value -> text. Without a format, floats print with 3 decimals (1
+#: from 10 up) and lists as their items joined by spaces.
+Column = tuple[str, str] | tuple[str, str, str | Callable[[Any], str]]
 
-    Floats print with 3 significant decimals at most; numbers are right-aligned.
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """A plain-text table of ``rows``, one line per row; a missing value prints as '-'.
+
+    Columns whose values are all numbers (or missing) are right-aligned, the others left-aligned.
     """
-    def cell(v: Any) -> str:
-        if v is None:
+    def cell(v: Any, fmt: str | Callable[[Any], str] | None) -> str:
+        if v is None or v == "":
             return "-"
+        if fmt is not None:
+            return fmt(v) if callable(fmt) else fmt.format(v)
         if isinstance(v, float):
             return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+        if isinstance(v, (list, tuple)):
+            return " ".join(map(str, v))
         return str(v)
 
-    cells = [[cell(r.get(k)) for k, _ in columns] for r in rows]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
-    numeric = [all(_is_number(r.get(k)) for r in rows) for k, _ in columns]
+    cols = [(c[0], c[1], c[2] if len(c) > 2 else None) for c in columns]
+    cells = [[cell(r.get(k), f) for k, _, f in cols] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h, _) in enumerate(cols)]
+    numeric = [all(_is_number(r.get(k)) for r in rows) for k, _, _ in cols]
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True))
 
-    out = [line([h for _, h in columns]), line(["-" * w for w in widths])]
+    out = [line([h for _, h, _ in cols]), line(["-" * w for w in widths])]
     out += [line(c) for c in cells]
     return "\n".join(s.rstrip() for s in out)
 
 
 def _is_number(v: Any) -> bool:
-    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+    return v is None or v == "" or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def write_text(path: str | os.PathLike, text: str | bytes) -> Path:
+    """Write ``text`` to ``path`` atomically (``models.checkpoint.atomic_write``: a temporary file in
+    the same folder, then os.replace), so a reader never sees half a file and an interrupted run
+    leaves the old one intact. Creates the folder. Returns the path."""
+    from ..models.checkpoint import atomic_write
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def write_figure(fig: Any, path: str | os.PathLike, dpi: int = 120) -> Path:
+    """Write the matplotlib figure ``fig`` as a PNG atomically (:func:`write_text`) and close it."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return write_text(path, png.getvalue())
+
+
+def no_nan(v: Any) -> Any:
+    """``v`` with every float NaN (in nested dicts, lists and tuples) replaced by None: JSON has no NaN."""
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if isinstance(v, dict):
+        return {k: no_nan(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [no_nan(x) for x in v]
+    return v
 
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Write ``data`` as JSON atomically: a temporary file in the same folder, then os.replace,
-    so a reader never sees half a file and an interrupted run leaves the old one intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``data`` as indented JSON (NaN written as null), atomically (:func:`write_text`)."""
+    return write_text(path, json.dumps(no_nan(data), indent=2, allow_nan=False) + "\n")

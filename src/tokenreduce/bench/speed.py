@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..adapters import timm_vit
 from ..core.errors import TokenReduceError
-from ..core.method import Reducer, build_reducer
+from ..core.method import Reducer, build_reducer, matched_spec
 from .macs import input_shape
 
 
@@ -59,15 +59,15 @@ class SpeedResult:
 
 
 def matched_random(model: nn.Module, spec: str | Reducer, seed: int = 0) -> str:
-    """The ``random(counts=..., locs=..., where=...)`` spec with exactly the per-block token counts
-    of ``spec`` on ``model``: same shapes, no scoring cost - the speed limit of that schedule.
+    """The spec of the random pruner with exactly the per-block token counts and ``where`` of
+    ``spec`` on ``model`` (``core.method.matched_spec``): same shapes, no scoring cost - the speed
+    limit of that schedule.
 
     The schedule is compiled the way ``apply`` compiles it (``reducer.bind(host)``), so ``model``
     is left untouched.
     """
     sched = build_reducer(spec).bind(timm_vit.check_host(model))
-    counts = tuple(sched.counts[i] for i in sched.locs)
-    return f"random(counts={counts!r}, locs={tuple(sched.locs)!r}, where={sched.where!r}, seed={seed})"
+    return matched_spec(sched, seed)
 
 
 def _median_iqr(values: Sequence[float]) -> tuple[float, float]:

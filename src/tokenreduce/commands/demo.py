@@ -4,7 +4,7 @@
    trained into the cache (a checkpoint: an interrupted demo resumes it, a second demo reuses it);
 2. every registered training-free method (learned ones are skipped, with a note) at the specs whose
    measured speed-up is closest to 1.5x, 2x and 2.5x (bench/budgets.py), random over 3 seeds;
-3. top-1, MACs, img/s, latency and speed-ups of all of them in one run (bench/accuracy.py);
+3. top-1, MACs, img/s, latency and speed-ups of all of them in one run (bench/evaluation.py);
 4. the table on stdout; results.json, results.csv, pareto.png and per-method visualisations of a
    few test images in ``--out``. Progress goes to stderr.
 
@@ -74,7 +74,7 @@ def auto_threads(want: int = 2) -> tuple[int, str]:
 
 
 def _train(cfg_fields: dict[str, Any], note: str) -> Path:
-    from ..commands.eval import log
+    from ..bench.evaluation import log
     from ..train.loop import TrainConfig, train
 
     log(note)
@@ -107,31 +107,21 @@ def reference(quick: bool, threads: int) -> tuple[Path, str, bool]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..bench import evaluation as ev
     from ..bench.accuracy import evaluate_cases
     from ..bench.report import provenance
-    from .eval import (
-        budget_cases,
-        load_data,
-        load_reference,
-        log,
-        parse_floats,
-        parse_ints,
-        print_table,
-        threads_text,
-        write_outputs,
-    )
-    from .visualize import draw
+    from ..visualize import draw
 
     t0 = time.perf_counter()
     mode = QUICK if args.quick else FULL
-    targets = parse_floats(args.budgets or mode["budgets"], "--budgets")
-    seeds = parse_ints(args.seeds or mode["seeds"], "--seeds")
+    targets = ev.parse_list(args.budgets or mode["budgets"], "--budgets")
+    seeds = ev.parse_list(args.seeds or mode["seeds"], "--seeds", int)
     if not targets or not seeds:
         raise TokenReduceError("give at least one budget and one seed")
     if args.threads is None:
         args.threads, why = auto_threads()
         if why:
-            log(why)
+            ev.log(why)
     if args.threads < 1:
         raise TokenReduceError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
@@ -140,19 +130,20 @@ def run(args: argparse.Namespace) -> int:
 
     ckpt, origin, full = reference(args.quick, args.threads)
     t_ref = time.perf_counter() - t0
-    model, meta = load_reference(str(ckpt))
-    log(f"reference: {ckpt} ({origin}), ready after {t_ref:.0f} s")
+    ref = ev.load_reference(ckpt)
+    ev.log(f"reference: {ckpt} ({origin}), ready after {t_ref:.0f} s")
     n_test = args.subset or (mode["subset"] if full else mode["short_subset"])
-    data_args = argparse.Namespace(data=None, data_dir=None, download=True, subset=n_test)
-    data, data_info = load_data(model, meta, data_args)
+    data = ev.load_data(ref, download=True, subset=n_test)
+    data_info = data.info
 
-    log(f"choosing specs for {', '.join(f'{t:g}x' for t in targets)} ({mode['rule']} rule)")
-    cases, picks, skipped = budget_cases(model, targets, None, mode["rule"], speed)
-    rows = evaluate_cases(model, data, cases, seeds=seeds, speed=speed, progress=log)
+    ev.log(f"choosing specs for {', '.join(f'{t:g}x' for t in targets)} ({mode['rule']} rule)")
+    cases, picks, skipped = ev.budget_cases(ref.model, targets, None, mode["rule"], speed)
+    rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=seeds,
+                          speed=speed, progress=ev.log)
     wall = time.perf_counter() - t0
     print(f"tokenreduce demo: {origin}, {data_info['name']} ({data_info['which']}), batch {speed['batch']} "
-          f"(latency: batch 1), {threads_text(args.threads)}, random over seeds {seeds}")
-    print_table(rows)
+          f"(latency: batch 1), {ev.threads_text(args.threads)}, stochastic methods over seeds {seeds}")
+    print(ev.table(rows))
     for name, why in skipped.items():
         print(f"not shown: {name} ({why})")
 
@@ -160,36 +151,20 @@ def run(args: argparse.Namespace) -> int:
         "provenance": provenance(argv=args.argv, threads=args.threads, batch_sizes=[speed["batch"], 1],
                                  seed=seeds[0], seeds=seeds, quick=args.quick, wall_s=round(wall, 1),
                                  reference_s=round(t_ref, 1)),
-        "reference": {"checkpoint": str(ckpt), "origin": origin, "model": meta.get("model"),
-                      "train_metrics": {k: (meta.get("metrics") or {}).get(k) for k in ("top1", "epochs", "steps")}},
+        "reference": {"checkpoint": str(ckpt), "origin": origin, "model": ref.meta.get("model"),
+                      "task": ref.task.spec(),
+                      "train_metrics": {k: (ref.meta.get("metrics") or {}).get(k)
+                                        for k in (ref.task.metric, "epochs", "steps")}},
         "data": data_info, "speed": speed,
         "budgets": {"targets": targets, "rule": mode["rule"], "picks": picks, "skipped": skipped},
     }
-    write_outputs(out, rows, info, f"demo: {origin}; {data_info['n']} test images, {threads_text(args.threads)}, "
-                  f"batch {speed['batch']}")
-    images, titles = _images(data, mode["images"], meta.get("classes") or [])
-    middle = sorted(targets)[len(targets) // 2]
-    specs = _one_per_method(picks, middle)
-    log(f"visualising {len(titles)} test images for {', '.join(specs)}")
-    paths = draw(model, specs, images, titles, out / "visualize")
-    log(f"wrote {len(paths)} visualisations under {out / 'visualize'}")
-    print(f"done in {time.perf_counter() - t0:.0f} s (reference ready after {t_ref:.0f} s); results in {out}/")
+    ev.write_outputs(out, rows, info, f"demo: {origin}; {data_info['n']} test images, "
+                     f"{ev.threads_text(args.threads)}, batch {speed['batch']}", task=ref.task)
+    images, titles = ev.first_images(data.test, mode["images"], ref.meta.get("classes") or [])
+    specs = ev.one_per_method(picks, sorted(targets)[len(targets) // 2])
+    ev.log(f"visualising {len(titles)} test images for {', '.join(specs)}")
+    paths = draw(ref.model, specs, images, titles, out / "visualize")
+    ev.log(f"wrote {len(paths)} visualisations under {out / 'visualize'}")
+    print(f"done in {time.perf_counter() - t0:.0f} s (reference ready after {t_ref:.0f} s); results in {out}/",
+          flush=True)
     return 0
-
-
-def _images(data, n: int, classes: list[str]):
-    """The first ``n`` evaluation images and their titles (class names)."""
-    images, labels = data.tensors
-    n = min(n, len(labels))
-    titles = [classes[int(y)] if int(y) < len(classes) else f"class {int(y)}" for y in labels[:n]]
-    return images[:n], titles
-
-
-def _one_per_method(picks: list[dict[str, Any]], target: float) -> list[str]:
-    """Per method, the pick made for the target closest to ``target``."""
-    best: dict[str, dict[str, Any]] = {}
-    for p in picks:
-        cur = best.get(p["method"])
-        if cur is None or abs(p["target"] - target) < abs(cur["target"] - target):
-            best[p["method"]] = p
-    return [p["spec"] for p in best.values()]

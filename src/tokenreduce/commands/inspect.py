@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from .. import apply, build_reducer, get_info
     from ..adapters.timm_vit import get_patch
     from ..bench.macs import count_macs
+    from ..bench.model import create_model
     from ..bench.report import format_table
-    from .bench import create_model
 
     build_reducer(args.method)  # a malformed spec fails before the model is built
     model = create_model(args.model, img_size=args.img_size, pretrained=args.pretrained, checkpoint=args.checkpoint)

@@ -1,24 +1,53 @@
-"""``tokenreduce list``: the registered methods, their parameters and defaults."""
+"""``tokenreduce list``: what spec strings can name - methods, tasks, stems and model transforms -
+with their parameters and defaults."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("list", help="list the token-reduction methods and their parameters")
+    p = sub.add_parser("list", help="list the token-reduction methods, tasks, stems and model transforms")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..core.method import get_method, list_methods
+def _summary(obj: object) -> str:
+    """The first line of the docstring of ``obj``'s module."""
+    doc = (sys.modules[obj.__module__].__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else ""
 
-    for name in list_methods():
+
+def _section(title: str, names: list[str], describe: Callable[[str], tuple[str, str]]) -> None:
+    print(title)
+    for name in names:
+        spec, doc = describe(name)
+        print(f"  {spec}")
+        if doc:
+            print(f"      {doc}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..core.method import format_spec, get_method, list_methods
+    from ..models import list_stems, list_transforms
+    from ..models.stems import canonical_stem
+    from ..models.transforms import canonical_transform
+    from ..tasks import get_task, list_tasks
+
+    def method(name: str) -> tuple[str, str]:
         cls = get_method(name)
-        params = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Config))
-        doc = (sys.modules[cls.__module__].__doc__ or "").strip()
-        print(f"{name}({params})")
-        print(f"    {doc.splitlines()[0] if doc else ''}")
+        defaults = {f.name: f.default for f in dataclasses.fields(cls.Config)}
+        return format_spec(name, defaults), _summary(cls)
+
+    def task(name: str) -> tuple[str, str]:
+        cls = get_task(name)
+        fields = dataclasses.fields(cls.Config) if dataclasses.is_dataclass(cls.Config) else ()
+        return format_spec(name, {f.name: f.default for f in fields}), f"metric {cls.metric}; {_summary(cls)}"
+
+    _section("methods (--spec):", list_methods(), method)
+    _section("tasks (tokenreduce train --task):", list_tasks(), task)
+    _section("stems (model config 'stem'):", list_stems(), lambda n: (canonical_stem(n), ""))
+    _section("model transforms (model config 'transforms'):", list_transforms(), lambda n: (canonical_transform(n), ""))
     return 0

@@ -1,4 +1,4 @@
-"""``tokenreduce train``: train a ViT from scratch, or fine-tune a (reduced) model.
+"""``tokenreduce train``: train a ViT from scratch, or fine-tune a (reduced) model, for a task.
 
 Settings come from, in increasing priority: TrainConfig defaults, ``--recipe NAME``, the flags
 given. Multi-process: ``torchrun --nproc_per_node N -m tokenreduce.cli train ...``.
@@ -17,22 +17,27 @@ MODEL_FLAGS = {"img_size": "img_size", "patch_size": "patch_size", "in_chans": "
                "depth": "depth", "heads": "num_heads", "mlp_ratio": "mlp_ratio", "num_classes": "num_classes",
                "drop_path": "drop_path_rate"}
 #: CLI dest -> TrainConfig field, for the flags that map one to one.
-CONFIG_FLAGS = ("spec", "init", "teacher", "distill_weight", "data", "data_dir", "download", "augment", "epochs",
-                "batch_size", "eval_batch_size", "lr", "min_lr", "weight_decay", "warmup_epochs", "label_smoothing",
-                "grad_clip", "amp", "seed", "deterministic", "subset", "eval_subset", "eval_every", "out", "resume",
-                "force", "ckpt_every", "threads", "device", "num_workers", "quiet")
+CONFIG_FLAGS = ("spec", "init", "task", "teacher", "distill_weight", "data", "data_dir", "download", "augment",
+                "epochs", "batch_size", "eval_batch_size", "optimizer", "lr", "min_lr", "momentum", "weight_decay",
+                "warmup_epochs", "label_smoothing", "grad_clip", "amp", "seed", "deterministic", "subset",
+                "eval_subset", "eval_every", "out", "resume", "force", "ckpt_every", "threads", "device",
+                "num_workers", "quiet")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from ..tasks import get_task, list_tasks
+    from ..train.optim import OPTIMIZERS
     from ..train.recipes import RECIPES
 
+    tasks = "; ".join(f"{t} (metric {get_task(t).metric})" for t in list_tasks())
     recipes = "; ".join(f"{k}: {v['description']}" for k, v in RECIPES.items())
     p = sub.add_parser(
         "train", help="train a ViT from scratch or fine-tune a reduced model",
-        description="Train a timm ViT (from scratch, or from --init CKPT) with an optional reducer --spec, "
-        "optional distillation from --teacher CKPT. Checkpoints (safetensors + JSON) go to --out; --resume continues "
-        "an interrupted run exactly. Multi-process: torchrun --nproc_per_node N -m tokenreduce.cli train ...",
-        epilog=f"Recipes: {recipes}. Example: tokenreduce train --recipe fmnist-vit",
+        description="Train a timm ViT (from scratch, or from --init CKPT) for a --task (default classify) with an "
+        "optional reducer --spec, optional distillation from --teacher CKPT. Checkpoints (safetensors + JSON) go to "
+        "--out; --resume continues an interrupted run exactly. Multi-process: "
+        "torchrun --nproc_per_node N -m tokenreduce.cli train ...",
+        epilog=f"Tasks: {tasks}. Recipes: {recipes}. Example: tokenreduce train --recipe fmnist-vit",
     )
     g = p.add_argument_group("model")
     g.add_argument("--recipe", help="named recipe (model + optimiser + schedule); flags override it")
@@ -49,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--pretrained", action="store_true", default=None, help="start from timm's weights (network)")
     g.add_argument("--spec", help="reducer to fine-tune with, e.g. 'evit(keep=0.7, locs=(3,))'")
     g.add_argument("--init", metavar="CKPT", help="start from this checkpoint's model and weights")
+    g.add_argument("--task", metavar="SPEC",
+                   help=f"what to train for, a task spec, e.g. 'hash(bits=32)' (default classify); tasks: {tasks}")
     g.add_argument("--teacher", metavar="CKPT", help="distil from this frozen checkpoint")
     g.add_argument("--distill", help="what to distil: logits, tokens or logits,tokens (default with a teacher: logits)")
     g.add_argument("--distill-weight", type=float)
@@ -65,8 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--epochs", type=int)
     o.add_argument("--batch-size", type=int, help="global batch size (split across processes)")
     o.add_argument("--eval-batch-size", type=int)
-    o.add_argument("--lr", type=float, help="peak AdamW learning rate")
+    o.add_argument("--optimizer", choices=tuple(OPTIMIZERS), help="default adamw")
+    o.add_argument("--lr", type=float, help="peak learning rate (a task's parameter groups may scale it)")
     o.add_argument("--min-lr", type=float)
+    o.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
     o.add_argument("--weight-decay", type=float)
     o.add_argument("--warmup-epochs", type=float)
     o.add_argument("--label-smoothing", type=float)
@@ -140,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
     if "checkpoint" not in metrics:  # not the main process
         return 0
     extra = " (reused; --force retrains)" if metrics.get("reused") else ""
-    print(f"top1 {metrics.get('top1', float('nan')):.2f}  loss {metrics.get('loss', float('nan')):.4f}  "
-          f"checkpoint {metrics['checkpoint']}{extra}")
+    metric = metrics.get("metric", "top1")  # runs made before tasks have no 'metric'
+    shown = [f"{k} {metrics[k]:.4g}" for k in dict.fromkeys((metric, "loss"))
+             if isinstance(metrics.get(k), (int, float))]
+    print("  ".join([*shown, f"checkpoint {metrics['checkpoint']}{extra}"]))
     if args.results:
         write_results(Path(args.results), command_line(args), cfg, metrics)
     return 0

@@ -7,10 +7,7 @@ reduction block (kept patches as they are, merged ones tinted by group, pruned o
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
-
-from torch import nn
 
 from ..core.errors import TokenReduceError
 
@@ -33,54 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def slug(spec: str) -> str:
-    """A file-system-safe name for ``spec``: 'tome(r=4)' -> 'tome_r_4'."""
-    return re.sub(r"[^A-Za-z0-9.]+", "_", spec).strip("_")
-
-
-def load_images(model: nn.Module, data: str, data_dir: str | None, indices: list[int]):
-    """(images (n, C, H, W) as the model takes them, titles) of test images ``indices``."""
-    import torch
-
-    from ..data import build_dataset, data_config_from_model
-
-    ds = build_dataset(data, "test", data_dir=data_dir, **data_config_from_model(model))
-    bad = [i for i in indices if not 0 <= i < len(ds)]
-    if bad:
-        raise TokenReduceError(f"image index {bad[0]} is outside the test set (0..{len(ds) - 1})")
-    items = [ds[i] for i in indices]
-    classes = list(getattr(ds, "classes", []))
-    titles = [f"#{i} {classes[int(y)] if int(y) < len(classes) else y}" for i, (_, y) in zip(indices, items,
-                                                                                              strict=True)]
-    return torch.stack([x for x, _ in items]), titles
-
-
-def draw(model: nn.Module, specs: list, images, titles: list[str], out: Path) -> list[Path]:
-    """visualize() each spec (string or trained Reducer) into ``out/<slug>/``; the model is left unpatched."""
-    from .. import remove
-    from ..adapters.timm_vit import _ATTR
-    from ..visualize import visualize
-
-    paths = []
-    for spec in specs:
-        name = spec if isinstance(spec, str) else spec.spec()
-        try:
-            paths += visualize(model, spec, images, out / slug(name), titles)
-        finally:
-            if hasattr(model, _ATTR):
-                remove(model)
-    return paths
-
-
 def run(args: argparse.Namespace) -> int:
     from ..adapters.timm_vit import get_patch
+    from ..bench.evaluation import log, parse_list
     from ..core.method import build_reducer
-    from ..train.checkpoint import load_model
-    from .eval import log, parse_ints
+    from ..models import load_model
+    from ..visualize import dataset_images, draw
 
     for spec in args.spec:
         build_reducer(spec)
-    indices = parse_ints(args.index, "--index") if args.index else list(range(args.images))
+    indices = parse_list(args.index, "--index", int) if args.index else list(range(args.images))
     if not indices:
         raise TokenReduceError("give --images N >= 1 or --index I,J")
     model, meta = load_model(args.checkpoint)
@@ -94,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if not specs:
         raise TokenReduceError(f"{args.checkpoint} carries no reducer; give --spec, e.g. --spec 'tome(r=4)'")
     data = args.data or (meta.get("data") or {}).get("name") or "fashion_mnist"
-    images, titles = load_images(model, data, args.data_dir, indices)
+    images, titles = dataset_images(model, data, args.data_dir, indices)
     for path in draw(model, specs, images, titles, Path(args.out)):
         print(path)
     return 0

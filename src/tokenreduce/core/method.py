@@ -3,13 +3,20 @@
 A method is a small ``nn.Module`` (a *reducer*) built from a frozen dataclass config. It declares
 what it needs from attention (``needs``) and where it runs (``where``), compiles its schedule for
 a host (``bind``) and implements ``reduce(x, state, info, count) -> x``.
+
+It also declares what the rest of the package needs to know about it, so that no method name is
+spelled outside ``methods/``: whether it is ``learned`` (trained parameters: fine-tune it first),
+whether it ``conserves_patches`` (token sizes always sum to the patch count: merging), what its
+scoring costs (``scoring_macs``, read by bench/macs.py) and its candidate specs for a target
+speed-up (``budget_family``, read by bench/budgets.py). :func:`format_spec` is the one place a spec
+string is written from a name and parameters.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -20,8 +27,9 @@ from .schedule import Schedule
 from .state import TokenState
 
 #: Side products a method may ask of the attention: the CLS attention row (B, H, N), the keys
-#: (B, H, N, d), the per-head output norms ||A_h V_h||_2 (B, H, N).
-NEEDS = frozenset({"cls_attn", "keys", "head_norms"})
+#: (B, H, N, d), the per-head output norms ||A_h V_h||_2 (B, H, N), the full attention
+#: probabilities (B, H, N, N) (they take the block off the fused SDPA kernel).
+NEEDS = frozenset({"cls_attn", "keys", "head_norms", "probs"})
 
 
 @dataclass
@@ -31,6 +39,7 @@ class AttnInfo:
     cls_attn: Tensor | None = None
     keys: Tensor | None = None
     head_norms: Tensor | None = None
+    probs: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,47 @@ class Host:
     num_patches: int
     grid: tuple[int, int]
     has_class_token: bool
+
+
+#: MACs of each attention side product in ``NEEDS``, per token entering the attention, in units
+#: of the attention width A = heads * head_dim (A = D in timm's VisionTransformer). MACs follow
+#: torch.utils.flop_counter's convention, so that the count can be checked against it: products
+#: of two matrices (Linear, convolution, matmul, attention) count; elementwise work, sums, norms,
+#: softmax and gathers do not.
+#:   cls_attn    1  the CLS row q_cls K^T, a (1 x d) @ (d x N) product per head; free when 'probs'
+#:                  are needed too (it is then read off the probabilities)
+#:   keys        0  the keys the attention computes anyway
+#:   head_norms  0  ||A_h V_h||_2 of the output the attention computes anyway: a norm, not a product
+#:   probs       0  the explicit Q K^T, softmax and A V are the 2 N^2 A MACs of the attention itself
+#:                  (counted there, as for fused SDPA); the softmax is not a MAC. Their price is the
+#:                  lost fused kernel: time and memory, which bench/speed.py measures, not MACs.
+NEED_MACS: dict[str, int] = {"cls_attn": 1, "keys": 0, "head_norms": 0, "probs": 0}
+
+#: The default budget family (``Reducer.budget_family`` of a config with ``keep`` and ``locs``):
+#: kept fractions 0.95, 0.90, ..., 0.20, mildest first, at blocks (3, 6, 9) of 12 moved to the
+#: host's depth (the published 12-block placement of attention-score pruning).
+BUDGET_KEEPS = tuple(round(0.95 - 0.05 * i, 2) for i in range(16))
+BUDGET_LOCS = (3, 6, 9)
+
+
+def scaled_locs(locs: Sequence[int], depth: int) -> tuple[int, ...]:
+    """Blocks ``locs`` of a 12-block model moved to a ``depth``-block one: floor(l * depth / 12),
+    clipped to the last block, duplicates merged (sorted)."""
+    return tuple(sorted({min(depth - 1, (loc * depth) // 12) for loc in locs}))
+
+
+def format_spec(name: str, params: Mapping[str, Any] | None = None) -> str:
+    """The spec string ``name(key=value, ...)`` of a method (or task) and its parameters.
+
+    The one place a spec is written from parts; the inverse of :func:`parse_spec` for literal values
+    (``parse_spec(format_spec(n, p)) == (n, p)``, lists read back as tuples). Values are written
+    with ``repr``; no parameters give the bare name (the defaults).
+    """
+    if not name.isidentifier():
+        raise SpecError(f"a spec name must be an identifier (a registered name), got {name!r}")
+    if not params:
+        return name
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
 
 
 class Reducer(nn.Module):
@@ -62,6 +112,12 @@ class Reducer(nn.Module):
     keep_pruned: ClassVar[bool] = False
     zero: ClassVar[dict[str, Any]] = {}
     example: ClassVar[dict[str, Any]] = {}
+    #: has trained parameters: an untrained instance is useless, so fine-tune it first (budgets and
+    #: the training-free benchmarks leave it out)
+    learned: ClassVar[bool] = False
+    #: where the reducer runs unless its config has a ``where`` field: 'attn' (after attention +
+    #: residual, before the MLP) or 'block' (after the MLP). Read it through ``where``.
+    default_where: ClassVar[str] = "attn"
 
     def __init__(self, cfg: Any) -> None:
         super().__init__()
@@ -69,12 +125,69 @@ class Reducer(nn.Module):
 
     @property
     def where(self) -> str:
-        return getattr(self.cfg, "where", "attn")
+        """Where the reducer runs: the config's ``where`` field when it has one (a user choice),
+        else the method's ``default_where``. The one place the adapter, bind and bench read it."""
+        return getattr(self.cfg, "where", self.default_where)
+
+    @property
+    def conserves_patches(self) -> bool:
+        """Whether token sizes always sum to the patch count: nothing is dropped, tokens are only
+        merged or fused into others (merging; pruning that fuses what it drops). Pruners: False."""
+        return False
+
+    def scoring_macs(self, block: int, tokens_in: int, count: int, host: Host) -> int:
+        """MACs per image the reduction at ``block`` adds to the block (its scoring).
+
+        Args:
+            block: the block where the schedule is active (``Schedule.active``); called only there.
+            tokens_in: N, tokens entering the block (prefix included).
+            count: non-prefix tokens after the reduction.
+            host: the model.
+        The base class prices the attention side products in ``needs`` (``NEED_MACS`` x A x N,
+        A = host.dim); a method adds what its own ``reduce`` computes (a matching, a predictor).
+        Same convention as ``NEED_MACS``: the contract tests hold the sum to torch.utils.flop_counter.
+        """
+        needs = set(self.needs)
+        if "probs" in needs:
+            needs.discard("cls_attn")  # read off the probabilities
+        return sum(NEED_MACS[n] for n in needs) * host.dim * tokens_in
+
+    @classmethod
+    def budget_family(cls, host: Host) -> list[str]:
+        """Candidate specs for a target speed-up on ``host``, mildest first ([] = no budgets).
+
+        May hold specs the host rejects (bench/budgets.py drops them). Default, from the config's
+        fields: ``keep`` + ``locs`` -> keep in ``BUDGET_KEEPS`` at ``BUDGET_LOCS`` scaled to the depth;
+        else ``r`` -> r = 1, 2, ... (one per block); else none.
+        """
+        fields = {f.name for f in dataclasses.fields(cls.Config)}
+        if {"keep", "locs"} <= fields:
+            locs = scaled_locs(BUDGET_LOCS, host.depth)
+            return [format_spec(cls.name, {"keep": k, "locs": locs}) for k in BUDGET_KEEPS]
+        if "r" in fields:
+            return [format_spec(cls.name, {"r": r}) for r in range(1, host.num_patches)]
+        return []
+
+    @classmethod
+    def replay_spec(cls, schedule: Schedule, seed: int = 0) -> str | None:
+        """A spec of this method that runs exactly ``schedule`` (the same per-block counts and
+        ``where``) with no scoring - the speed limit of that schedule - or None if it cannot."""
+        return None
 
     @property
     def proportional(self) -> bool:
         """Add log(size) to the attention logits (methods that merge tokens)."""
         return False
+
+    def attention_chunk(self, block: int) -> int | None:
+        """Chunked attention at ``block``: patch tokens per chunk (core.attention.attend), or None
+        for full attention. Asked at every block, whether or not the reducer acts there."""
+        return None
+
+    def attn_bias(self, state: TokenState, block: int) -> Tensor | None:
+        """An additive attention-logit bias at ``block``, broadcastable to (B, H, N, N) (4-D), added to
+        the log-size bias; or None. Asked at every block, before its attention."""
+        return None
 
     def bind(self, host: Host) -> Schedule:
         """Compile the schedule for ``host`` (and build any learned parts). Raises SpecError."""
@@ -86,8 +199,7 @@ class Reducer(nn.Module):
 
     def spec(self) -> str:
         """The canonical spec string of this reducer."""
-        args = ", ".join(f"{f.name}={getattr(self.cfg, f.name)!r}" for f in dataclasses.fields(self.cfg))
-        return f"{self.name}({args})"
+        return format_spec(self.name, {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg)})
 
     def extra_repr(self) -> str:
         return self.spec()
@@ -112,6 +224,16 @@ def register_method(name: str) -> Callable[[type[Reducer]], type[Reducer]]:
 def list_methods() -> list[str]:
     """Names of all registered methods."""
     return sorted(_REGISTRY)
+
+
+def matched_spec(schedule: Schedule, seed: int = 0) -> str:
+    """The spec of the first registered method (by name) that replays ``schedule`` with no scoring
+    (``Reducer.replay_spec``): the matched baseline of any method's schedule."""
+    for name in list_methods():
+        spec = _REGISTRY[name].replay_spec(schedule, seed)
+        if spec is not None:
+            return spec
+    raise SpecError("no registered method replays a schedule (Reducer.replay_spec); register one")
 
 
 def get_method(name: str) -> type[Reducer]:

@@ -1,5 +1,6 @@
-"""Shared tensor primitives, written once: gather by index, top-k keep, bipartite soft matching,
-size-weighted merge, CLS-row attention. Shapes: B batch, N tokens, C channels, H heads."""
+"""Shared tensor primitives, written once: gather by index, top-k keep, bipartite soft matching
+(over all patch tokens or inside a subset), weighted merge, CLS-row attention.
+Shapes: B batch, N tokens, C channels, H heads."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .errors import TokenReduceError
 
 
 def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:
@@ -82,24 +85,33 @@ class MergePlan:
             out.scatter_add_(1, _expand_like(self.dst, src), src)
         return out
 
-    def mean(self, x: Tensor, size: Tensor) -> tuple[Tensor, Tensor]:
-        """Size-weighted merge: x (B, N, C), size (B, N) -> x' (B, N - r, C), size' (B, N - r).
+    def mean(self, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """Weighted merge: x (B, N, C), weight (B, N) > 0 -> x' (B, N - r, C), W' (B, N - r).
 
-        x'_d = (s_d x_d + sum_i s_i x_i) / S_d with S_d = s_d + sum_i s_i over the tokens i merged
-        into d, computed as x_d + sum_i (s_i / S_d) (x_i - x_d): only the r merged rows are
+        x'_d = (w_d x_d + sum_i w_i x_i) / W_d with W_d = w_d + sum_i w_i over the tokens i merged
+        into d, computed as x_d + sum_i (w_i / W_d) (x_i - x_d): only the r merged rows are
         touched after the gather of the kept ones, so merging costs about what pruning costs.
+        Returns x' and the summed weights W'. With the token sizes as ``weight`` (ToMe's
+        size-weighted mean) W' is the new sizes; with any other weight (BSPF's fusion) W' is the
+        summed weight only, and the sizes are summed separately (``TokenState.merge`` does both).
+        ``weight`` must be positive: a slot whose weights sum to 0 has no mean (NaN); it is not
+        checked here, since a check would synchronise the device in every forward.
         """
+        if weight.shape != x.shape[:2]:
+            raise TokenReduceError(
+                f"merge weight has shape {tuple(weight.shape)}; expected one weight per token, {tuple(x.shape[:2])}"
+            )
         out = gather_tokens(x, self.keep)
-        new_size = gather_tokens(size, self.keep)
+        new_weight = gather_tokens(weight, self.keep)
         if self.src.shape[1] == 0:
-            return out, new_size
-        w = gather_tokens(size, self.src)  # (B, r)
-        new_size = new_size.scatter_add(1, self.dst, w)
+            return out, new_weight
+        w = gather_tokens(weight, self.src)  # (B, r)
+        new_weight = new_weight.scatter_add(1, self.dst, w)
         x_src = gather_tokens(x, self.src)  # (B, r, C)
         x_dst = gather_tokens(x, self.dst_pos)  # (B, r, C) values before the merge
-        step = (x_src - x_dst) * (w / new_size.gather(1, self.dst))[..., None]
+        step = (x_src - x_dst) * (w / new_weight.gather(1, self.dst))[..., None]
         out.scatter_add_(1, _expand_like(self.dst, step), step)
-        return out, new_size
+        return out, new_weight
 
 
 def _expand_like(idx: Tensor, t: Tensor) -> Tensor:
@@ -140,7 +152,57 @@ def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> MergePla
     keep = torch.cat([prefix.expand(batch, -1), p + 2 * unm, b_pos.expand(batch, -1)], dim=1)  # (B, N - r)
     return MergePlan(keep, p + 2 * src, p + n_unm + dst, p + 1 + 2 * dst)
 
-def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6) -> Tensor:
+
+def subset_matching(metric: Tensor, subset: Tensor, r: int) -> MergePlan:
+    """Bipartite soft matching restricted to the positions ``subset`` (ImagePiece, arXiv 2412.16491).
+
+    The subset's tokens alternate into A (``subset[:, 0::2]``) and B (``subset[:, 1::2]``), in the
+    order given (pass it sorted to alternate spatially); each A token is linked to its most
+    cosine-similar B token and the r most similar links are merged, A into B. Every token outside
+    the subset is kept untouched; the subset must not contain prefix positions.
+    Output order: every surviving token in its current order (prefix first, spatial order kept),
+    so ``keep`` is ascending and a merged-away A token's slot simply disappears.
+
+    Args:
+        metric: (B, N, d) similarity features of every token.
+        subset: (B, S) long, distinct positions into the N tokens taking part.
+        r: tokens to remove, at most |A| = ceil(S / 2) (0 if S < 2).
+    Returns:
+        a MergePlan over all N tokens: keep (B, N - r), src/dst/dst_pos (B, r).
+    """
+    B, N, _ = metric.shape
+    if subset.dim() != 2 or subset.shape[0] != B or subset.shape[1] > N:
+        raise TokenReduceError(
+            f"subset has shape {tuple(subset.shape)}; expected (B={B}, S<={N}) positions into the tokens"
+        )
+    S = subset.shape[1]
+    n_a, n_b = (S + 1) // 2, S // 2
+    limit = n_a if n_b else 0
+    if not 0 <= r <= limit:
+        raise TokenReduceError(
+            f"subset matching cannot remove r={r} tokens from a subset of {S}: at most {limit} "
+            "(one per A token, and B must not be empty)"
+        )
+    if r == 0:
+        keep = torch.arange(N, device=metric.device).expand(B, N)
+        none = subset[:, :0]
+        return MergePlan(keep, none, none, none)
+    m = F.normalize(gather_tokens(metric, subset), dim=-1, eps=1e-6)  # (B, S, d)
+    scores = m[:, 0::2] @ m[:, 1::2].transpose(-2, -1)  # (B, |A|, |B|)
+    best, best_idx = scores.max(dim=-1)  # (B, |A|)
+    order = best.argsort(dim=-1, descending=True)[:, :r]  # (B, r) index into A
+    src = subset[:, 0::2].gather(1, order)  # (B, r) positions
+    dst_pos = subset[:, 1::2].gather(1, best_idx.gather(1, order))  # (B, r) positions
+    alive = torch.ones(B, N, dtype=torch.bool, device=metric.device)
+    alive.scatter_(1, src, False)
+    # a stable sort puts the surviving positions first, ascending; unlike nonzero() it needs no
+    # device synchronisation
+    keep = (~alive).to(torch.uint8).argsort(dim=1, stable=True)[:, : N - r]  # (B, N - r)
+    slot = alive.cumsum(1) - 1  # (B, N) output slot of each surviving position
+    return MergePlan(keep, src, slot.gather(1, dst_pos), dst_pos)
+
+
+def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6, offset: int = 0) -> Tensor:
     """Attention under a soft keep policy (attention masking of DynamicViT, arXiv 2106.02034).
 
         A_ij = exp(s_ij) G_ij / sum_k exp(s_ik) G_ik,   G_ij = policy_j (j != i),  G_ii = 1
@@ -152,14 +214,15 @@ def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6) -> Tensor:
     A_ij = (exp(s_ij - m_i) G_ij + eps / N) / (sum_k exp(s_ik - m_i) G_ik + eps).
 
     Args:
-        logits: (B, H, N, N) scaled attention logits s (plus any additive bias).
-        policy: (B, N) keep policy in [0, 1].
+        logits: (B, H, Nq, N) scaled attention logits s (plus any additive bias); Nq = N usually.
+        policy: (B, N) keep policy in [0, 1] of the keys.
+        offset: query i is key i + offset (for a block of queries, e.g. one attention chunk).
     Returns:
-        (B, H, N, N) attention probabilities in the dtype of ``logits``.
+        (B, H, Nq, N) attention probabilities in the dtype of ``logits``.
     """
-    N = logits.shape[-1]
-    eye = torch.eye(N, dtype=torch.bool, device=logits.device)
-    gate = torch.where(eye, 1.0, policy.float()[:, None, None, :])  # (B, 1, N, N)
+    Nq, N = logits.shape[-2:]
+    eye = torch.arange(N, device=logits.device) == offset + torch.arange(Nq, device=logits.device)[:, None]
+    gate = torch.where(eye, 1.0, policy.float()[:, None, None, :])  # (B, 1, Nq, N)
     s = logits.float()
     e = (s - s.amax(dim=-1, keepdim=True)).exp() * gate
     return ((e + eps / N) / (e.sum(dim=-1, keepdim=True) + eps)).to(logits.dtype)

@@ -2,7 +2,9 @@
 
 A :class:`Schedule` lists, for each block, how many non-prefix tokens leave it. It compiles from
 ``r`` (tokens removed per block), ``keep`` + ``locs`` (fraction kept at given blocks) or
-``counts`` + ``locs`` (explicit token counts). Block indices are 0-based.
+``counts`` + ``locs`` (explicit token counts). Block indices are 0-based. Counts only shrink,
+unless a method declares ``grow=True`` (it brings tokens back, e.g. Last Layer Fusion restores the
+pruned ones): then a count may rise again, up to the patch count.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class Schedule:
     Attributes:
         num_patches: non-prefix tokens entering block 0.
         counts: (depth,) non-prefix tokens leaving each block.
-        locs: blocks where the reducer runs (counts drop only there).
+        locs: blocks where the reducer runs (counts change only there).
         where: 'attn' (after attention + residual, before the MLP) or 'block' (after the MLP).
     """
 
@@ -37,6 +39,14 @@ class Schedule:
     def count_at(self, block: int) -> int | None:
         """Target count if the reducer runs at ``block``, else None."""
         return self.counts[block] if block in self.locs else None
+
+    def active(self, block: int, current: int) -> bool:
+        """THE rule for "the reducer acts at ``block``": the schedule names a count there and it
+        differs from ``current``, the non-prefix tokens entering the reduction (fewer: reduce;
+        more: bring tokens back). A no-op loc (keep=1) is skipped, costs nothing and needs nothing
+        from attention. The adapter and the MACs count both ask this, nowhere else decides it."""
+        count = self.count_at(block)
+        return count is not None and count != current
 
     def tokens_per_block(self, num_prefix: int) -> list[int]:
         """Total tokens (prefix included) leaving each block."""
@@ -60,15 +70,23 @@ def check_locs(locs: Sequence[int], depth: int, method: str) -> tuple[int, ...]:
     return locs
 
 
-def _build(n: int, depth: int, targets: dict[int, int], where: str, method: str) -> Schedule:
+def _build(n: int, depth: int, targets: dict[int, int], where: str, method: str, grow: bool = False) -> Schedule:
+    """Counts per block from the targets at the locs. Without ``grow`` a count lies in
+    [1, current]; with it in [1, n] (a method that brings tokens back may rise again)."""
     counts, cur = [], n
     for block in range(depth):
         if block in targets:
             new = targets[block]
-            if not 1 <= new <= cur:
+            if grow and not 1 <= new <= n:
+                raise SpecError(
+                    f"{method}: block {block} would have {new} tokens; a count must lie in [1, {n}] "
+                    f"(tokens can come back, but never more than the {n} patches)"
+                )
+            if not grow and not 1 <= new <= cur:
+                hint = " (counts cannot grow: this method does not bring tokens back)" if new > cur else ""
                 raise SpecError(
                     f"{method}: block {block} would keep {new} of {cur} tokens; "
-                    f"a count must lie in [1, {cur}]"
+                    f"a count must lie in [1, {cur}]{hint}"
                 )
             cur = new
         counts.append(cur)
@@ -116,14 +134,17 @@ def from_r(
 
 
 def from_counts(
-    n: int, depth: int, counts: Sequence[int], locs: Sequence[int], where: str, method: str
+    n: int, depth: int, counts: Sequence[int], locs: Sequence[int], where: str, method: str,
+    grow: bool = False,
 ) -> Schedule:
+    """Explicit non-prefix counts at ``locs``; ``grow=True`` lets a count exceed the current one
+    (up to ``n``), for methods that bring tokens back."""
     locs = check_locs(locs, depth, method)
     if len(counts) != len(locs):
         raise SpecError(
             f"{method}: counts has {len(counts)} entries but locs has {len(locs)}; give one count per loc"
         )
-    return _build(n, depth, dict(zip(locs, (int(c) for c in counts), strict=True)), where, method)
+    return _build(n, depth, dict(zip(locs, (int(c) for c in counts), strict=True)), where, method, grow)
 
 
 def check_keep(keep: float, method: str) -> None:
@@ -140,9 +161,11 @@ def compile_schedule(
     n: int, depth: int, method: str, *, where: str, keep: float | None = None,
     r: int | Sequence[int] | None = None, counts: Sequence[int] | None = None,
     locs: Sequence[int] | None = None, extra_token: bool = False,
-    max_r=lambda tokens: tokens - 1,
+    max_r=lambda tokens: tokens - 1, grow: bool = False,
 ) -> Schedule:
-    """Compile whichever of keep / r / counts a spec gave (exactly one)."""
+    """Compile whichever of keep / r / counts a spec gave (exactly one). ``grow=True`` declares
+    that the method may bring tokens back: explicit counts may then rise again, up to ``n``
+    (keep and r only ever shrink)."""
     given = [name for name, v in (("keep", keep), ("r", r), ("counts", counts)) if v is not None]
     if len(given) != 1:
         raise SpecError(
@@ -158,4 +181,4 @@ def compile_schedule(
         raise SpecError(f"{method}: {given[0]} needs locs, the blocks where tokens are reduced")
     if keep is not None:
         return from_keep(n, depth, keep, locs, where, method, extra_token)
-    return from_counts(n, depth, counts, locs, where, method)
+    return from_counts(n, depth, counts, locs, where, method, grow)

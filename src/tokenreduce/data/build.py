@@ -161,5 +161,34 @@ class Seeded(Dataset):
                 random.setstate(py_state)
 
 
-__all__ = ["DataError", "ImageFolder", "FashionMNIST", "Seeded", "build_dataset", "list_datasets", "load_image",
-           "register_dataset", "subset"]
+
+class OnDemand(Dataset):
+    """A dataset made by ``build()`` on first use (its length, an item, ``base`` or ``classes``).
+
+    The evaluation database (the training split) is one: only a task that retrieves against it
+    reads it. ``base`` is the built dataset, so label readers that follow ``base`` (like
+    ``tasks.dataset_labels``) get its labels without loading images.
+    """
+
+    def __init__(self, build: Callable[[], Dataset]) -> None:
+        self._build, self._ds = build, None
+
+    @property
+    def base(self) -> Dataset:
+        if self._ds is None:
+            self._ds = self._build()
+        return self._ds
+
+    @property
+    def classes(self) -> list[str]:
+        return list(getattr(self.base, "classes", []))
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.base[i]
+
+
+__all__ = ["DataError", "ImageFolder", "FashionMNIST", "OnDemand", "Seeded", "build_dataset", "list_datasets",
+           "load_image", "register_dataset", "subset"]

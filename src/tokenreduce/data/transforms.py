@@ -75,14 +75,14 @@ def data_config_from_model(model: torch.nn.Module) -> dict[str, Any]:
     """Keyword arguments for ``build_dataset`` from a timm model (size and channels as built)."""
     from timm.data import resolve_model_data_config
 
-    from ..train.checkpoint import unwrap
+    from ..models import unwrap
 
     model = unwrap(model)
     cfg = resolve_model_data_config(model)
     in_chans, size = cfg["input_size"][0], cfg["input_size"][1:]
     pe = getattr(model, "patch_embed", None)
     if pe is not None:
-        in_chans = pe.proj.in_channels
+        in_chans = pe.proj.in_channels  # a Conv2d, or a stem that exposes in_channels (models.stems)
         size = tuple(pe.img_size) if pe.img_size is not None else size
     return make_data_config(size, in_chans, cfg.get("mean"), cfg.get("std"), cfg.get("interpolation", "bilinear"),
                             cfg.get("crop_pct", 1.0)).to_dict()

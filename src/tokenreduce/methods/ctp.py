@@ -14,6 +14,8 @@ dropped (not fused). Nothing is learned.
 Official schedule (``ctp()``): keep 98, 49, 12 of 196 patch tokens after blocks 3, 7, 9 of 12.
 Other grids and depths get the same fractions at the proportional blocks
 (counts round(n * 98/196, n * 49/196, n * 12/196), blocks floor(l * depth / 12)).
+Budget family: the official schedule with each kept fraction f raised to a power a,
+counts round(n * f^a) at the same blocks; a = 1 is ``ctp()``, smaller is milder, larger stronger.
 
 Deviations: none in the score. Only the CLS row of A is computed (from q_cls and K), so the block
 keeps the fused attention kernel; this changes nothing numerically. Kept tokens stay in spatial
@@ -30,12 +32,15 @@ from torch import Tensor
 
 from ..core import ops
 from ..core.errors import SpecError
-from ..core.method import AttnInfo, Host, Reducer, register_method
+from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method, scaled_locs
 from ..core.schedule import Schedule, compile_schedule
 from ..core.state import TokenState
 
-OFFICIAL_COUNTS = (98, 49, 12)  # of 196 patches
+OFFICIAL_COUNTS = (98, 49, 12)  # of OFFICIAL_PATCHES patches
+OFFICIAL_PATCHES = 196  # DeiT's 14 x 14 grid
 OFFICIAL_LOCS = (3, 7, 9)  # of 12 blocks
+#: exponents a of the budget family, mildest first (kept fractions f^a)
+BUDGET_POWERS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4, 1.7, 2.0)
 
 
 @dataclass(frozen=True)
@@ -54,18 +59,34 @@ class CTP(Reducer):
     needs_class_token = True
     zero = {"keep": 1.0, "locs": (0,)}
     example = {"counts": (32, 16), "locs": (1, 2)}
-    where = "block"
+    default_where = "block"
+
+    @classmethod
+    def budget_family(cls, host: Host) -> list[str]:
+        """The official schedule with each kept fraction raised to a power (module docstring),
+        mildest first; powers that give the same counts are kept once."""
+        locs = scaled_locs(OFFICIAL_LOCS, host.depth)
+        out, seen = [], set()
+        for a in BUDGET_POWERS:
+            counts, prev = [], host.num_patches
+            for k in OFFICIAL_COUNTS[: len(locs)]:
+                prev = min(prev, max(1, round(host.num_patches * (k / OFFICIAL_PATCHES) ** a)))
+                counts.append(prev)
+            if tuple(counts) not in seen:
+                seen.add(tuple(counts))
+                out.append(format_spec(cls.name, {"counts": tuple(counts), "locs": locs}))
+        return out
 
     def bind(self, host: Host) -> Schedule:
         c = self.cfg
         if c.keep is None and c.counts is None:
             if c.locs is not None:
                 raise SpecError("ctp: give counts or keep with locs; ctp() alone is the official schedule")
-            locs = sorted({min(host.depth - 1, (loc * host.depth) // 12) for loc in OFFICIAL_LOCS})
-            counts = [max(1, round(host.num_patches * k / 196)) for k in OFFICIAL_COUNTS][: len(locs)]
-            return compile_schedule(host.num_patches, host.depth, self.name, where="block",
+            locs = scaled_locs(OFFICIAL_LOCS, host.depth)
+            counts = [max(1, round(host.num_patches * k / OFFICIAL_PATCHES)) for k in OFFICIAL_COUNTS][: len(locs)]
+            return compile_schedule(host.num_patches, host.depth, self.name, where=self.where,
                                     counts=counts, locs=locs)
-        return compile_schedule(host.num_patches, host.depth, self.name, where="block",
+        return compile_schedule(host.num_patches, host.depth, self.name, where=self.where,
                                 keep=c.keep, counts=c.counts, locs=c.locs)
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:

@@ -104,7 +104,8 @@ class DynamicViT(Reducer):
     Config = DynamicViTConfig
     zero = {"keep": 1.0, "locs": (1,)}
     example = {"keep": 0.5, "locs": (1, 2)}
-    where = "block"
+    default_where = "block"
+    learned = True
 
     def __init__(self, cfg: DynamicViTConfig) -> None:
         super().__init__(cfg)
@@ -120,13 +121,21 @@ class DynamicViT(Reducer):
             raise SpecError(f"{self.name}: ratio_weight={c.ratio_weight!r} must be >= 0")
         # int(M0 * keep^s), as the official code: relative to the patch count, floored
         counts = [int(host.num_patches * c.keep ** (s + 1)) for s in range(len(c.locs))]
-        sched = compile_schedule(host.num_patches, host.depth, self.name, where="block",
+        sched = compile_schedule(host.num_patches, host.depth, self.name, where=self.where,
                                  counts=counts, locs=c.locs)
         self._stage = {block: s for s, block in enumerate(sched.locs)}
         fits = len(self.predictors) == len(sched.locs) and all(m.dim == host.dim for m in self.predictors)
         if not fits:  # re-binding an already trained reducer to a like host keeps its weights
             self.predictors = nn.ModuleList(KeepPredictor(host.dim) for _ in sched.locs)
         return sched
+
+    def scoring_macs(self, block: int, tokens_in: int, count: int, host: Host) -> int:
+        """Plus the stage's predictor on the M patch tokens: M * (sum of in * out of its Linears),
+        D*D + D*D/2 + D/2*D/4 + D/4*2 per token (LayerNorm, GELU and the global mean are no MACs).
+        The inference cost: in training every token stays and the predictor runs the same."""
+        linears = [m for m in self.predictors[self._stage[block]].modules() if isinstance(m, nn.Linear)]
+        per_token = sum(m.in_features * m.out_features for m in linears)
+        return super().scoring_macs(block, tokens_in, count, host) + (tokens_in - host.num_prefix) * per_token
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p = state.num_prefix

@@ -38,7 +38,11 @@ class EViTConfig:
 
 @register_method("evit")
 class EViT(Reducer):
-    """Top-K by CLS attention plus one attention-weighted fused token."""
+    """Top-K by CLS attention plus one attention-weighted fused token.
+
+    Scoring MACs: the base class's CLS row; the fused token is a weighted sum (elementwise work,
+    not a matrix product, like ToMe's size-weighted merge), so it adds none.
+    """
 
     Config = EViTConfig
     needs = frozenset({"cls_attn"})
@@ -46,10 +50,15 @@ class EViT(Reducer):
     zero = {"keep": 1.0, "locs": (1,)}
     example = {"keep": 0.5, "locs": (1, 2)}
 
+    @property
+    def conserves_patches(self) -> bool:
+        """The fused token holds every dropped patch; without it they are gone."""
+        return bool(self.cfg.fuse)
+
     def bind(self, host: Host) -> Schedule:
         c = self.cfg
         return compile_schedule(
-            host.num_patches, host.depth, self.name, where="attn", keep=c.keep, locs=c.locs,
+            host.num_patches, host.depth, self.name, where=self.where, keep=c.keep, locs=c.locs,
             extra_token=c.fuse,
         )
 

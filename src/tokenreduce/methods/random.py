@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..core.method import AttnInfo, Host, Reducer, register_method
+from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method
 from ..core.schedule import Schedule, compile_schedule
 from ..core.state import TokenState
 
@@ -44,7 +44,7 @@ class RandomPrune(Reducer):
     def bind(self, host: Host) -> Schedule:
         c = self.cfg
         sched = compile_schedule(
-            host.num_patches, host.depth, self.name, where=c.where, keep=c.keep, r=c.r,
+            host.num_patches, host.depth, self.name, where=self.where, keep=c.keep, r=c.r,
             counts=c.counts, locs=c.locs,
         )
         gen = torch.Generator().manual_seed(int(c.seed))
@@ -55,6 +55,16 @@ class RandomPrune(Reducer):
             self._keep[block] = torch.rand(prev, generator=gen).topk(count).indices.sort().values
             prev = count
         return sched
+
+    @classmethod
+    def replay_spec(cls, schedule: Schedule, seed: int = 0) -> str | None:
+        """``random(counts=..., locs=..., where=..., seed=...)`` with exactly ``schedule``'s counts;
+        None for a schedule whose count grows again (a pruner cannot bring tokens back)."""
+        if any(b > a for a, b in zip((schedule.num_patches, *schedule.counts), schedule.counts, strict=False)):
+            return None
+        counts = tuple(schedule.counts[i] for i in schedule.locs)
+        return format_spec(cls.name, {"counts": counts, "locs": tuple(schedule.locs), "where": schedule.where,
+                                      "seed": seed})
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p = state.num_prefix

@@ -17,13 +17,14 @@ block) or one int per block; ToMe's decaying-r schedule is expressible as that l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import Tensor
 
 from ..core import ops
-from ..core.method import AttnInfo, Host, Reducer, register_method
+from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method
 from ..core.schedule import Schedule, compile_schedule
 from ..core.state import TokenState
 
@@ -47,10 +48,36 @@ class ToMe(Reducer):
     def proportional(self) -> bool:
         return bool(self.cfg.prop_attn)
 
+    @property
+    def conserves_patches(self) -> bool:
+        return True  # merged tokens add their sizes; nothing is dropped
+
+    def scoring_macs(self, block: int, tokens_in: int, count: int, host: Host) -> int:
+        """Plus the matching: cosine similarities of set A (ceil(M/2) tokens) against set B
+        (floor(M/2)), one (|A| x d) @ (d x |B|) product, d = head_dim, M = patch tokens."""
+        m = tokens_in - host.num_prefix
+        return super().scoring_macs(block, tokens_in, count, host) + math.ceil(m / 2) * (m // 2) * (
+            host.dim // host.num_heads)
+
+    @classmethod
+    def budget_family(cls, host: Host) -> list[str]:
+        """r = 1, 2, ... removed per block, clipped to half the tokens left (official ToMe's rule),
+        written as a per-block list where the clip bites; stops once a single token would be left."""
+        out = []
+        for r in range(1, host.num_patches):
+            rs, n = [], host.num_patches
+            for _ in range(host.depth):
+                rs.append(min(r, n // 2))  # official ToMe's clip: never more than half the tokens
+                n -= rs[-1]
+            out.append(format_spec(cls.name, {"r": r if all(x == r for x in rs) else tuple(rs)}))
+            if n <= 1:
+                break
+        return out
+
     def bind(self, host: Host) -> Schedule:
         # |A| = ceil(n / 2) tokens can merge, but at least one token must stay
         return compile_schedule(
-            host.num_patches, host.depth, self.name, where="attn", r=self.cfg.r,
+            host.num_patches, host.depth, self.name, where=self.where, r=self.cfg.r,
             max_r=lambda n: min((n + 1) // 2, n - 1),
         )
 

@@ -41,7 +41,7 @@ class TopK(Reducer):
         c = self.cfg
         keep = None if c.counts is not None else c.keep
         return compile_schedule(
-            host.num_patches, host.depth, self.name, where=c.where, keep=keep, counts=c.counts,
+            host.num_patches, host.depth, self.name, where=self.where, keep=keep, counts=c.counts,
             locs=c.locs,
         )
 

@@ -1,20 +1,29 @@
-"""Training: tasks (named losses), one loop, checkpoints, recipes, torchrun/DDP helpers."""
+"""Training: one loop (any task, see ``tokenreduce.tasks``), its config, recipes, torchrun/DDP helpers.
 
-from .checkpoint import (
+The checkpoint format and model building live in ``tokenreduce.models``; their names are
+re-exported here so that ``from tokenreduce.train import save_checkpoint, load_model`` keeps working.
+"""
+
+from ..models import (
     Checkpoint,
     CheckpointError,
     build_model,
     load_model,
+    load_weights,
     read_checkpoint,
     read_meta,
+    resolve,
+    restore_training_state,
+    rng_state,
     save_checkpoint,
+    unwrap,
 )
-from .loop import TrainConfig, eval_loader, evaluate, fit, train
+from .config import TrainConfig
+from .loop import fit, train
 from .recipes import get_recipe, list_recipes, reference_checkpoint
-from .tasks import ClassificationTask
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "ClassificationTask", "TrainConfig", "build_model", "eval_loader", "evaluate",
-    "fit", "get_recipe", "list_recipes", "load_model", "read_checkpoint", "read_meta", "reference_checkpoint",
-    "save_checkpoint", "train",
+    "Checkpoint", "CheckpointError", "TrainConfig", "build_model", "fit", "get_recipe", "list_recipes", "load_model",
+    "load_weights", "read_checkpoint", "read_meta", "reference_checkpoint", "resolve", "restore_training_state",
+    "rng_state", "save_checkpoint", "train", "unwrap",
 ]

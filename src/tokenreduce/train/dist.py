@@ -8,7 +8,8 @@ Sampling: the batch size is *global*. Each global batch is the same set of sampl
 number of processes (a seeded permutation per epoch, cut into global batches, each split across
 ranks), and each sample's augmentation is seeded by (seed, epoch, index) through
 ``data.Seeded``. So N processes see exactly the data 1 process sees, and a resumed run can skip
-the batches it already consumed.
+the batches it already consumed. Evaluation shards and the collectives evaluators use live in
+``tasks._dist`` (tasks sit below train) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
 from torch.utils.data import Sampler
 
 from ..core.errors import TokenReduceError
+from ..tasks._dist import ShardSampler, all_reduce_sum, gather_shards, shard_loader, world_size
+
+__all__ = ["DistInfo", "ShardSampler", "TrainBatchSampler", "all_reduce_sum", "barrier", "gather_shards",
+           "resolve_device", "sample_seed", "setup", "shard_loader", "teardown", "world_size"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -77,24 +81,9 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def all_reduce_sum(t: Tensor) -> Tensor:
-    """Sum ``t`` over processes (a copy on t's device; identity in one process)."""
-    if not dist.is_initialized():
-        return t.clone()
-    # nccl reduces only CUDA tensors; the loop keeps its counters on the CPU
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
-    out = t.to(dev, copy=True)
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out.to(t.device)
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -144,19 +133,3 @@ class TrainBatchSampler(Sampler[list[tuple[int, int]]]):
         for b in range(self.skip, self.batches_per_epoch):
             batch = order[b * B : (b + 1) * B][self.rank :: self.world]
             yield [(i, sample_seed(self.seed, self.epoch, i)) for i in batch]
-
-
-class ShardSampler(Sampler[list[int]]):
-    """Evaluation batches: rank ``r`` takes images ``r::world`` (no padding, no duplicates), so
-    summed counts over ranks equal one process's counts exactly."""
-
-    def __init__(self, n: int, batch_size: int, *, rank: int = 0, world: int = 1) -> None:
-        self.indices = list(range(rank, n, world))
-        self.batch_size = batch_size
-
-    def __len__(self) -> int:
-        return -(-len(self.indices) // self.batch_size)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for s in range(0, len(self.indices), self.batch_size):
-            yield self.indices[s : s + self.batch_size]

@@ -1,199 +1,63 @@
-"""The training loop: one loop for every model and method (no method-specific branches).
+"""The training loop: one loop for every model, method and task (no method- or task-specific branches).
 
-``train(TrainConfig) -> metrics``. AdamW with linear warm-up and cosine decay per step, the
-task's named losses summed, gradient clipping, optional bf16 autocast, DDP under torchrun.
+``train(TrainConfig) -> metrics``. The task (``TrainConfig.task``, a spec string) owns the losses,
+its own modules, the parameter groups and the evaluation; the loop builds the model, binds the
+task to it, optimises the sum of the task's named losses over ``task.param_groups`` (AdamW or SGD
+with momentum; linear warm-up and cosine decay per step, each group at its ``lr_scale``), clips
+the gradient norm over every task parameter, optional bf16 autocast, DDP (over the task) under
+torchrun, and reports ``task.evaluate`` at epoch ends.
 
 Output directory (``config.out``):
     last.safetensors / last.json    resumable state, every ``ckpt_every`` steps and each epoch
     model.safetensors / model.json  the final weights and metadata (``load_model(out)`` reads it)
-    metrics.json                    per-epoch history and final metrics
+    metrics.json                    per-epoch history and final metrics (plus the task's figures)
 
-Exact resume: the checkpoint holds the model, optimizer, scheduler, RNG states, epoch, the
-batch reached in the epoch and the epoch's running sums; the sampler replays the epoch's
-permutation and skips consumed batches; augmentation is seeded per sample. A resumed run
-therefore ends with the same weights as an uninterrupted one (bit-identical in deterministic mode
-on the same machine and thread count).
+Checkpoints hold the model under its own keys, the task's own tensors under ``task.<key>`` and
+``meta['task']`` (the canonical task spec). Exact resume: they also hold the optimizer, scheduler,
+RNG states, epoch, the batch reached in the epoch and the epoch's running sums; the sampler
+replays the epoch's permutation and skips consumed batches; augmentation is seeded per sample. A
+resumed run therefore ends with the same weights as an uninterrupted one (bit-identical in
+deterministic mode on the same machine and thread count).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import platform
 import random
-import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from ..core.errors import TokenReduceError
-from . import dist
-from .checkpoint import (
+from ..models import (
     build_model,
     load_model,
     load_weights,
+    model_config,
     read_checkpoint,
     read_meta,
     restore_training_state,
     save_checkpoint,
+    task_weights,
     unwrap,
 )
-from .tasks import ClassificationTask
+from ..tasks import Task, TaskContext, build_task, dataset_labels
+from . import dist
+from .config import RUNTIME_FIELDS, TrainConfig
+from .optim import WarmupCosine, build_optimizer
+from .progress import Progress
 
-#: Fields that say how to run, not what to train: they may change when a run is resumed.
-RUNTIME_FIELDS = ("out", "resume", "force", "threads", "device", "num_workers", "quiet", "ckpt_every", "download")
-
-
-@dataclass
-class TrainConfig:
-    """Everything a training run depends on. ``batch_size`` is global (split across processes).
-
-    Model: ``model = {'name': timm name, 'kwargs': {...}}`` built from scratch, or ``init`` (a
-    checkpoint whose model and weights start the run); ``spec`` applies a reducer (fine-tuning a
-    reduced model; with ``init`` and no spec, the checkpoint's own spec is kept).
-    """
-
-    model: dict[str, Any] | None = None
-    spec: str | None = None
-    init: str | None = None
-    teacher: str | None = None
-    distill: tuple[str, ...] = ()
-    distill_weight: float = 1.0
-    distill_tau: float = 1.0
-    data: str = "fashion_mnist"
-    data_dir: str | None = None
-    download: bool = False
-    augment: str | None = None
-    epochs: int = 10
-    batch_size: int = 128
-    eval_batch_size: int = 500
-    lr: float = 1e-3
-    min_lr: float = 1e-5
-    weight_decay: float = 0.05
-    warmup_epochs: float = 1.0
-    label_smoothing: float = 0.1
-    grad_clip: float | None = 1.0
-    amp: str | None = None
-    seed: int = 0
-    deterministic: bool = False
-    subset: int | None = None
-    eval_subset: int | None = None
-    eval_every: int = 1
-    recipe: str | None = None
-    out: str | None = None
-    resume: bool = False
-    force: bool = False
-    ckpt_every: int = 500
-    threads: int | None = None
-    device: str | None = None
-    num_workers: int = 0
-    quiet: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
-            (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
-            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (0 <= self.min_lr <= self.lr, f"min_lr must lie in [0, lr={self.lr}], got {self.min_lr}"),
-            (self.warmup_epochs >= 0, f"warm-up epochs must be >= 0, got {self.warmup_epochs}"),
-            (0 <= self.label_smoothing < 1, f"label smoothing must lie in [0, 1), got {self.label_smoothing}"),
-            (self.subset is None or self.subset >= 1, f"subset must be >= 1 images, got {self.subset}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise TokenReduceError(message)
-
-    def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise TokenReduceError(f"unknown training settings {unknown}")
-        d = dict(d)
-        if "distill" in d:
-            d["distill"] = tuple(d["distill"] or ())
-        return cls(**d)
-
-    def identity(self) -> dict[str, Any]:
-        """The settings that define the result (runtime fields removed)."""
-        d = self.to_dict()
-        for k in RUNTIME_FIELDS:
-            d.pop(k, None)
-        return d
-
-
-class WarmupCosine:
-    """LR factor at optimizer step s: linear warm-up to 1 over ``warmup`` steps, then cosine to
-    ``min_ratio`` at ``total``. A class (not a lambda) so LambdaLR can checkpoint it."""
-
-    def __init__(self, warmup: int, total: int, min_ratio: float) -> None:
-        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        t = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
-        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-def eval_loader(dataset: Dataset, batch_size: int = 500, num_workers: int = 0) -> DataLoader:
-    """A loader over this process's shard of ``dataset`` (all of it in one process)."""
-    sampler = dist.ShardSampler(len(dataset), batch_size, rank=_rank(), world=dist.world_size())
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers)
-
-
-def _rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-
-
-@torch.inference_mode()
-def evaluate(model: nn.Module, loader: DataLoader, device: str | torch.device = "cpu",
-             amp: str | None = None) -> dict[str, float]:
-    """Top-1 accuracy (percent) and mean cross-entropy of ``model`` over ``loader``.
-
-    In a torchrun process group the correct / loss / image counts are summed over processes, so
-    ``loader`` must give each process its own shard (build it with :func:`eval_loader`); the
-    result then equals a single-process evaluation. Returns ``{'top1', 'loss', 'n'}``.
-    """
-    if torch.distributed.is_initialized() and not isinstance(loader.batch_sampler, dist.ShardSampler):
-        raise TokenReduceError("in a distributed run, evaluate() needs a sharded loader; build it with eval_loader()")
-    model = unwrap(model)
-    was_training = model.training
-    model.eval()
-    device = torch.device(device)
-    sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, images
-    try:
-        for images, labels in loader:
-            images, labels = images.to(device), labels.to(device)
-            with _autocast(device, amp):
-                logits = model(images)
-            sums[0] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
-            sums[1] += (logits.argmax(-1) == labels).sum().item()
-            sums[2] += labels.numel()
-    finally:
-        model.train(was_training)
-    loss, correct, n = dist.all_reduce_sum(sums).tolist()
-    if n == 0:
-        raise TokenReduceError("evaluation set is empty")
-    return {"top1": 100.0 * correct / n, "loss": loss / n, "n": int(n)}
+__all__ = ["RUNTIME_FIELDS", "TrainConfig", "WarmupCosine", "fit", "make_model", "run_info", "seed_all", "train"]
 
 
 # ----------------------------------------------------------------------------- set-up helpers
@@ -227,13 +91,13 @@ def _canonical(spec: str) -> str:
 
 
 def make_model(cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any], str | None]:
-    """(model, its {'name', 'kwargs'} config, canonical spec or None) for ``cfg``."""
+    """(model, its model config, canonical spec or None) for ``cfg``."""
     from ..api import apply, get_info, remove
 
     if cfg.init:
         model, meta = load_model(cfg.init)
         model_cfg = meta["model"]
-        if cfg.model and cfg.model != model_cfg:
+        if cfg.model and model_config(cfg.model) != model_config(model_cfg):
             raise TokenReduceError(f"--init {cfg.init} holds model {model_cfg}, which differs from the model "
                                    f"requested {cfg.model}; drop one of them")
         current = meta.get("spec")
@@ -246,15 +110,33 @@ def make_model(cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any], str | None]
             remove(model)
         apply(model, cfg.spec)
     spec = get_info(model).spec if (cfg.spec or current) else None
-    return model.train(), json.loads(json.dumps(model_cfg)), spec
+    return model.train(), model_config(model_cfg), spec
 
 
 def _fit_classes(model: nn.Module, model_cfg: dict[str, Any], n: int) -> dict[str, Any]:
     """Give the model an ``n``-way head if it has another; returns the updated model config."""
     if getattr(unwrap(model), "num_classes", n) != n:
         unwrap(model).reset_classifier(n)
-        model_cfg = {**model_cfg, "kwargs": {**model_cfg.get("kwargs", {}), "num_classes": n}}
-    return model_cfg
+    return _record_classes(model, model_cfg)
+
+
+def _record_classes(model: nn.Module, model_cfg: dict[str, Any]) -> dict[str, Any]:
+    """``model_cfg`` with the head size the model has now (a task may reset it when it binds)."""
+    n = getattr(unwrap(model), "num_classes", None)
+    kwargs = model_cfg.get("kwargs", {})
+    if n is None or kwargs.get("num_classes") == n:
+        return model_cfg
+    return {**model_cfg, "kwargs": {**kwargs, "num_classes": n}}
+
+
+def _check_groups(task: Task, groups: list[dict[str, Any]]) -> None:
+    """Every trainable parameter of the task in exactly one group (else it would silently not learn)."""
+    seen = [id(p) for g in groups for p in g["params"]]
+    names = {id(p): n for n, p in task.named_parameters() if p.requires_grad}
+    missing = [n for i, n in names.items() if i not in set(seen)]
+    if missing or len(seen) != len(set(seen)):
+        raise TokenReduceError(f"task {task.spec()}: param_groups must hold every trainable parameter once "
+                               f"(missing {missing[:3]}, {len(seen) - len(set(seen))} repeated)")
 
 
 def run_info() -> dict[str, Any]:
@@ -273,45 +155,15 @@ def run_info() -> dict[str, Any]:
             "threads": torch.get_num_threads()}
 
 
+def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of an evaluation (what a history row records); ``n`` becomes ``n_eval``."""
+    out = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if "n" in out:
+        out["n_eval"] = out.pop("n")
+    return out
+
+
 # ----------------------------------------------------------------------------- the loop
-
-
-class _Progress:
-    """tqdm bar on rank 0 when stderr is a terminal; otherwise (a log file) a line with loss,
-    accuracy and ETA every ``every`` steps plus the epoch lines; nothing when quiet."""
-
-    def __init__(self, total: int, initial: int, enabled: bool, quiet: bool, every: int = 50) -> None:
-        from tqdm import tqdm
-
-        self.quiet = quiet or not enabled
-        self.bar = None
-        self.total, self.done, self.every = total, initial, every
-        self.start, self.start_step = time.monotonic(), initial
-        if enabled and not quiet and sys.stderr.isatty():
-            self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True, unit="step", leave=True)
-
-    def step(self, **post: Any) -> None:
-        self.done += 1
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(post, refresh=False)
-        elif not self.quiet and self.done % self.every == 0:
-            rate = (time.monotonic() - self.start) / max(1, self.done - self.start_step)
-            eta = rate * (self.total - self.done)
-            stats = " ".join(f"{k} {v}" for k, v in post.items())
-            self.write(f"step {self.done}/{self.total} {stats} | {rate:.2f} s/step, ETA {eta / 60:.1f} min")
-
-    def write(self, line: str) -> None:
-        if self.quiet:
-            return
-        if self.bar is not None:
-            self.bar.write(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _resolve_resume(cfg: TrainConfig) -> tuple[TrainConfig, Any]:
@@ -373,7 +225,7 @@ class _Run:
     """One training session (fresh or resumed) in one process."""
 
     def __init__(self, config: TrainConfig, info: dist.DistInfo) -> None:
-        from ..data import Seeded, build_dataset, data_config_from_model, subset
+        from ..data import OnDemand, Seeded, data_config_from_model, subset
 
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -382,28 +234,35 @@ class _Run:
         set_deterministic(cfg.deterministic)
         seed_all(cfg.seed)  # same on every rank: identical init and RNG streams across processes
         model, model_cfg, self.spec = make_model(cfg)
+        self.task = build_task(cfg.task)
         self.data_cfg = data_config_from_model(model)
         kw = dict(data_dir=cfg.data_dir, download=cfg.download, **self.data_cfg)
         if cfg.download and info.distributed and not info.main:
             dist.barrier()  # let rank 0 download first
-        train_ds = build_dataset(cfg.data, "train", train=True, augment=cfg.augment, **kw)
-        eval_ds = build_dataset(cfg.data, "test", train=False, **kw)
+        train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, **kw)
+        eval_ds = self.task.dataset(cfg.data, "test", train=False, **kw)
         if cfg.download and info.distributed and info.main:
             dist.barrier()
         self.classes = list(train_ds.classes)
-        self.model_cfg = _fit_classes(model, model_cfg, len(self.classes))
+        model_cfg = _fit_classes(model, model_cfg, len(self.classes))
         self.train_ds = Seeded(subset(train_ds, cfg.subset))
         self.eval_ds = subset(eval_ds, cfg.eval_subset if cfg.eval_subset is not None else cfg.subset)
+        # the database a task may rank against (retrieval): the whole training split, unaugmented
+        self.database = OnDemand(lambda: self.task.dataset(cfg.data, "train", train=False, **kw))
         self.model = model.to(self.device)
         teacher = load_model(cfg.teacher, self.device)[0] if cfg.teacher else None
-        self.task = ClassificationTask(model, label_smoothing=cfg.label_smoothing, teacher=teacher,
-                                       distill=cfg.distill, distill_weight=cfg.distill_weight,
-                                       tau=cfg.distill_tau).to(self.device)
-        from timm.optim import param_groups_weight_decay
-
-        skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
-        groups = param_groups_weight_decay(model, cfg.weight_decay, no_weight_decay_list=skip)
-        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
+        # train_labels index the dataset the task returned (a task may key per-item targets by it)
+        ctx = TaskContext(classes=self.classes, teacher=teacher, label_smoothing=cfg.label_smoothing,
+                          distill=tuple(cfg.distill), distill_weight=cfg.distill_weight, distill_tau=cfg.distill_tau,
+                          train_labels=dataset_labels(train_ds), seed=cfg.seed)
+        self.task.bind(model, ctx)
+        self.task.to(self.device)
+        self.model_cfg = _record_classes(model, model_cfg)
+        if cfg.init and ckpt is None:
+            self._init_task(cfg.init)
+        groups = self.task.param_groups(cfg.lr, cfg.weight_decay)
+        _check_groups(self.task, groups)
+        self.opt = build_optimizer(cfg.optimizer, groups, cfg.lr, cfg.momentum)
         self.sampler = dist.TrainBatchSampler(len(self.train_ds), cfg.batch_size, seed=cfg.seed, rank=info.rank,
                                               world=info.world)
         self.spe = self.sampler.batches_per_epoch
@@ -411,9 +270,10 @@ class _Run:
         warmup = min(total, max(1, round(cfg.warmup_epochs * self.spe)))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, WarmupCosine(warmup, total, cfg.min_lr / cfg.lr))
         self.epoch = self.batch = self.step = 0
-        self.sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, images (this epoch)
-        self.loss_sums: dict[str, float] = {}
+        #: this epoch's sums, weighted by images: 'n', 'loss', 'loss/<name>', 'stat/<name>'
+        self.sums: dict[str, float] = {}
         self.history: list[dict[str, Any]] = []
+        self.last_eval: dict[str, Any] = {}
         self.elapsed = 0.0
         if ckpt is not None:
             self._restore(ckpt)
@@ -422,121 +282,153 @@ class _Run:
             ids = [self.device] if self.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.task, device_ids=ids)
 
+    def _init_task(self, path: str) -> None:
+        """--init from a run of the same task also starts the task's own tensors from it."""
+        ckpt = read_checkpoint(path)
+        owned = task_weights(ckpt)
+        if owned and ckpt.meta.get("task") == self.task.spec():
+            self.task.load_owned_state_dict(owned)
+
     def _restore(self, ckpt) -> None:
         load_weights(self.model, ckpt)
+        self.task.load_owned_state_dict(task_weights(ckpt))
         extra = restore_training_state(ckpt, self.opt, self.sched)
         self.epoch, self.batch, self.step = extra["epoch"], extra["batch"], extra["step"]
         self.history, self.elapsed = extra["history"], extra["elapsed"]
-        if self.info.main:  # the saved sums are over all processes already
-            self.sums = extra["sums"].clone()
-            self.loss_sums = dict(extra["loss_sums"])
-        else:
-            self.loss_sums = {k: 0.0 for k in extra["loss_sums"]}
+        self.last_eval = extra.get("last_eval", {})
+        sums = extra["sums"]
+        if isinstance(sums, torch.Tensor):  # written before tasks: loss, correct, images + per-loss sums
+            loss, correct, n = sums.tolist()
+            sums = {"n": n, "loss": loss, "stat/acc": 100.0 * correct,
+                    **{f"loss/{k}": v for k, v in extra["loss_sums"].items()}}
+        # the saved sums are over all processes already: the main process carries them on
+        self.sums = {k: (v if self.info.main else 0.0) for k, v in sums.items()}
 
     # -- checkpoints
 
     def _meta(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {"model": self.model_cfg, "spec": self.spec, "epoch": self.epoch, "step": self.step,
-                "config": self.cfg.to_dict(), "data": {"name": self.cfg.data, **self.data_cfg},
+        return {"model": self.model_cfg, "spec": self.spec, "task": self.task.spec(), "epoch": self.epoch,
+                "step": self.step, "config": self.cfg.to_dict(), "data": {"name": self.cfg.data, **self.data_cfg},
                 "classes": self.classes, "metrics": metrics or (self.history[-1] if self.history else {})}
 
-    def _global_sums(self) -> tuple[torch.Tensor, dict[str, float]]:
-        names = sorted(self.loss_sums)
-        packed = dist.all_reduce_sum(torch.cat([self.sums, torch.tensor([self.loss_sums[k] for k in names],
-                                                                        dtype=torch.float64)]))
-        return packed[:3], dict(zip(names, packed[3:].tolist(), strict=True))
+    def _global_sums(self) -> dict[str, float]:
+        names = sorted(self.sums)  # the same names on every process: each step adds the same ones
+        packed = dist.all_reduce_sum(torch.tensor([self.sums[k] for k in names], dtype=torch.float64))
+        return dict(zip(names, packed.tolist(), strict=True))
+
+    def _save(self, name: str, meta: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+        """Model, the task's own tensors and, with ``extra`` (resumable), optimizer/scheduler/RNG."""
+        training = dict(optimizer=self.opt, scheduler=self.sched, extra=extra) if extra is not None else {}
+        save_checkpoint(Path(self.cfg.out) / name, self.model, meta=meta, task_state=self.task.owned_state_dict(),
+                        **training)
 
     def save_last(self) -> None:
-        sums, loss_sums = self._global_sums()  # a collective: every rank gets here
+        sums = self._global_sums()  # a collective: every rank gets here
         if self.cfg.out is None or not self.info.main:
             return
-        extra = {"epoch": self.epoch, "batch": self.batch, "step": self.step, "sums": sums, "loss_sums": loss_sums,
-                 "history": self.history, "elapsed": self.elapsed + time.perf_counter() - self.t0}
-        save_checkpoint(Path(self.cfg.out) / "last.safetensors", self.model, meta=self._meta(), optimizer=self.opt,
-                        scheduler=self.sched, extra=extra)
+        extra = {"epoch": self.epoch, "batch": self.batch, "step": self.step, "sums": sums, "history": self.history,
+                 "last_eval": self.last_eval, "elapsed": self.elapsed + time.perf_counter() - self.t0}
+        self._save("last.safetensors", self._meta(), extra)
 
     # -- training
 
     def run(self, on_step: Callable[[int], None] | None) -> tuple[nn.Module, dict[str, Any]]:
         cfg, info = self.cfg, self.info
         self.t0 = time.perf_counter()
-        bar = _Progress(cfg.epochs * self.spe, self.step, info.main, cfg.quiet)
+        bar = Progress(cfg.epochs * self.spe, self.step, info.main, cfg.quiet)
         if self.step:
             bar.write(f"resuming {cfg.out} at epoch {self.epoch + 1}, step {self.step}")
-        eval_dl = eval_loader(self.eval_ds, cfg.eval_batch_size, cfg.num_workers)
         try:
             while self.epoch < cfg.epochs:
                 self._train_epoch(bar, on_step)
-                self._end_epoch(bar, eval_dl)
+                self._end_epoch(bar)
         finally:
             bar.close()
         return self._finish()
 
-    def _train_epoch(self, bar: _Progress, on_step: Callable[[int], None] | None) -> None:
+    def _add(self, key: str, value: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + value
+
+    def _train_epoch(self, bar: Progress, on_step: Callable[[int], None] | None) -> None:
         cfg = self.cfg
         self.sampler.set_epoch(self.epoch, skip=self.batch)
         loader = DataLoader(self.train_ds, batch_sampler=self.sampler, num_workers=cfg.num_workers,
                             generator=torch.Generator().manual_seed(cfg.seed))  # keeps the global RNG untouched
         self.ddp.train()
-        for images, labels in loader:
-            images, labels = images.to(self.device), labels.to(self.device)
+        for images, targets in loader:
+            images, targets = images.to(self.device), targets.to(self.device)
             with _autocast(self.device, cfg.amp):
-                out = self.ddp(images, labels)
+                out = self.ddp(images, targets)
             loss = sum(out.losses.values())
             if not torch.isfinite(loss):
                 raise TokenReduceError(f"loss is {loss.item()} at step {self.step}; lower --lr or check the data")
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
-                nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                nn.utils.clip_grad_norm_(self.task.parameters(), cfg.grad_clip)
             self.opt.step()
             self.sched.step()
             self.step += 1
             self.batch += 1
-            n = labels.numel()
-            self.sums += torch.tensor([loss.item() * n, (out.logits.argmax(-1) == labels).sum().item(), n],
-                                      dtype=torch.float64)
+            n = len(images)
+            self._add("n", n)
+            self._add("loss", loss.item() * n)
             for k, v in out.losses.items():
-                self.loss_sums[k] = self.loss_sums.get(k, 0.0) + v.item() * n
-            bar.step(epoch=f"{self.epoch + 1}/{cfg.epochs}", loss=f"{self.sums[0] / self.sums[2]:.4f}",
-                     acc=f"{100 * self.sums[1] / self.sums[2]:.2f}", lr=f"{self.sched.get_last_lr()[0]:.2e}")
+                self._add(f"loss/{k}", v.item() * n)
+            for k, v in (out.stats or {}).items():
+                self._add(f"stat/{k}", float(v) * n)
+            running = {k[5:]: f"{v / self.sums['n']:.2f}" for k, v in self.sums.items() if k.startswith("stat/")}
+            bar.step(epoch=f"{self.epoch + 1}/{cfg.epochs}", loss=f"{self.sums['loss'] / self.sums['n']:.4f}",
+                     **running, lr=f"{max(self.sched.get_last_lr()):.2e}")
             if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self.batch < self.spe:
                 self.save_last()
             if on_step is not None:
                 on_step(self.step)
 
-    def _end_epoch(self, bar: _Progress, eval_dl: DataLoader) -> None:
+    def _evaluate(self) -> dict[str, Any]:
+        with _autocast(self.device, self.cfg.amp):
+            return self.task.evaluate(self.model, self.eval_ds, batch_size=self.cfg.eval_batch_size,
+                                      device=self.device, database=self.database)
+
+    def _end_epoch(self, bar: Progress) -> None:
         cfg = self.cfg
-        sums, loss_sums = self._global_sums()
-        loss, correct, n = sums.tolist()
-        row: dict[str, Any] = {"epoch": self.epoch + 1, "step": self.step, "train_loss": loss / n,
-                               "train_acc": 100 * correct / n,
-                               **{f"train_{k}": v / n for k, v in loss_sums.items() if len(loss_sums) > 1}}
+        sums = self._global_sums()
+        n = sums.pop("n")
+        losses = {k[5:]: v / n for k, v in sums.items() if k.startswith("loss/")}
+        row: dict[str, Any] = {"epoch": self.epoch + 1, "step": self.step, "train_loss": sums["loss"] / n,
+                               **{f"train_{k[5:]}": v / n for k, v in sums.items() if k.startswith("stat/")},
+                               **{f"train_{k}": v for k, v in losses.items() if len(losses) > 1}}
         last = self.epoch + 1 == cfg.epochs
         if last or (cfg.eval_every and (self.epoch + 1) % cfg.eval_every == 0):
-            ev = evaluate(self.model, eval_dl, self.device, cfg.amp)
-            row.update({"top1": ev["top1"], "loss": ev["loss"], "n_eval": ev["n"]})
+            self.last_eval = self._evaluate()
+            row.update(_scalars(self.last_eval))
         row["time_s"] = round(self.elapsed + time.perf_counter() - self.t0, 1)
         self.history.append(row)
-        test = f" | test top1 {row['top1']:.2f} loss {row['loss']:.4f}" if "top1" in row else ""
-        bar.write(f"epoch {row['epoch']}/{cfg.epochs} train loss {row['train_loss']:.4f} acc "
-                  f"{row['train_acc']:.2f}{test} | {row['time_s']:.0f}s")
+        shown = ["train_loss", *(f"train_{k[5:]}" for k in sums if k.startswith("stat/"))]
+        train = " ".join(f"{k[6:]} {row[k]:.4g}" for k in shown)
+        shown_eval = dict.fromkeys((self.task.metric, "loss"))  # the rest is in the history
+        test = " ".join(f"{k} {row[k]:.4g}" for k in shown_eval if k in row and k in self.last_eval)
+        bar.write(f"epoch {row['epoch']}/{cfg.epochs} train {train}" + (f" | test {test}" if test else "")
+                  + f" | {row['time_s']:.0f}s")
         self.epoch += 1
         self.batch = 0
-        self.sums.zero_()
-        self.loss_sums = {k: 0.0 for k in self.loss_sums}
+        self.sums = {k: 0.0 for k in self.sums}
         self.save_last()
 
     def _finish(self) -> tuple[nn.Module, dict[str, Any]]:
-        final = self.history[-1] if self.history else {}
-        metrics = {**{k: final[k] for k in ("top1", "loss", "n_eval", "train_loss", "train_acc") if k in final},
-                   "epochs": self.cfg.epochs, "steps": self.step, "train_time_s": final.get("time_s"),
-                   "spec": self.spec, "seed": self.cfg.seed, "batch_size": self.cfg.batch_size,
-                   "world_size": self.info.world, "dtype": self.cfg.amp or "float32", "history": self.history,
-                   **run_info()}
+        final = {k: v for k, v in (self.history[-1] if self.history else {}).items()
+                 if k not in ("epoch", "step", "time_s")}
+        metrics = {**{k: v for k, v in self.last_eval.items() if k != "n"}, **final,
+                   "epochs": self.cfg.epochs, "steps": self.step, "train_time_s": (self.history or [{}])[-1].get(
+                       "time_s"), "task": self.task.spec(), "metric": self.task.metric, "spec": self.spec,
+                   "seed": self.cfg.seed, "batch_size": self.cfg.batch_size, "world_size": self.info.world,
+                   "dtype": self.cfg.amp or "float32", "history": self.history, **run_info()}
         if self.cfg.out and self.info.main:
             out = Path(self.cfg.out)
-            save_checkpoint(out / "model.safetensors", self.model, meta={**self._meta(metrics), "complete": True})
+            figures = self.task.plot(self.last_eval, out)
+            if figures:
+                metrics["figures"] = [str(p) for p in figures]
+            self._save("model.safetensors", {**self._meta(metrics), "complete": True})
             metrics["checkpoint"] = str(out / "model.safetensors")
             (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         return self.model.eval(), metrics

@@ -3,11 +3,17 @@
 Layout of ``<name>.safetensors`` (the file is the checkpoint; it alone is read back):
 
 - tensors: the model's ``state_dict`` under its own keys (a learned reducer's under
-  ``tokenreduce.*``), and, for resumable checkpoints, the training state under ``_state/...``
-  (optimizer moments, RNG states);
+  ``tokenreduce.*``); the training task's own tensors (a hash head, a jointly trained teacher:
+  whatever lives outside the model) under ``task.<key>``; and, for resumable checkpoints, the
+  training state under ``_state/...`` (optimizer moments, RNG states);
 - header metadata ``tokenreduce``: a JSON document with ``format``, ``version``, the caller's
-  ``meta`` (``model = {'name', 'kwargs'}``, ``spec``, ``epoch``, ``step``, ...), the non-tensor
-  part of the optimizer / scheduler / RNG state, ``extra`` and a SHA-256 of every tensor.
+  ``meta`` (``model = {'name', 'kwargs', 'stem'?, 'transforms'?}`` - see ``models.build`` -,
+  ``spec``, ``task``, ``epoch``, ``step``, ...), the non-tensor part of the optimizer / scheduler
+  / RNG state, ``extra`` and a SHA-256 of every tensor.
+
+Loading a model (:func:`load_weights`) is strict over the model's keys and ignores ``task.*``:
+those belong to the task (:func:`task_weights` returns them). Checkpoints written before tasks
+existed simply have no ``task.*`` tensors.
 
 ``<name>.json`` beside it is a human-readable copy of the metadata (without the training state)
 for people and tools that do not want to open the weights. It is written after the weights; a
@@ -39,6 +45,8 @@ FORMAT = "tokenreduce-checkpoint"
 VERSION = 1
 _HEADER_KEY = "tokenreduce"
 _STATE = "_state/"
+#: Key prefix of the training task's own tensors (outside the model).
+TASK_PREFIX = "task."
 #: File names the readers look for when given a training output directory, in order.
 DIR_NAMES = ("model.safetensors", "last.safetensors")
 
@@ -84,24 +92,6 @@ def resolve(path: str | os.PathLike) -> Path:
 
 
 # ----------------------------------------------------------------------------- models
-
-
-def build_model(config: dict[str, Any]) -> nn.Module:
-    """A timm model from ``{'name': timm_model_name, 'kwargs': {...create_model kwargs...}}``.
-
-    ``config.get('pretrained')`` (default False) asks timm for pretrained weights (network).
-    """
-    if not isinstance(config, dict) or not isinstance(config.get("name"), str):
-        raise CheckpointError(f"model config must be {{'name': str, 'kwargs': dict}}, got {config!r}")
-    kwargs = config.get("kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise CheckpointError(f"model config 'kwargs' must be a dict, got {kwargs!r}")
-    import timm
-
-    try:
-        return timm.create_model(config["name"], pretrained=bool(config.get("pretrained", False)), **kwargs)
-    except (RuntimeError, TypeError, ValueError, KeyError) as e:
-        raise CheckpointError(f"cannot build timm model {config['name']!r} with {kwargs}: {e}") from e
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -194,7 +184,15 @@ def _umask() -> int:
     return mask
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never a mixture.
+
+    The bytes go to a temporary file in the same directory (created if missing), are fsynced and
+    moved into place with ``os.replace``; an interrupted write leaves the old file and no
+    temporary behind. The project's one atomic writer (checkpoints, sidecars, results JSON).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -214,6 +212,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
             os.close(dfd)
     except OSError:
         pass
+    return path
 
 
 def save_checkpoint(
@@ -224,12 +223,15 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     extra: dict[str, Any] | None = None,
+    task_state: dict[str, Tensor] | None = None,
 ) -> None:
     """Write ``model`` (and, if given, the training state) to ``path`` (``*.safetensors``) atomically.
 
-    ``meta`` must hold ``model = {'name', 'kwargs'}`` (how to rebuild it) and should hold ``spec``
-    (reducer spec or None), ``epoch`` and ``step``. With an optimizer, the RNG states are saved too
-    so that a resumed run continues exactly. ``extra``: JSON-able values or tensors (loop state).
+    ``meta`` must hold ``model = {'name', 'kwargs', ...}`` (how to rebuild it: ``models.model_config``)
+    and should hold ``spec`` (reducer spec or None), ``epoch`` and ``step``. With an optimizer, the
+    RNG states are saved too so that a resumed run continues exactly. ``extra``: JSON-able values
+    or tensors (loop state). ``task_state``: the training task's tensors outside the model
+    (``Task.owned_state_dict()``), stored under ``task.<key>`` and read back by :func:`task_weights`.
     """
     from safetensors.torch import save as st_save
 
@@ -241,8 +243,11 @@ def save_checkpoint(
     path.parent.mkdir(parents=True, exist_ok=True)
     model = unwrap(model)
     tensors = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    if any(k.startswith(_STATE) for k in tensors):
-        raise CheckpointError(f"model state_dict keys may not start with {_STATE!r}")
+    reserved = [k for k in tensors if k.startswith((_STATE, TASK_PREFIX))]
+    if reserved:
+        raise CheckpointError(f"model state_dict keys may not start with {_STATE!r} or {TASK_PREFIX!r}: {reserved[:3]}")
+    for k, v in (task_state or {}).items():
+        tensors[TASK_PREFIX + k] = v.detach().cpu().clone()
     try:
         meta_json = json.loads(json.dumps(meta))
     except (TypeError, ValueError) as e:
@@ -259,10 +264,10 @@ def save_checkpoint(
     tensors.update(state)
     header["sha256"] = _digest(tensors)
     data = st_save(tensors, metadata={_HEADER_KEY: json.dumps(header)})
-    _atomic_write(path, data)
+    atomic_write(path, data)
     side = {k: header[k] for k in ("format", "version", "meta", "sha256")}
     side["weights"] = path.name
-    _atomic_write(sidecar_path(path), (json.dumps(side, indent=2) + "\n").encode())
+    atomic_write(sidecar_path(path), (json.dumps(side, indent=2) + "\n").encode())
 
 
 # ----------------------------------------------------------------------------- read
@@ -303,16 +308,28 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return read_checkpoint(path).meta
 
 
-def load_weights(model: nn.Module, ckpt: Checkpoint) -> None:
-    """Copy ``ckpt``'s weights into ``model`` strictly; checks everything before copying anything."""
+def task_weights(ckpt: Checkpoint) -> dict[str, Tensor]:
+    """The training task's own tensors in ``ckpt`` (saved under ``task.<key>``), prefix stripped."""
+    n = len(TASK_PREFIX)
+    return {k[n:]: v for k, v in ckpt.weights.items() if k.startswith(TASK_PREFIX)}
+
+
+def load_weights(model: nn.Module, ckpt: Checkpoint, *, prefix_ignore: tuple[str, ...] = (TASK_PREFIX,)) -> None:
+    """Copy ``ckpt``'s weights into ``model`` strictly; checks everything before copying anything.
+
+    Checkpoint tensors whose key starts with one of ``prefix_ignore`` are not the model's (by
+    default the task's ``task.*``) and are skipped; every other key must match the model's
+    ``state_dict`` exactly, in name and shape.
+    """
     model = unwrap(model)
     own = model.state_dict()
-    missing = sorted(set(own) - set(ckpt.weights))
-    unexpected = sorted(set(ckpt.weights) - set(own))
+    weights = {k: v for k, v in ckpt.weights.items() if not k.startswith(tuple(prefix_ignore))}
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
     wrong = [
-        f"{k}: checkpoint {tuple(ckpt.weights[k].shape)} vs model {tuple(own[k].shape)}"
+        f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}"
         for k in own
-        if k in ckpt.weights and ckpt.weights[k].shape != own[k].shape
+        if k in weights and weights[k].shape != own[k].shape
     ]
     if missing or unexpected or wrong:
         parts = []
@@ -326,27 +343,7 @@ def load_weights(model: nn.Module, ckpt: Checkpoint) -> None:
             f"{ckpt.path} does not match this model: {'; '.join(parts)}. Was it saved from a "
             f"different model config or spec? (checkpoint: {ckpt.meta.get('model')}, spec {ckpt.meta.get('spec')!r})"
         )
-    model.load_state_dict(ckpt.weights, strict=True)
-
-
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
-    """Rebuild the model a checkpoint was saved from: timm model from ``meta['model']``, the
-    reducer from ``meta['spec']`` (``tokenreduce.apply``), the weights loaded strictly.
-
-    Returns ``(model in eval mode on device, meta)``. Raises CheckpointError, never returns a
-    half-loaded model.
-    """
-    from ..api import apply
-
-    ckpt = read_checkpoint(path)
-    model = build_model(ckpt.meta.get("model"))
-    if ckpt.meta.get("spec"):
-        try:
-            apply(model, ckpt.meta["spec"])
-        except TokenReduceError as e:
-            raise CheckpointError(f"{ckpt.path}: cannot apply its spec {ckpt.meta['spec']!r}: {e}") from e
-    load_weights(model, ckpt)
-    return model.to(device).eval(), ckpt.meta
+    model.load_state_dict(weights, strict=True)
 
 
 def restore_training_state(

@@ -1,4 +1,4 @@
-"""Training tasks: an ``nn.Module`` that maps a batch to named losses.
+"""``classify``: image classification with the model's own head, scored by top-1 accuracy.
 
 The loop minimises the sum of the returned losses and knows nothing about methods: a learned
 reducer's auxiliary losses arrive through ``get_info(model).aux_losses`` like any other loss.
@@ -6,22 +6,20 @@ reducer's auxiliary losses arrive through ``get_info(model).aux_losses`` like an
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import Dataset
 
-from ..core.errors import TokenReduceError
+from ..core.errors import SpecError, TokenReduceError
+from ..core.method import Reducer
+from . import _dist
+from .base import Task, TaskContext, TaskOutput, register_task
 
 DISTILL_KINDS = ("logits", "tokens")
-
-
-class TaskOutput(NamedTuple):
-    """``losses``: name -> scalar (already weighted; the loop sums them); ``logits`` (B, K)."""
-
-    losses: dict[str, Tensor]
-    logits: Tensor
 
 
 def _info(model: nn.Module):
@@ -46,11 +44,24 @@ def final_positions(model: nn.Module, num_tokens: int, batch: int, device: torch
     return torch.arange(num_tokens, device=device).expand(batch, num_tokens)
 
 
-class ClassificationTask(nn.Module):
+@dataclass(frozen=True)
+class ClassifyConfig:
+    """``backbone_lr``: learning-rate multiplier of the model's parameters outside a learned
+    reducer (DynamicViT trains its backbone at 0.01 x the predictors' rate); 1 = one rate for all."""
+
+    backbone_lr: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.backbone_lr > 0:
+            raise SpecError(f"classify: backbone_lr must be > 0, got {self.backbone_lr}")
+
+
+@register_task("classify")
+class Classify(Task):
     """Cross-entropy with label smoothing, the reducer's auxiliary losses, optional distillation.
 
     Losses (names as returned):
-        ``ce``              CE(logits, y) with label smoothing ``label_smoothing``;
+        ``ce``              CE(logits, y) with label smoothing ``ctx.label_smoothing``;
         ``aux/<name>``      each auxiliary loss the model's reducer emitted in this forward;
         ``distill_logits``  ``w * tau^2 * KL(softmax(t / tau) || softmax(s / tau))`` (batch mean),
                             any teacher with the same classes;
@@ -59,30 +70,34 @@ class ClassificationTask(nn.Module):
                             teacher of the same width, gathered at ``final_positions``; where
                             the reducer masks tokens (``get_info(model).keep_mask``, DynamicViT
                             in training) the mean runs over the kept tokens only.
-
-    The teacher is frozen and always in eval mode.
+    Stats: ``acc``, batch top-1 in percent. The teacher (``ctx.teacher``) is frozen, in eval
+    mode and not owned: the task holds no parameter of its own.
     """
 
-    def __init__(self, model: nn.Module, *, label_smoothing: float = 0.1, teacher: nn.Module | None = None,
-                 distill: tuple[str, ...] | list[str] = (), distill_weight: float = 1.0, tau: float = 1.0) -> None:
-        super().__init__()
-        self.model = model
-        self.label_smoothing = label_smoothing
-        self.distill = tuple(distill)
-        self.distill_weight, self.tau = distill_weight, tau
+    Config = ClassifyConfig
+    metric = "top1"
+    example: dict[str, Any] = {}
+
+    def bind(self, model: nn.Module, ctx: TaskContext) -> None:
+        super().bind(model, ctx)
+        self.distill = tuple(ctx.distill)
         bad = [d for d in self.distill if d not in DISTILL_KINDS]
         if bad:
             raise TokenReduceError(f"unknown distillation {bad}; choose from {', '.join(DISTILL_KINDS)}")
+        teacher = ctx.teacher
         if self.distill and teacher is None:
             raise TokenReduceError("distillation needs a teacher (--teacher CKPT)")
         if teacher is not None and not self.distill:
             self.distill = ("logits",)
-        self.teacher = teacher
         if teacher is not None:
             teacher.requires_grad_(False)
             teacher.eval()
             if "tokens" in self.distill:
                 self._check_token_teacher(model, teacher)
+
+    @property
+    def teacher(self) -> nn.Module | None:
+        return self.ctx.teacher if self.ctx is not None else None
 
     @staticmethod
     def _check_token_teacher(model: nn.Module, teacher: nn.Module) -> None:
@@ -96,11 +111,9 @@ class ClassificationTask(nn.Module):
         if s_grid != t_grid:
             raise TokenReduceError(f"token distillation needs the same patch grid; student {s_grid}, teacher {t_grid}")
 
-    def train(self, mode: bool = True) -> ClassificationTask:
-        super().train(mode)
-        if self.teacher is not None:
-            self.teacher.eval()
-        return self
+    def lr_scale(self, name: str, param: nn.Parameter) -> float:
+        learned = {id(p) for m in self.model.modules() if isinstance(m, Reducer) for p in m.parameters()}
+        return 1.0 if id(param) in learned else self.cfg.backbone_lr
 
     def forward(self, images: Tensor, labels: Tensor) -> TaskOutput:
         """images (B, C, H, W), labels (B,) long."""
@@ -110,28 +123,32 @@ class ClassificationTask(nn.Module):
             logits = self.model.forward_head(tokens)
         else:
             logits = self.model(images)
-        losses = {"ce": F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)}
+        losses = {"ce": F.cross_entropy(logits, labels, label_smoothing=self.ctx.label_smoothing)}
         info = _info(self.model)
         if info is not None:
             losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
-        if self.teacher is not None:
+        teacher = self.teacher
+        if teacher is not None:
+            teacher.eval()
             with torch.no_grad():
-                t_tokens = self.teacher.forward_features(images)  # (B, N0, C)
-                t_logits = self.teacher.forward_head(t_tokens)
+                t_tokens = teacher.forward_features(images)  # (B, N0, C)
+                t_logits = teacher.forward_head(t_tokens)
             if "logits" in self.distill:
-                losses["distill_logits"] = self.distill_weight * self._kl(logits, t_logits)
+                losses["distill_logits"] = self.ctx.distill_weight * self._kl(logits, t_logits)
             if want_tokens:
-                losses["distill_tokens"] = self.distill_weight * self._token_mse(tokens, t_tokens)
-        return TaskOutput(losses, logits)
+                losses["distill_tokens"] = self.ctx.distill_weight * self._token_mse(tokens, t_tokens)
+        acc = 100.0 * (logits.detach().argmax(-1) == labels).float().mean().item()
+        return TaskOutput(losses, logits, {"acc": acc})
 
     def _kl(self, s: Tensor, t: Tensor) -> Tensor:
         """s, t (B, K) logits."""
         if s.shape != t.shape:
             raise TokenReduceError(f"student logits {tuple(s.shape)} and teacher logits {tuple(t.shape)} differ; "
                                    "the teacher must have the same classes")
-        log_p = F.log_softmax(s / self.tau, -1)
-        log_q = F.log_softmax(t / self.tau, -1)
-        return F.kl_div(log_p, log_q, log_target=True, reduction="batchmean") * self.tau**2
+        tau = self.ctx.distill_tau
+        log_p = F.log_softmax(s / tau, -1)
+        log_q = F.log_softmax(t / tau, -1)
+        return F.kl_div(log_p, log_q, log_target=True, reduction="batchmean") * tau**2
 
     def _token_mse(self, s_tokens: Tensor, t_tokens: Tensor) -> Tensor:
         """s_tokens (B, N', C) student, t_tokens (B, N0, C) teacher; patch tokens only."""
@@ -149,3 +166,27 @@ class ClassificationTask(nn.Module):
         # a reducer that masks instead of dropping (DynamicViT in training): only live tokens count
         live = mask[:, s_prefix:].detach()
         return (err * live).sum() / live.sum().clamp_min(1.0)
+
+    @torch.inference_mode()
+    def evaluate(self, model: nn.Module, data: Dataset, *, batch_size: int = 500,
+                 device: str | torch.device = "cpu", database: Dataset | None = None) -> dict[str, Any]:
+        """Top-1 accuracy (percent) and mean cross-entropy of ``model`` over ``data``:
+        ``{'top1', 'loss', 'n'}``. In a torchrun process group each process reads its shard and
+        the correct / loss / image counts are summed, so the result equals one process's."""
+        was_training = model.training
+        model.eval()
+        device = torch.device(device)
+        sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, images
+        try:
+            for images, labels in _dist.shard_loader(data, batch_size):
+                images, labels = images.to(device), labels.to(device)
+                logits = model(images)
+                sums[0] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
+                sums[1] += (logits.argmax(-1) == labels).sum().item()
+                sums[2] += labels.numel()
+        finally:
+            model.train(was_training)
+        loss, correct, n = _dist.all_reduce_sum(sums).tolist()
+        if n == 0:
+            raise TokenReduceError("evaluation set is empty")
+        return {"top1": 100.0 * correct / n, "loss": loss / n, "n": int(n)}

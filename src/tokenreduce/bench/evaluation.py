@@ -1,0 +1,237 @@
+"""The evaluation pipeline behind ``tokenreduce eval`` and ``tokenreduce demo``.
+
+The commands parse flags and print; everything between lives here:
+    load_reference    the reference checkpoint: its unpatched model, metadata and bound task
+    load_data         the task's test set for the model's input, materialised once, and its
+                      training split as the retrieval database (read only if a task uses it)
+    budget_cases      per training-free method and target speed-up, the spec chosen by bench/budgets.py
+    finetuned_cases   fine-tuned checkpoints grouped by spec (mean and std over each group)
+    table             the results table (the task's primary metric, MACs, speed) and its legend
+    write_outputs     results.json, results.csv, pareto.png and the task's own figures
+Progress goes to stderr (:func:`log`), results to the files and the table.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import TokenReduceError
+
+if TYPE_CHECKING:  # the command line imports this module to build its parsers: keep that light
+    from torch import Tensor, nn
+    from torch.utils.data import Dataset, TensorDataset
+
+    from ..tasks import Task
+    from .accuracy import EvalCase
+
+#: Measurement defaults of ``eval`` (timed rounds, batch for throughput; latency is at batch 1).
+SPEED = {"batch": 32, "warmup": 2, "repeats": 10, "min_run_s": 0.05}
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def threads_text(n: int) -> str:
+    return f"{n} thread{'' if n == 1 else 's'}"
+
+
+def parse_list(text: str | None, flag: str, kind: type = float) -> list:
+    """Comma-separated numbers of ``kind`` (float or int) given to ``flag``; '' or None -> []."""
+    try:
+        return [kind(x) for x in (text or "").split(",") if x.strip()]
+    except ValueError:
+        what, example = ("numbers", "1.5,2") if kind is float else ("integers", "0,1,2")
+        raise TokenReduceError(f"{flag} takes comma-separated {what} like {example}, got {text!r}") from None
+
+
+def speed_settings(*, batch: int, warmup: int, repeats: int, threads: int, eval_batch: int = 1) -> dict[str, Any]:
+    """Keyword arguments of ``measure_speed`` after checking them."""
+    if batch < 1 or repeats < 1 or warmup < 0 or eval_batch < 1:
+        raise TokenReduceError("--batch, --eval-batch and --repeats must be >= 1, --warmup >= 0")
+    return {"batch": batch, "warmup": warmup, "repeats": repeats, "min_run_s": SPEED["min_run_s"], "threads": threads}
+
+
+# ----------------------------------------------------------------------------- reference and data
+
+
+@dataclass
+class Reference:
+    """The reference checkpoint: ``model`` unpatched in eval mode, its ``meta``, and ``task`` (the task
+    it was trained for, bound to ``model``, its own tensors loaded)."""
+
+    path: str
+    model: nn.Module
+    meta: dict[str, Any]
+    task: Task
+
+
+def load_reference(path: str | Path) -> Reference:
+    """The reference model (its reducer removed, if it carries one) with its task."""
+    from ..api import remove
+    from ..models import load_model
+    from .accuracy import bind_task
+
+    model, meta = load_model(path)
+    if meta.get("spec"):
+        log(f"note: {path} carries the reducer {meta['spec']}; its unpatched model is the reference")
+        remove(model)
+    return Reference(str(path), model.eval(), meta, bind_task(model, path))
+
+
+@dataclass
+class EvalData:
+    """``test``: the evaluation items as tensors (:func:`accuracy.materialize`); ``database``: the
+    training split, built on first use (``data.OnDemand``: only a retrieval task reads it);
+    ``info``: their description for the results."""
+
+    test: TensorDataset
+    database: Dataset
+    info: dict[str, Any]
+
+
+def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None = None, download: bool = False,
+              subset: int | None = None) -> EvalData:
+    """The reference task's test set (and training split as the database) for the reference's input.
+
+    ``data``: a dataset name or directory (default: the checkpoint's); ``subset``: a fixed random
+    ``subset`` of the test items (torch.randperm, seed 0).
+    """
+    from ..data import OnDemand, data_config_from_model
+    from ..data import subset as take
+    from .accuracy import materialize
+
+    name = data or (ref.meta.get("data") or {}).get("name") or "fashion_mnist"
+    kw = {"data_dir": data_dir, "download": download, **data_config_from_model(ref.model)}
+    full = ref.task.dataset(name, "test", train=False, **kw)
+    ds = take(full, subset, seed=0)
+    if subset and subset < len(full):
+        which = f"a fixed random {len(ds)} of the {len(full)} test images (torch.randperm, seed 0)"
+    else:
+        which = f"all {len(full)} test images"
+    log(f"data: {name}, {which}")
+    info = {"name": name, "split": "test", "n": len(ds), "of": len(full), "subset_seed": 0, "which": which}
+    database = OnDemand(lambda: ref.task.dataset(name, "train", train=False, **kw))
+    return EvalData(materialize(ds), database, info)
+
+
+def first_images(data: TensorDataset, n: int, classes: Sequence[str]) -> tuple[Tensor, list[str]]:
+    """The first ``n`` images (n, C, H, W) of ``data`` and their titles (class names where the
+    targets are class labels)."""
+    images, targets = data.tensors
+    n = min(n, len(images))
+
+    def title(i: int, y: Tensor) -> str:
+        if y.dim() != 0:  # a dense target (e.g. a label map) names no single class
+            return f"image {i}"
+        return classes[int(y)] if int(y) < len(classes) else f"class {int(y)}"
+
+    titles = [title(i, y) for i, y in enumerate(targets[:n])]
+    return images[:n], titles
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+def budget_cases(model: nn.Module, targets: Sequence[float], methods: Sequence[str] | None, rule: str,
+                 speed: dict[str, Any]) -> tuple[list[EvalCase], list[dict[str, Any]], dict[str, str]]:
+    """(EvalCases, picks as dicts, skipped methods) for the target speed-ups ``targets``."""
+    from .accuracy import EvalCase
+    from .budgets import find_budgets, training_free
+
+    free, skipped = training_free(model, methods)
+    for name, why in skipped.items():
+        log(f"skipping {name}: {why}")
+    # the budget run only ranks candidates: fewer rounds than the final measurement
+    picks = find_budgets(model, free, list(targets), rule=rule, speed={**speed, "warmup": 1, "repeats": 3})
+    for p in picks:
+        flag = "" if p.reached else "  (not reached)"
+        log(f"budget {p.target:g}x {p.method}: {p.spec}  (expected {p.expected_speedup:.2f}x, MACs "
+            f"{p.macs_speedup:.2f}x){flag}")
+    cases = [EvalCase(p.spec, p.spec, "training-free", budget=p.target) for p in picks]
+    return cases, [p.as_dict() for p in picks], skipped
+
+
+def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
+    """One EvalCase per spec among the fine-tuned checkpoints ``paths``; each must hold the
+    reference's model and have been trained for the reference's task."""
+    from ..core.method import build_reducer
+    from ..models import read_meta, resolve
+    from ..tasks import build_task
+    from .accuracy import DEFAULT_TASK, EvalCase
+
+    groups: dict[str | None, list[str]] = {}
+    for path in paths:
+        meta = read_meta(path)
+        if meta.get("model") != ref.meta.get("model"):
+            raise TokenReduceError(f"{path} holds model {meta.get('model')}, the reference holds "
+                                   f"{ref.meta.get('model')}; fine-tuned checkpoints must share the reference's model")
+        task = build_task(meta.get("task") or DEFAULT_TASK).spec()
+        if task != ref.task.spec():
+            raise TokenReduceError(f"{path} was trained for the task {task}, the reference for {ref.task.spec()}; "
+                                   "fine-tuned checkpoints must share the reference's task")
+        spec = build_reducer(meta["spec"]).spec() if meta.get("spec") else None
+        groups.setdefault(spec, []).append(str(resolve(path)))
+    return [EvalCase(f"{spec or 'no reducer'} [fine-tuned x{len(ps)}]", spec, "fine-tuned", checkpoints=tuple(ps))
+            for spec, ps in groups.items()]
+
+
+def one_per_method(picks: Sequence[dict[str, Any]], target: float) -> list[str]:
+    """Per method, the spec picked for the budget closest to ``target`` (picks as from budget_cases)."""
+    best: dict[str, dict[str, Any]] = {}
+    for p in picks:
+        cur = best.get(p["method"])
+        if cur is None or abs(p["target"] - target) < abs(cur["target"] - target):
+            best[p["method"]] = p
+    return [p["spec"] for p in best.values()]
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def _scaled(factor: float, fmt: str) -> Callable[[Any], str]:
+    return lambda v: fmt.format(v / factor)
+
+
+def columns(metric: str) -> list[tuple]:
+    """Columns of the results table for rows whose primary metric is ``metric``."""
+    return [
+        ("label", "case"), ("budget", "target", "{:g}x"), ("value", metric, "{:.2f}"),
+        ("value_std", "± std", "{:.2f}"), ("drop", "drop", "{:+.2f}"), ("macs", "MMACs", _scaled(1e6, "{:.1f}")),
+        ("macs_speedup", "MACs x", "{:.2f}"), ("img_per_s", "img/s", "{:.0f}"), ("latency_ms", "lat ms", "{:.2f}"),
+        ("speedup", "speedup", "{:.2f}"), ("latency_speedup", "lat x", "{:.2f}"), ("tokens_per_block", "tokens"),
+    ]
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """The results table of ``rows`` (as from ``evaluate_cases``) with a legend below it."""
+    from .report import format_table
+
+    metric = rows[0]["metric"] if rows else "value"
+    legend = (f"{metric}: mean over seeds (stochastic methods) or checkpoints (fine-tuned), ± sample std; "
+              f"drop = unpatched {metric} - {metric} (> 0: worse; sign flipped for a lower-is-better metric); "
+              "MACs x = analytic MACs ratio; speedup = img/s ratio at the throughput batch, lat x = latency ratio "
+              "at batch 1, both measured in one interleaved run; tokens leaving each block, prefix tokens included")
+    return f"{format_table(rows, columns(metric))}\n{legend}"
+
+
+def write_outputs(out: str | Path, rows: Sequence[dict[str, Any]], info: dict[str, Any], title: str,
+                  task: Task | None = None) -> list[Path]:
+    """results.json (``info`` + rows), results.csv, pareto.png and ``task``'s figures of the
+    unpatched row's first run in ``out``; returns the paths written."""
+    from .pareto import plot_pareto, write_csv
+    from .report import write_json
+
+    out = Path(out)
+    paths = [write_json(out / "results.json", {**info, "results": list(rows)}), write_csv(out / "results.csv", rows),
+             plot_pareto(out / "pareto.png", rows, title)]
+    if task is not None and rows and rows[0].get("runs"):
+        paths += task.plot(rows[0]["runs"][0], out)
+    for p in paths:
+        log(f"wrote {p}")
+    return paths

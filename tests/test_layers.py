@@ -1,0 +1,147 @@
+"""The layers of DESIGN.md, read from the source with ``ast`` (nothing is imported but tokenreduce):
+
+    cli/commands -> bench/train/experiments -> tasks/data/models -> adapters -> methods -> core
+
+A module never imports (absolutely or relatively, at the top or inside a function) a package of a
+higher layer; ``core`` imports no timm; and no registered method's name is spelled as a string
+outside ``methods/`` (the knowledge lives with the method: bench, tasks and commands read the
+declarations of ``Reducer`` and address methods only through spec strings they are given).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import tokenreduce
+
+SRC = Path(tokenreduce.__file__).resolve().parent
+#: Layer of each top-level part of the package (file or sub-package); higher = further from core.
+#: ``api`` is the adapter's public face, ``visualize`` draws with it like bench does, the package
+#: ``__init__`` re-exports core, methods and api.
+LAYERS = {
+    "core": 0, "methods": 1, "adapters": 2, "api": 2, "__init__": 2,
+    "tasks": 3, "data": 3, "models": 3,
+    "bench": 4, "train": 4, "experiments": 4, "visualize": 4,
+    "commands": 5, "cli": 5,
+}
+#: What the issue asks above all: these never import train/, bench/, commands/ or the cli.
+LOW = ("core", "methods", "data", "adapters", "models", "tasks")
+HIGH = ("train", "bench", "commands", "cli")
+
+
+def modules() -> list[tuple[str, Path, ast.Module]]:
+    """(dotted name, path, syntax tree) of every module of the package."""
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        name = ".".join(("tokenreduce", *parts[:-1])) if parts[-1] == "__init__" else ".".join(("tokenreduce", *parts))
+        out.append((name, path, ast.parse(path.read_text(), filename=str(path))))
+    return out
+
+
+def part(module: str) -> str | None:
+    """The top-level part of the package that ``module`` belongs to ('core', 'api', ...), None outside it."""
+    bits = module.split(".")
+    if bits[0] != "tokenreduce":
+        return None
+    return bits[1] if len(bits) > 1 else "__init__"
+
+
+def imported(name: str, path: Path, tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in the module ``name``, wherever it stands."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from .. import train` imports the sub-package itself
+            out += [(node.lineno, f"{target}.{a.name}") if _is_module(f"{target}.{a.name}") else (node.lineno, target)
+                    for a in node.names]
+    return out
+
+
+def spelled(tree: ast.Module, names: set[str]) -> list[ast.Constant]:
+    """String constants of ``tree`` equal to one of ``names`` (docstrings and f-string parts included)."""
+    return [node for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names]
+
+
+def _is_module(dotted: str) -> bool:
+    bits = dotted.split(".")
+    if bits[0] != "tokenreduce":
+        return False
+    rel = SRC.joinpath(*bits[1:])
+    return rel.with_suffix(".py").is_file() or (rel / "__init__.py").is_file()
+
+
+MODULES = modules()
+
+
+def test_every_part_of_the_package_has_a_layer():
+    parts = {part(name) for name, _, _ in MODULES}
+    assert parts <= set(LAYERS), f"give these a layer in LAYERS: {sorted(parts - set(LAYERS))}"
+
+
+def test_no_lower_layer_imports_train_bench_commands_or_cli():
+    bad = [f"{path.relative_to(SRC)}:{line} imports {target}"
+           for name, path, tree in MODULES if part(name) in LOW
+           for line, target in imported(name, path, tree) if part(target) in HIGH]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_module_imports_a_higher_layer():
+    bad = []
+    for name, path, tree in MODULES:
+        mine = LAYERS.get(part(name), 99)
+        for line, target in imported(name, path, tree):
+            theirs = part(target)
+            if theirs is not None and LAYERS.get(theirs, -1) > mine:
+                bad.append(f"{path.relative_to(SRC)}:{line} ({part(name)}, layer {mine}) imports {target} "
+                           f"({theirs}, layer {LAYERS[theirs]})")
+    assert not bad, "\n".join(bad)
+
+
+def test_core_imports_no_timm():
+    bad = [f"{path.relative_to(SRC)}:{line} imports {target}"
+           for name, path, tree in MODULES if part(name) == "core"
+           for line, target in imported(name, path, tree) if target.split(".")[0] == "timm"]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_method_name_is_spelled_outside_methods():
+    names = set(tokenreduce.list_methods())
+    assert names, "no method is registered"
+    bad = [f"{path.relative_to(SRC)}:{node.lineno} spells {node.value!r}"
+           for name, path, tree in MODULES if part(name) != "methods" for node in spelled(tree, names)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(("source", "module", "expected"), [
+    ("from ..train.loop import fit", "tokenreduce.data.transforms", "tokenreduce.train.loop"),
+    ("from .. import bench", "tokenreduce.core.ops", "tokenreduce.bench"),
+    ("from .. import apply", "tokenreduce.core.ops", "tokenreduce"),
+    ("def f():\n    import tokenreduce.commands.eval", "tokenreduce.core.ops", "tokenreduce.commands.eval"),
+    ("from .state import TokenState", "tokenreduce.core.ops", "tokenreduce.core.state"),
+])
+def test_imports_are_resolved(source, module, expected):
+    """The checker itself: relative, package-level and function-local imports all resolve."""
+    path = SRC.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    assert [t for _, t in imported(module, path, ast.parse(source))] == [expected]
+
+
+def test_the_checks_catch_a_violation():
+    tree = ast.parse("import random\nx = 'random'\ndef f():\n    from ...bench import macs\n")
+    name, path = "tokenreduce.methods.sub.x", SRC / "methods" / "sub" / "x.py"
+    assert [t for _, t in imported(name, path, tree)] == ["random", "tokenreduce.bench.macs"]
+    # the string is seen, the stdlib import of the same name is not
+    assert [(n.lineno, n.value) for n in spelled(tree, {"random", "macs"})] == [(2, "random")]
