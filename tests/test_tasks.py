@@ -220,3 +220,18 @@ def test_cli_task_and_optimizer(data: str, tmp_path: Path, capsys: pytest.Captur
     meta = read_checkpoint(tmp_path / "ok").meta
     assert meta["task"] == "classify(backbone_lr=0.5)"
     assert (meta["config"]["optimizer"], meta["config"]["momentum"]) == ("sgd", 0.5)
+
+
+def test_cli_stem_and_transforms_are_recorded_and_reload(data: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    common = [*TINY_FLAGS, "--data", data, "--epochs", "1", "--batch-size", "8", "--subset", "16", "--quiet",
+              "--threads", "1"]
+    assert main(["train", *common, "--stem", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "valid stems" in capsys.readouterr().err
+    assert main(["train", *common, "--patch-size", "4", "--stem", "conv", "--transform", "tie_qk(init='q')",
+                 "--out", str(tmp_path / "ok")]) == 0
+    meta = read_checkpoint(tmp_path / "ok").meta["model"]
+    assert meta["stem"] == "conv(norm='bn')" and meta["transforms"] == ["tie_qk(init='q')"]
+    model, _ = load_model(tmp_path / "ok")
+    attn = model.blocks[0].attn
+    assert type(model.patch_embed.proj).__name__ == "ConvStem" and type(attn.qkv).__name__ == "TiedQKV"

@@ -52,6 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--num-classes", type=int, help="default: the dataset's")
     g.add_argument("--drop-path", type=float, help="stochastic depth rate")
     g.add_argument("--pretrained", action="store_true", default=None, help="start from timm's weights (network)")
+    g.add_argument("--stem", metavar="SPEC", help="patch embedding: 'patch' (timm's, default) or 'conv' (local-coherence "
+                   "conv stem on the same token grid); see tokenreduce list")
+    g.add_argument("--transform", action="append", metavar="SPEC",
+                   help="model transform applied after building, e.g. 'tie_qk' (shared W_q = W_k); repeatable")
     g.add_argument("--spec", help="reducer to fine-tune with, e.g. 'evit(keep=0.7, locs=(3,))'")
     g.add_argument("--init", metavar="CKPT", help="start from this checkpoint's model and weights")
     g.add_argument("--task", metavar="SPEC",
@@ -127,6 +131,10 @@ def config_from_args(args: argparse.Namespace):
     kwargs.update({kw: getattr(args, flag) for flag, kw in MODEL_FLAGS.items() if getattr(args, flag) is not None})
     if args.pretrained:
         model["pretrained"] = True
+    if args.stem:
+        model["stem"] = args.stem
+    if args.transform:
+        model["transforms"] = list(args.transform)
     if model or kwargs:
         if "name" not in model:
             raise TokenReduceError("model size flags need --model NAME (a timm ViT) or --recipe")
