@@ -52,8 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--num-classes", type=int, help="default: the dataset's")
     g.add_argument("--drop-path", type=float, help="stochastic depth rate")
     g.add_argument("--pretrained", action="store_true", default=None, help="start from timm's weights (network)")
-    g.add_argument("--stem", metavar="SPEC", help="patch embedding: 'patch' (timm's, default) or 'conv' (local-coherence "
-                   "conv stem on the same token grid); see tokenreduce list")
+    g.add_argument("--stem", metavar="SPEC", help="patch embedding: 'patch' (timm's, default) or 'conv' "
+                   "(local-coherence conv stem on the same token grid); see tokenreduce list")
     g.add_argument("--transform", action="append", metavar="SPEC",
                    help="model transform applied after building, e.g. 'tie_qk' (shared W_q = W_k); repeatable")
     g.add_argument("--spec", help="reducer to fine-tune with, e.g. 'evit(keep=0.7, locs=(3,))'")

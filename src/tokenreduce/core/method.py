@@ -1,4 +1,4 @@
-"""The method contract, the registry and spec parsing.
+"""The method contract and the method registry (spec strings: core/registry.py).
 
 A method is a small ``nn.Module`` (a *reducer*) built from a frozen dataclass config. It declares
 what it needs from attention (``needs``) and where it runs (``where``), compiles its schedule for
@@ -8,21 +8,21 @@ It also declares what the rest of the package needs to know about it, so that no
 spelled outside ``methods/``: whether it is ``learned`` (trained parameters: fine-tune it first),
 whether it ``conserves_patches`` (token sizes always sum to the patch count: merging), what its
 scoring costs (``scoring_macs``, read by bench/macs.py) and its candidate specs for a target
-speed-up (``budget_family``, read by bench/budgets.py). :func:`format_spec` is the one place a spec
-string is written from a name and parameters.
+speed-up (``budget_family``, read by bench/budgets.py).
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from .errors import SpecError
+from .registry import Registry, config_spec, format_spec
+from .registry import parse_spec as parse_spec  # re-exported: the method API's spec parser
 from .schedule import Schedule
 from .state import TokenState
 
@@ -80,20 +80,6 @@ def scaled_locs(locs: Sequence[int], depth: int) -> tuple[int, ...]:
     """Blocks ``locs`` of a 12-block model moved to a ``depth``-block one: floor(l * depth / 12),
     clipped to the last block, duplicates merged (sorted)."""
     return tuple(sorted({min(depth - 1, (loc * depth) // 12) for loc in locs}))
-
-
-def format_spec(name: str, params: Mapping[str, Any] | None = None) -> str:
-    """The spec string ``name(key=value, ...)`` of a method (or task) and its parameters.
-
-    The one place a spec is written from parts; the inverse of :func:`parse_spec` for literal values
-    (``parse_spec(format_spec(n, p)) == (n, p)``, lists read back as tuples). Values are written
-    with ``repr``; no parameters give the bare name (the defaults).
-    """
-    if not name.isidentifier():
-        raise SpecError(f"a spec name must be an identifier (a registered name), got {name!r}")
-    if not params:
-        return name
-    return f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
 
 
 class Reducer(nn.Module):
@@ -199,23 +185,21 @@ class Reducer(nn.Module):
 
     def spec(self) -> str:
         """The canonical spec string of this reducer."""
-        return format_spec(self.name, {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg)})
+        return config_spec(self.name, self.cfg)
 
     def extra_repr(self) -> str:
         return self.spec()
 
 
-_REGISTRY: dict[str, type[Reducer]] = {}
+_METHODS: Registry[type[Reducer]] = Registry("method")
 
 
 def register_method(name: str) -> Callable[[type[Reducer]], type[Reducer]]:
     """Class decorator: make a Reducer subclass addressable as ``name(...)`` in specs."""
 
     def deco(cls: type[Reducer]) -> type[Reducer]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"method {name!r} is already registered by {_REGISTRY[name].__name__}")
+        _METHODS.add(name, cls, cls.Config)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return deco
@@ -223,14 +207,14 @@ def register_method(name: str) -> Callable[[type[Reducer]], type[Reducer]]:
 
 def list_methods() -> list[str]:
     """Names of all registered methods."""
-    return sorted(_REGISTRY)
+    return _METHODS.names()
 
 
 def matched_spec(schedule: Schedule, seed: int = 0) -> str:
     """The spec of the first registered method (by name) that replays ``schedule`` with no scoring
     (``Reducer.replay_spec``): the matched baseline of any method's schedule."""
     for name in list_methods():
-        spec = _REGISTRY[name].replay_spec(schedule, seed)
+        spec = get_method(name).replay_spec(schedule, seed)
         if spec is not None:
             return spec
     raise SpecError("no registered method replays a schedule (Reducer.replay_spec); register one")
@@ -238,56 +222,12 @@ def matched_spec(schedule: Schedule, seed: int = 0) -> str:
 
 def get_method(name: str) -> type[Reducer]:
     """The Reducer class registered under ``name``."""
-    if name not in _REGISTRY:
-        raise SpecError(f"unknown method {name!r}; valid methods: {', '.join(list_methods())}")
-    return _REGISTRY[name]
-
-
-def _literal(node: ast.expr, spec: str) -> Any:
-    try:
-        value = ast.literal_eval(node)
-    except ValueError:
-        raise SpecError(
-            f"in spec {spec!r}: {ast.unparse(node)!r} is not a literal (numbers, strings, "
-            "booleans, None, tuples or lists)"
-        ) from None
-    return tuple(value) if isinstance(value, list) else value
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """Parse ``'evit(keep=0.7, locs=(3, 6, 9))'`` into ``('evit', {'keep': 0.7, 'locs': (3, 6, 9)})``.
-
-    Uses the ast module's literal parsing, never eval. A bare name (``'tome'``) means defaults.
-    """
-    if not isinstance(spec, str) or not spec.strip():
-        raise SpecError(f"a method spec must be a non-empty string like 'tome(r=13)', got {spec!r}")
-    try:
-        node = ast.parse(spec.strip(), mode="eval").body
-    except SyntaxError as e:
-        raise SpecError(f"malformed spec {spec!r}: {e.msg}; expected e.g. 'evit(keep=0.7, locs=(3, 6, 9))'") from None
-    if isinstance(node, ast.Name):
-        return node.id, {}
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-        raise SpecError(f"malformed spec {spec!r}: expected name(key=value, ...), e.g. 'tome(r=13)'")
-    if node.args or any(kw.arg is None for kw in node.keywords):
-        raise SpecError(f"malformed spec {spec!r}: parameters must be named, e.g. 'tome(r=13)'")
-    return node.func.id, {kw.arg: _literal(kw.value, spec) for kw in node.keywords}
+    return _METHODS.get(name)
 
 
 def build_reducer(spec: str | Reducer) -> Reducer:
     """A Reducer from a spec string (or the Reducer itself)."""
     if isinstance(spec, Reducer):
         return spec
-    name, params = parse_spec(spec)
-    cls = get_method(name)
-    fields = [f.name for f in dataclasses.fields(cls.Config)]
-    unknown = sorted(set(params) - set(fields))
-    if unknown:
-        raise SpecError(
-            f"{name}: unknown parameter {unknown[0]!r}; valid parameters: {', '.join(fields)}"
-        )
-    try:
-        cfg = cls.Config(**params)
-    except TypeError as e:  # a required field left out
-        raise SpecError(f"{name}: {e}; valid parameters: {', '.join(fields)}") from None
+    _, cls, cfg = _METHODS.resolve(spec)
     return cls(cfg)

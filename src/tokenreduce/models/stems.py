@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ..core.errors import SpecError, UnsupportedModelError
-from .registry import NoParams, SpecRegistry
+from ..core.registry import NoParams, Registry
 
 StemFn = Callable[[nn.Module, object], None]
-_STEMS: SpecRegistry[StemFn] = SpecRegistry("stem")
+_STEMS: Registry[StemFn] = Registry("stem")
 
 #: Patch sizes the conv stem reaches: 1 to 4 stride-2 convolutions among its four 3x3 ones.
 CONV_PATCH_SIZES = (2, 4, 8, 16)
@@ -49,7 +49,9 @@ def build_stem(spec: str, model: nn.Module) -> nn.Module:
     pe = getattr(model, "patch_embed", None)
     if pe is None or not hasattr(pe, "proj"):
         raise UnsupportedModelError(f"stems replace patch_embed.proj; {type(model).__name__} has none")
-    return _STEMS.apply(spec, model)
+    _, fn, cfg = _STEMS.resolve(spec)
+    fn(model, cfg)
+    return model
 
 
 @register_stem("patch")

@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.errors import SpecError, UnsupportedModelError
-from .registry import NoParams, SpecRegistry
+from ..core.registry import NoParams, Registry
 
 TransformFn = Callable[[nn.Module, object], None]
-_TRANSFORMS: SpecRegistry[TransformFn] = SpecRegistry("transform")
+_TRANSFORMS: Registry[TransformFn] = Registry("transform")
 
 
 def register_transform(name: str, config: type = NoParams) -> Callable[[TransformFn], TransformFn]:
@@ -40,7 +40,9 @@ def canonical_transform(spec: str) -> str:
 
 def apply_transform(spec: str, model: nn.Module) -> nn.Module:
     """Apply the transform ``spec`` to ``model`` in place; returns ``model``."""
-    return _TRANSFORMS.apply(spec, model)
+    _, fn, cfg = _TRANSFORMS.resolve(spec)
+    fn(model, cfg)
+    return model
 
 
 # ----------------------------------------------------------------------------- tie_qk

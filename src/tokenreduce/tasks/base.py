@@ -13,7 +13,6 @@ is held outside the module tree, so it is neither optimised, saved, moved nor DD
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,8 +23,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from ..core.errors import SpecError, TokenReduceError
-from ..core.method import parse_spec
+from ..core.errors import TokenReduceError
+from ..core.registry import NoParams, Registry, config_spec
 
 
 @dataclass
@@ -64,11 +63,6 @@ class TaskOutput(NamedTuple):
     stats: dict[str, float] | None = None
 
 
-@dataclass(frozen=True)
-class NoParams:
-    """The Config of a task without spec parameters."""
-
-
 class Task(nn.Module):
     """Base class of every task. Subclasses set ``Config``, ``metric`` and ``example`` and
     implement ``forward`` and ``evaluate`` (and ``bind`` when they own modules).
@@ -90,10 +84,8 @@ class Task(nn.Module):
         self.ctx: TaskContext | None = None
 
     def spec(self) -> str:
-        """The canonical spec string, e.g. ``'hash(bits=32, targets='class')'``."""
-        fields = dataclasses.fields(self.cfg)
-        args = ", ".join(f"{f.name}={getattr(self.cfg, f.name)!r}" for f in fields)
-        return f"{self.name}({args})"
+        """The canonical spec string, e.g. ``"hash(bits=32, targets='class', ...)"``."""
+        return config_spec(self.name, self.cfg)
 
     def extra_repr(self) -> str:
         return self.spec()
@@ -207,55 +199,37 @@ def dataset_labels(ds: Dataset) -> Tensor | None:
 
 # ----------------------------------------------------------------------------- registry
 
-_REGISTRY: dict[str, type[Task]] = {}
+def _builtins() -> None:
+    importlib.import_module(__package__)  # registers the built-in tasks (a no-op once imported)
+
+
+_TASKS: Registry[type[Task]] = Registry("task", load=_builtins)
 
 
 def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
     """Class decorator: make a Task subclass addressable as ``name(...)`` in specs."""
 
     def deco(cls: type[Task]) -> type[Task]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"task {name!r} is already registered by {_REGISTRY[name].__name__}")
+        _TASKS.add(name, cls, cls.Config)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return deco
 
 
-def _builtins() -> None:
-    importlib.import_module(__package__)  # registers the built-in tasks (a no-op once imported)
-
-
 def list_tasks() -> list[str]:
     """Names of all registered tasks."""
-    _builtins()
-    return sorted(_REGISTRY)
+    return _TASKS.names()
 
 
 def get_task(name: str) -> type[Task]:
     """The Task class registered under ``name``."""
-    _builtins()
-    if name not in _REGISTRY:
-        raise SpecError(f"unknown task {name!r}; valid tasks: {', '.join(list_tasks())}")
-    return _REGISTRY[name]
+    return _TASKS.get(name)
 
 
 def build_task(spec: str | Task) -> Task:
     """A Task from a spec string like ``'hash(bits=32)'`` or a bare ``'classify'`` (or the Task itself)."""
     if isinstance(spec, Task):
         return spec
-    name, params = parse_spec(spec)
-    cls = get_task(name)
-    fields = [f.name for f in dataclasses.fields(cls.Config)]
-    unknown = sorted(set(params) - set(fields))
-    if unknown:
-        valid = ", ".join(fields) or "none"
-        raise SpecError(f"task {name}: unknown parameter {unknown[0]!r}; valid parameters: {valid}")
-    try:
-        cfg = cls.Config(**params)
-    except (TypeError, ValueError) as e:
-        if isinstance(e, TokenReduceError):
-            raise
-        raise SpecError(f"task {name}: {e}; valid parameters: {', '.join(fields)}") from None
+    _, cls, cfg = _TASKS.resolve(spec)
     return cls(cfg)
