@@ -197,12 +197,7 @@ _METHODS: Registry[type[Reducer]] = Registry("method")
 def register_method(name: str) -> Callable[[type[Reducer]], type[Reducer]]:
     """Class decorator: make a Reducer subclass addressable as ``name(...)`` in specs."""
 
-    def deco(cls: type[Reducer]) -> type[Reducer]:
-        _METHODS.add(name, cls, cls.Config)
-        cls.name = name
-        return cls
-
-    return deco
+    return _METHODS.register_class(name)
 
 
 def list_methods() -> list[str]:

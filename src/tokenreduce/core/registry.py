@@ -102,6 +102,17 @@ class Registry(Generic[T]):
 
         return deco
 
+    def register_class(self, name: str) -> Callable[[type], type]:
+        """Class decorator for classes that carry their ``Config``: registers the class under
+        ``name`` and sets its ``name`` attribute."""
+
+        def deco(cls: type) -> type:
+            self.add(name, cls, cls.Config)
+            cls.name = name
+            return cls
+
+        return deco
+
     def names(self) -> list[str]:
         if self._load is not None:
             self._load()

@@ -209,12 +209,7 @@ _TASKS: Registry[type[Task]] = Registry("task", load=_builtins)
 def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
     """Class decorator: make a Task subclass addressable as ``name(...)`` in specs."""
 
-    def deco(cls: type[Task]) -> type[Task]:
-        _TASKS.add(name, cls, cls.Config)
-        cls.name = name
-        return cls
-
-    return deco
+    return _TASKS.register_class(name)
 
 
 def list_tasks() -> list[str]:
