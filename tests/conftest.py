@@ -28,3 +28,17 @@ def make_host(name: str, seed: int = 0) -> torch.nn.Module:
 @pytest.fixture
 def images() -> torch.Tensor:
     return torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+class Interrupted(Exception):
+    """Raised by :func:`stop_at` to kill a training run at a given step (resume tests)."""
+
+
+def stop_at(step: int):
+    """An ``on_step`` hook for ``train``: raises Interrupted after optimizer step ``step``."""
+
+    def hook(s: int) -> None:
+        if s == step:
+            raise Interrupted
+
+    return hook

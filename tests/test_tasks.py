@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import Interrupted, stop_at
 
 import tokenreduce
 from tokenreduce import SpecError, TokenReduceError
@@ -56,18 +57,6 @@ def bound(spec: str, data: str, model_spec: str | None = None) -> tuple[Task, to
     return task.train(), ds
 
 
-class Interrupted(Exception):
-    pass
-
-
-def _stop_at(step: int):
-    def hook(s: int) -> None:
-        if s == step:
-            raise Interrupted
-
-    return hook
-
-
 def _no_time(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "time_s"} for row in history]
 
@@ -77,7 +66,7 @@ def _interrupted_and_resumed(cfg: TrainConfig, tmp_path: Path) -> tuple[dict, di
     full = train(dataclasses.replace(cfg, out=str(tmp_path / "a")))
     cut = dataclasses.replace(cfg, out=str(tmp_path / "b"))
     with pytest.raises(Interrupted):
-        train(cut, on_step=_stop_at(5))  # after the checkpoint at step 3 (and 4 where an epoch has 4 steps)
+        train(cut, on_step=stop_at(5))  # after the checkpoint at step 3 (and 4 where an epoch has 4 steps)
     assert 3 <= read_checkpoint(tmp_path / "b" / "last.safetensors").meta["step"] < 5
     return full, train(dataclasses.replace(cut, resume=True))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import Interrupted, stop_at
 from torch import Tensor
 
 import tokenreduce
@@ -61,18 +62,6 @@ def test_warmup_cosine() -> None:
     assert f(0) == 0.25 and f(3) == 1.0 and math.isclose(f(20), 0.01) and f(10) < f(5)
 
 
-class Interrupted(Exception):
-    pass
-
-
-def _stop_at(step: int):
-    def hook(s: int) -> None:
-        if s == step:
-            raise Interrupted
-
-    return hook
-
-
 def test_resume_equals_uninterrupted_run(data: str, tmp_path: Path) -> None:
     # drop_path makes the model consume the global RNG, so the RNG state must be restored too
     model = {**TINY, "kwargs": {**TINY["kwargs"], "drop_path_rate": 0.1}}
@@ -80,7 +69,7 @@ def test_resume_equals_uninterrupted_run(data: str, tmp_path: Path) -> None:
     full = train(cfg)
     cut = dataclasses.replace(cfg, out=str(tmp_path / "b"))
     with pytest.raises(Interrupted):
-        train(cut, on_step=_stop_at(7))  # after the mid-epoch checkpoint at step 6
+        train(cut, on_step=stop_at(7))  # after the mid-epoch checkpoint at step 6
     assert read_checkpoint(tmp_path / "b" / "last.safetensors").meta["step"] == 6
     with pytest.raises(tokenreduce.TokenReduceError, match="unfinished run"):
         train(cut)
