@@ -7,7 +7,6 @@ given. Multi-process: ``torchrun --nproc_per_node N -m tokenreduce.cli train ...
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -168,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
 def write_results(path: Path, command: str, cfg, metrics: dict[str, Any]) -> None:
     """Results JSON: the command that made it, the config, the metrics and the environment."""
+    from ..bench.report import write_json
     from ..train.loop import run_info
 
-    record = {"command": command, "config": cfg.to_dict(), "metrics": metrics, "run": run_info()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_json(path, {"command": command, "config": cfg.to_dict(), "metrics": metrics, "run": run_info()})

@@ -27,6 +27,7 @@ it never happens). If no query has a relevant item a TokenReduceError is raised.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import TokenReduceError
+from ..models.checkpoint import atomic_write
 
 #: Elements (queries x database items) handled at once; ~40 bytes each during a sort.
 CHUNK_ELEMENTS = 1 << 22
@@ -225,8 +227,6 @@ def plot_pr_curve(curves: dict[str, dict[str, Sequence[float]]], path: str | os.
 
     if not curves:
         raise TokenReduceError("plot_pr_curve needs at least one curve")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
     for label, c in curves.items():
         # points whose precision is undefined (None, or NaN from a caller) are left out
@@ -241,11 +241,10 @@ def plot_pr_curve(curves: dict[str, dict[str, Sequence[float]]], path: str | os.
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, png.getvalue())
 
 
 __all__ = ["CHUNK_ELEMENTS", "hamming_distance", "hamming_rank", "mean_average_precision", "plot_pr_curve",

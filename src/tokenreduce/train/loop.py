@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 
 from ..core.errors import TokenReduceError
 from ..models import (
+    atomic_write,
     build_model,
     load_model,
     load_weights,
@@ -430,5 +431,5 @@ class _Run:
                 metrics["figures"] = [str(p) for p in figures]
             self._save("model.safetensors", {**self._meta(metrics), "complete": True})
             metrics["checkpoint"] = str(out / "model.safetensors")
-            (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+            atomic_write(out / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
         return self.model.eval(), metrics
