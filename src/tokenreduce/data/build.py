@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,8 +49,9 @@ def list_datasets() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _cache_dir() -> str:
-    return os.environ.get("TOKENREDUCE_CACHE", "cache")
+def cache_dir() -> Path:
+    """``$TOKENREDUCE_CACHE`` or ``cache/`` (git-ignored): downloads, trained references, demo runs."""
+    return Path(os.environ.get("TOKENREDUCE_CACHE", "cache"))
 
 
 def _has_fashion_mnist(d: str) -> bool:
@@ -59,7 +61,7 @@ def _has_fashion_mnist(d: str) -> bool:
 @register_dataset("fashion_mnist", "fashion-mnist", "fmnist", detect=_has_fashion_mnist, in_chans=1, img_size=28,
                   augment="crop_flip")
 def _fashion_mnist(split: str, cfg: DataConfig, *, train: bool, augment: str, data_dir: Any, download: bool) -> Dataset:
-    dl = (data_dir or os.path.join(_cache_dir(), "data")) if download else None
+    dl = (data_dir or str(cache_dir() / "data")) if download else None
     return FashionMNIST(split, TensorTransform(cfg, augment if train else "none"), data_dir=data_dir, download_to=dl)
 
 

@@ -8,11 +8,11 @@ trained checkpoint lives in the cache (``$TOKENREDUCE_CACHE``, default ``cache/`
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
+from ..data.build import cache_dir
 
 _FMNIST_VIT = {
     "name": "vit_tiny_patch16_224",  # kwargs override everything that name implies
@@ -86,11 +86,6 @@ def get_recipe(name: str) -> dict[str, Any]:
         raise TokenReduceError(f"unknown recipe {name!r}; choose from {', '.join(list_recipes())}")
     fields = {k: v() if callable(v) else v for k, v in RECIPES[name].items() if k != "description"}
     return {**fields, "recipe": name}
-
-
-def cache_dir() -> Path:
-    """``$TOKENREDUCE_CACHE`` or ``cache/`` (git-ignored)."""
-    return Path(os.environ.get("TOKENREDUCE_CACHE", "cache"))
 
 
 def default_out(recipe: str) -> Path:
