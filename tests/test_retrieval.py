@@ -156,3 +156,13 @@ def test_plot_pr_curve_writes_png(tmp_path):
     c = R.pr_curve(Q, QL, DB, DBL)
     out = R.plot_pr_curve({"asym": c, "sym": c}, tmp_path / "pr.png", title="x")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_map_and_precision_share_one_ranking_and_equal_the_separate_functions() -> None:
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 2, (37, 12), generator=g) * 2 - 1
+    db = torch.randint(0, 2, (301, 12), generator=g) * 2 - 1
+    ql, dl = torch.randint(0, 4, (37,), generator=g), torch.randint(0, 4, (301,), generator=g)
+    mean_ap, prec = R.map_and_precision(q, ql, db, dl, ks=(1, 5, 400), chunk=7)
+    assert mean_ap == pytest.approx(R.mean_average_precision(q, ql, db, dl))
+    assert prec == pytest.approx(R.precision_at_k(q, ql, db, dl, ks=(1, 5, 400)))

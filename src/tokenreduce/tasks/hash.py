@@ -345,8 +345,8 @@ class Hash(Task):
         return out
 
     def _metrics(self, p: str, q: Tensor, ql: Tensor, db: Tensor, dl: Tensor) -> dict[str, Any]:
-        out: dict[str, Any] = {f"map_{p}": 100.0 * R.mean_average_precision(q, ql, db, dl)}
-        prec = R.precision_at_k(q, ql, db, dl, ks=self.cfg.ks)
+        mean_ap, prec = R.map_and_precision(q, ql, db, dl, ks=self.cfg.ks)
+        out: dict[str, Any] = {f"map_{p}": 100.0 * mean_ap}
         out.update({f"p@{k}_{p}": 100.0 * v for k, v in prec.items()})
         out[f"pr_{p}"] = R.pr_curve(q, ql, db, dl)
         return out
