@@ -146,6 +146,14 @@ def test_per_image_targets(monkeypatch):
         q = H.binarize(task.head(task.model(Toy(6, 2).x)))
     ref = R.mean_average_precision(q, torch.arange(6) % 10, new.float(), torch.tensor(train.targets))
     assert m["map_asym"] == pytest.approx(100 * ref)
+    # bound for evaluation (no training labels), the per-image table takes its size from the checkpoint
+    fresh = build_task("hash(bits=8, targets='image', protocol='asym')")
+    fresh.bind(task.model, TaskContext(classes=CLASSES, seed=0))
+    with pytest.raises(TokenReduceError, match="does not match|carry"):
+        fresh.target_codes(torch.tensor([[3, 13]]))  # an empty table trains on nothing
+    fresh.load_owned_state_dict(task.owned_state_dict())
+    assert torch.equal(fresh.image_codes, new.to(fresh.image_codes)) and fresh.image_labels.shape == (20,)
+    assert fresh.evaluate(task.model, Toy(6, 2), database=train)["map_asym"] == pytest.approx(m["map_asym"])
 
 
 def test_checkpoint_round_trip_keeps_codes():

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     _section("methods (--spec):", list_methods(), method)
     _section("tasks (tokenreduce train --task):", list_tasks(), task)
-    _section("stems (model config 'stem'):", list_stems(), lambda n: (canonical_stem(n), ""))
-    _section("model transforms (model config 'transforms'):", list_transforms(), lambda n: (canonical_transform(n), ""))
+    _section("stems (tokenreduce train --stem):", list_stems(), lambda n: (canonical_stem(n), ""))
+    _section("model transforms (tokenreduce train --transform):", list_transforms(),
+             lambda n: (canonical_transform(n), ""))
     return 0

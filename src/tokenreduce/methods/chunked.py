@@ -56,7 +56,7 @@ class Chunked(Reducer):
                 f"chunk, a positive int (>= {host.num_patches} means full attention on this model)"
             )
         # no block reduces: every count is the patch count
-        return compile_schedule(host.num_patches, host.depth, self.name, where="attn", counts=(), locs=())
+        return compile_schedule(host.num_patches, host.depth, self.name, where=self.where, counts=(), locs=())
 
     @property
     def conserves_patches(self) -> bool:

@@ -179,8 +179,10 @@ class Hash(Task):
                 raise TokenReduceError(f"hash: training labels outside 0..{num_classes - 1}")
         self._train_labels = labels  # not saved: the asymmetric database when evaluate gets none
         if cfg.targets == "image":
+            # bound for evaluation (no training labels) the table starts empty and takes its size
+            # from the checkpoint (load_owned_state_dict); training on an empty table stops clearly
             if labels is None:
-                raise TokenReduceError("hash(targets='image') needs the training labels (TaskContext.train_labels)")
+                labels = torch.zeros(0, dtype=torch.long)
             self.register_buffer("image_labels", labels.clone())  # (n,) to check each row's item
             self.register_buffer("image_codes", self.class_codes[labels].clone())  # (n, bits) int8
         dev = self._device_of(model)  # owned tensors start where the model is
@@ -193,6 +195,13 @@ class Hash(Task):
     def _device_of(model: nn.Module) -> torch.device:
         p = next(model.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
+
+    def load_owned_state_dict(self, sd: dict[str, Tensor]) -> None:
+        """As the base class; a per-image table bound empty (evaluation) takes the saved size."""
+        for name in ("image_labels", "image_codes"):
+            if name in sd and getattr(self, name, None) is not None and getattr(self, name).numel() == 0:
+                setattr(self, name, torch.empty_like(sd[name], device=getattr(self, name).device))
+        super().load_owned_state_dict(sd)
 
     def set_image_codes(self, codes: Tensor) -> None:
         """Replace the per-image targets (``targets='image'``) by ``codes`` (n, bits) of +-1."""
