@@ -17,25 +17,26 @@ def state_for(x: torch.Tensor, p: int = 1) -> TokenState:
 
 
 def test_tome_identical_tokens_merge_exactly_and_sizes_add():
-    # patches: a0 b0 a1 b1 (A = even, B = odd). a1 == b0 exactly; a0 is orthogonal to both b's
+    # official pairing over sequence positions: cls(0, A, protected) b0(1) a0(2) b1(3) a1(4).
+    # a1 points the same way as b0; a0 is orthogonal to both b's
     cls = torch.tensor([[9.0, 9.0, 9.0]])
     a0, b0, a1, b1 = torch.eye(3)[0], torch.eye(3)[1], torch.eye(3)[1], torch.eye(3)[2]
-    x = torch.stack([cls[0], a0, b0, a1 * 3, b1])[None]  # a1 scaled: same direction as b0
+    x = torch.stack([cls[0], b0, a0, b1, a1 * 3])[None]  # a1 scaled: same direction as b0
     state = state_for(x)
     plan = ops.bipartite_soft_matching(x, r=1, num_prefix=1)
-    # a1 (position 3) is merged into the output slot of b0 (after cls and the unmerged a0)
-    assert plan.src.tolist() == [[3]] and plan.dst.tolist() == [[2]]
+    # a1 (position 4) is merged into b0 (position 1), whose output slot follows cls and the unmerged a0
+    assert plan.src.tolist() == [[4]] and plan.dst.tolist() == [[2]] and plan.dst_pos.tolist() == [[1]]
     out = state.merge(x, plan)
     # output order: prefix, unmerged A (a0), B (b0 merged with a1, b1)
     torch.testing.assert_close(out[0, 0], cls[0])
     torch.testing.assert_close(out[0, 1], a0)
     torch.testing.assert_close(out[0, 2], (b0 + 3 * a1) / 2)  # size-weighted mean, sizes 1 and 1
     torch.testing.assert_close(state.size, torch.tensor([[1.0, 1.0, 2.0, 1.0]]))
-    assert state.source[0, 2, 2] == 1 and state.source[0, 2, 3] == 1
+    assert state.source[0, 2, 1] == 1 and state.source[0, 2, 4] == 1
 
 
 def test_tome_weighted_merge_uses_sizes_and_proportional_attention_bias():
-    x = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [1.0, 0.0]]])  # cls, a0, b0 identical
+    x = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [1.0, 0.0]]])  # cls, b0, a0: a0 merges into b0
     state = TokenState.start(x, 1, prop_attn=True)
     state.size = torch.tensor([[1.0, 3.0, 1.0]])
     x[0, 1] = torch.tensor([2.0, 0.0])
@@ -47,10 +48,10 @@ def test_tome_weighted_merge_uses_sizes_and_proportional_attention_bias():
 def test_tome_merges_the_most_similar_pairs_first():
     torch.manual_seed(0)
     x = torch.randn(1, 1 + 8, 16)
-    x[0, 1 + 4] = x[0, 1 + 5] * 2  # a2 and b2 point the same way: the best edge
+    x[0, 6] = x[0, 5] * 2  # a2 (position 6) and b2 (position 5) point the same way: the best edge
     plan = ops.bipartite_soft_matching(x, r=1, num_prefix=1)
-    # a2 sits at position 1 + 4; b2's output slot follows cls and the 3 unmerged A tokens
-    assert plan.src.tolist() == [[5]] and plan.dst.tolist() == [[1 + 3 + 2]]
+    # B = positions 1, 3, 5, 7; b2's output slot follows cls and the 3 unmerged A tokens (2, 4, 8)
+    assert plan.src.tolist() == [[6]] and plan.dst.tolist() == [[1 + 3 + 2]] and plan.dst_pos.tolist() == [[5]]
 
 
 def test_evit_fuses_the_lowest_attention_tokens_with_raw_weights():

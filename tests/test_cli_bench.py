@@ -75,7 +75,7 @@ def test_inspect_prints_schedule_and_macs(capsys):
     (["bench", *TINY, "--quick", "--spec", "evit(keep="], "malformed spec"),
     (["bench", *TINY, "--quick", "--spec", "nosuch(r=1)"], "unknown method"),
     (["inspect", *TINY, "--method", "evit(locs=(3, 9))"], "beyond the model's depth 6"),
-    (["inspect", *TINY, "--method", "tome(r=20)"], "too large"),
+    (["inspect", *TINY, "--method", "tome(r=(1, 2))"], "r has 2 entries"),
     (["bench", *TINY, "--quick", "--batch", "0"], "--batch"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, match):
@@ -93,3 +93,62 @@ def test_list_names_every_registered_method_and_task(capsys):
         assert any(s == name or s.startswith(f"{name}(") for s in specs), name
     for name in list_tasks():
         assert any(line.strip().startswith(f"metric {get_task(name).metric};") for line in lines), name
+
+
+def test_bench_backend_compile_times_every_case_compiled(tmp_path, capsys, monkeypatch):
+    import functools
+
+    # dynamo's capture with its 'eager' backend: the same runners and guards as inductor, without
+    # the code generation (tens of seconds per graph on 2 cores); inductor itself: tests/test_compile.py
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    out = tmp_path / "results.json"
+    assert main(["bench", *TINY, "--quick", "--batch", "1", "--repeats", "2", "--threads", "1", "--backend",
+                 "compile", "--spec", "tome(r=2)", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert "backend compile" in printed and data["provenance"]["backend"] == "compile"
+    assert [r["backend"] for r in data["results"]] == ["compile"] * 3
+    assert data["results"][0]["speedup"] == 1.0 and all(r["speedup"] > 0 for r in data["results"])
+
+
+def test_bench_backend_onnxruntime_runs_exported_files(monkeypatch):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'tokenreduce[export]'")
+    pytest.importorskip("onnxscript", reason="onnxscript is not installed: pip install 'tokenreduce[export]'")
+    from tokenreduce.bench import backends, measure_speed
+    from tokenreduce.bench.speed import Case
+
+    runs = []
+    real = backends._OnnxRunner.__call__
+    monkeypatch.setattr(backends._OnnxRunner, "__call__", lambda self, x: runs.append(x.shape) or real(self, x))
+    model = timm.create_model("test_vit", img_size=32, depth=2).eval()
+    res = measure_speed(model, [Case("tome", "tome(r=1)")], batch=1, warmup=1, repeats=2, min_run_s=0.0,
+                        backend="onnxruntime", threads=1)
+    assert [r.label for r in res] == ["unpatched", "tome"] and {r.backend for r in res} == {"onnxruntime"}
+    assert res[0].speedup == 1.0 and res[1].speedup > 0 and len(res[1].img_per_s_runs) == 2
+    assert len(runs) == 2 * 3 * 2  # every forward went through onnxruntime: 2 cases, 3 rounds, batch B and 1
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--backend", "onnxruntime", "--dtype", "bfloat16"], "float32 on the CPU"),
+])
+def test_bench_backend_errors(capsys, argv, match):
+    one_line_error(capsys, ["bench", *TINY, "--quick", *argv], match)
+
+
+def test_bench_times_the_model_of_a_tokenreduce_checkpoint(tmp_path, capsys, monkeypatch):
+    from tokenreduce.models import build_model, save_checkpoint
+
+    cfg = {"name": "vit_tiny_patch16_224", "kwargs": {"img_size": 28, "patch_size": 7, "in_chans": 1,
+                                                      "embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10}}
+    ckpt = tmp_path / "ref.safetensors"
+    save_checkpoint(ckpt, build_model(cfg), meta={"model": cfg, "spec": None})
+    out = tmp_path / "results.json"
+    assert main(["bench", "--reference", str(ckpt), "--quick", "--repeats", "1", "--spec", "tome(r=2)",
+                 "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["model"]["reference"] == str(ckpt) and data["model"]["img_size"] == [28, 28]
+    assert data["results"][-1]["tokens_per_block"] == [15, 13]
+    assert "vit_tiny_patch16_224  28x28" in capsys.readouterr().out
+    one_line_error(capsys, ["bench", "--reference", str(ckpt), "--model", "test_vit"], "leave out --model")
+    monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
+    one_line_error(capsys, ["bench", "--reference", "fmnist-vit", "--quick"], "no trained fmnist-vit checkpoint")

@@ -1,19 +1,44 @@
 """``tokenreduce demo --quick`` end to end (tiny model trained in seconds, 200 real Fashion-MNIST test
-images), and that a second run reuses the trained checkpoint."""
+images), and that a second run reuses the trained checkpoint; the threads it runs on."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+import torch
+from conftest import Interrupted
 
 from tokenreduce.cli import main
+from tokenreduce.commands import demo
 from tokenreduce.data.fashion_mnist import SYSTEM_DIR
 
-pytestmark = pytest.mark.skipif(not (SYSTEM_DIR / "train-images-idx3-ubyte.gz").is_file(),
-                                reason=f"Fashion-MNIST is not installed in {SYSTEM_DIR}")
+needs_fmnist = pytest.mark.skipif(not (SYSTEM_DIR / "train-images-idx3-ubyte.gz").is_file(),
+                                  reason=f"Fashion-MNIST is not installed in {SYSTEM_DIR}")
 
 
+@pytest.mark.parametrize(("argv", "want"), [([], None), (["--threads", "1"], 1)])
+def test_demo_uses_the_cores_torch_has_whatever_the_load_average(tmp_path, monkeypatch, argv, want):
+    if hasattr(os, "getloadavg"):  # a machine that looks busy: the demo must not care
+        monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    default = torch.get_num_threads()
+    seen = {}
+
+    def stop(quick: bool, threads: int):
+        seen["threads"], seen["torch"] = threads, torch.get_num_threads()
+        raise Interrupted
+
+    monkeypatch.setattr(demo, "reference", stop)
+    try:
+        with pytest.raises(Interrupted):
+            main(["demo", "--quick", "--out", str(tmp_path), *argv])
+    finally:
+        torch.set_num_threads(default)
+    assert seen == {"threads": want or default, "torch": want or default}
+
+
+@needs_fmnist
 def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
@@ -23,7 +48,7 @@ def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsy
     rows = data["results"]
     assert rows[0]["kind"] == "unpatched" and rows[0]["top1_drop"] == 0.0
     methods = {r["method"] for r in rows[1:]}
-    assert methods == {"ctp", "evit", "random", "tome", "topk"}  # every training-free method, no learned one
+    assert methods == {"ctp", "evit", "imagepiece", "random", "tome", "topk"}  # every training-free one, no learned
     assert "dynamicvit" in data["budgets"]["skipped"] and "dynamicvit" in err
     for name in methods:
         assert sorted(r["budget"] for r in rows if r["method"] == name) == [1.5, 2.0], name

@@ -19,7 +19,7 @@ import tokenreduce as tr
         ("evit(keep=1.5)", ["keep=1.5", "(0, 1]"]),
         ("evit(keep=0)", ["outside (0, 1]"]),
         ("evit(kep=0.5)", ["unknown parameter 'kep'", "keep, locs, fuse"]),
-        ("tome(r=40)", ["r=40 is too large", "at most"]),
+        ("random(r=70)", ["r=70 is too large", "at most"]),  # tome clips r as official ToMe does
         ("evit(keep=0.7, locs=(1, 12))", ["block index 12", "depth 4", "0..3"]),
         ("random(keep=0.5, r=3)", ["exactly one of"]),
         ("topk(keep=0.5, locs=(2, 1))", ["strictly increasing"]),

@@ -182,10 +182,13 @@ def test_subset_matching_never_touches_tokens_outside_the_subset():
 
 def test_subset_matching_over_all_patches_is_bipartite_soft_matching():
     torch.manual_seed(4)
-    B, p, n = 2, 1, 11
+    B, p, n = 2, 1, 10
     x = torch.randn(B, p + n, 6)
     full = ops.bipartite_soft_matching(x, 4, p)
-    sub = ops.subset_matching(x, torch.arange(p, p + n).expand(B, -1), 4)
+    # ToMe's sets with one prefix token: A = positions 2, 4, ..., B = 1, 3, ...; interleaved so
+    # that subset[0::2] is A and subset[1::2] is B
+    subset = torch.arange(p, p + n).reshape(-1, 2).flip(1).reshape(-1)  # 2, 1, 4, 3, ...
+    sub = ops.subset_matching(x, subset.expand(B, -1), 4)
     assert torch.equal(sub.src, full.src) and torch.equal(sub.dst_pos, full.dst_pos)
     s1, s2 = TokenState.start(x, p), TokenState.start(x, p)
     o1, o2 = s1.merge(x, full), s2.merge(x, sub)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +30,8 @@ class Info:
             ``index`` (prefix entries 1), when a learned pruner trained with a soft policy instead
             of dropping tokens (DynamicViT in training); None when every final token is kept.
             Not detached: a token-distillation loss that only weights tokens by it should detach it.
+        aux_outputs: named auxiliary predictions (B, Q, K) a learned reducer emitted in the last
+            training forward, for the task to score with its own criterion (``TokenState.aux_outputs``).
     """
 
     spec: str
@@ -41,6 +43,7 @@ class Info:
     snapshots: dict[int, Tensor]
     aux_losses: dict[str, Tensor]
     keep_mask: Tensor | None = None
+    aux_outputs: dict[str, Tensor] = field(default_factory=dict)
 
 
 def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: bool = False) -> nn.Module:
@@ -79,6 +82,7 @@ def get_info(model: nn.Module) -> Info:
         snapshots=dict(last.snapshots) if last else {},
         aux_losses=dict(last.aux_losses) if last else {},
         keep_mask=last.keep_mask if last else None,
+        aux_outputs=dict(last.aux_outputs) if last else {},
     )
 
 

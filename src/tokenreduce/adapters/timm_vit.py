@@ -12,8 +12,8 @@ The other side products a method asked for (CLS row, keys, head-output norms) ar
 With ``model.set_grad_checkpointing()`` the blocks where the reducer does not act run through
 torch.utils.checkpoint (their attention contributions are computed first and passed in, so the
 recomputation in the backward pass sees the same ones).
-A reducer with parameters is attached as ``model.tokenreduce`` (its own state_dict keys); a
-training-free one adds no keys.
+A reducer with parameters or buffers (a deployed Cropr's q) is attached as ``model.tokenreduce``
+(its own state_dict keys); a training-free one adds no keys.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     ref = next(model.parameters())
     reducer.to(device=ref.device, dtype=ref.dtype)
     reducer.train(model.training)  # later model.train()/eval() calls reach it as a submodule
-    if any(True for _ in reducer.parameters()):
+    if any(True for _ in reducer.parameters()) or any(True for _ in reducer.buffers()):
         model.tokenreduce = reducer
     setattr(model, _ATTR, Patch(reducer, schedule, host, trace, dense))
     model.forward_features = _forward_features.__get__(model)
@@ -190,25 +190,32 @@ def _contributions(state: TokenState, reducer: Reducer | None) -> dict[str, Any]
 
 def _run_block(blk: nn.Module, x: Tensor, state: TokenState, reducer: Reducer, schedule: Schedule,
                ckpt: bool = False) -> Tensor:
-    """One timm Block with the reducer where the schedule puts it. x (B, N, C)."""
-    count = schedule.count_at(state.block)
-    active = schedule.active(state.block, x.shape[1] - state.num_prefix)
+    """One timm Block with the reducer at the points the schedule names (``Schedule.point_counts``:
+    after attention + residual, after the MLP, or both for a composite). x (B, N, C)."""
+    at_attn, at_block = schedule.point_counts(state.block, x.shape[1] - state.num_prefix)
+    active = at_attn is not None or at_block is not None
     contrib = _contributions(state, reducer)
-    if not active:  # the plain block: a pure function of x and the contributions
+    watch = reducer.observes(state.block)  # side products read without reducing (Reducer.observes)
+    if not active and not watch:  # the plain block: a pure function of x and the contributions
         if ckpt:
             x = checkpoint(_plain_block, blk, x, use_reentrant=False, **contrib)
         else:
             x = _plain_block(blk, x, **contrib)
         state.record(state.block, x.shape[1], False)
         return x
-    attn_out, info = _attend(blk.attn, blk.norm1(x), reducer.needs, **contrib)
+    needs = (reducer.needs_at(state.block) if active else frozenset()) | watch
+    attn_out, info = _attend(blk.attn, blk.norm1(x), needs, **contrib)
+    if watch:
+        reducer.observe(state, info)
     x = x + blk.drop_path1(blk.ls1(attn_out))
-    if reducer.where == "attn":
-        x = reducer.reduce(x, state, info, count)
+    if at_attn is not None:
+        state.point = "attn"
+        x = reducer.reduce(x, state, info, at_attn)
     x = x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
-    if reducer.where == "block":
-        x = reducer.reduce(x, state, info, count)
-    state.record(state.block, x.shape[1], True)
+    if at_block is not None:
+        state.point = "block"
+        x = reducer.reduce(x, state, info, at_block)
+    state.record(state.block, x.shape[1], active)
     return x
 
 

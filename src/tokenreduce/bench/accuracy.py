@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from ..adapters import timm_vit
+from ..core.compose import split_stages
 from ..core.errors import TokenReduceError
 from ..core.method import build_reducer, format_spec, get_method, parse_spec
 from ..tasks import Task, TaskContext, build_task
@@ -68,19 +69,23 @@ class EvalCase:
 
     @property
     def method(self) -> str:
-        return parse_spec(self.spec)[0] if self.spec else "unpatched"
+        return build_reducer(self.spec).name if self.spec else "unpatched"
 
 
-def is_stochastic(spec: str) -> bool:
-    """Whether ``spec``'s method draws random numbers that a ``seed`` parameter fixes."""
-    name, _ = parse_spec(spec)
+def _seeded(name: str) -> bool:
     return "seed" in {f.name for f in dataclasses.fields(get_method(name).Config)}
 
 
+def is_stochastic(spec: str) -> bool:
+    """Whether ``spec``'s method (any stage of a composite ``'A + B'``) draws random numbers that a
+    ``seed`` parameter fixes."""
+    return any(_seeded(parse_spec(s)[0]) for s in split_stages(spec))
+
+
 def with_seed(spec: str, seed: int) -> str:
-    """``spec`` with its ``seed`` parameter set to ``seed``."""
-    name, params = parse_spec(spec)
-    return format_spec(name, {**params, "seed": seed})
+    """``spec`` with its ``seed`` parameter set to ``seed`` (in every stage that has one)."""
+    stages = [parse_spec(s) for s in split_stages(spec)]
+    return " + ".join(format_spec(n, {**p, "seed": seed} if _seeded(n) else p) for n, p in stages)
 
 
 def materialize(dataset: Dataset, progress: Progress | None = None) -> TensorDataset:

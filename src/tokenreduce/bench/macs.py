@@ -12,7 +12,8 @@ of sizes (D -> hidden -> D):
     mlp   = N' * (D * hidden + hidden * D)  (N' = tokens the MLP sees)
 
 A reducer whose ``where`` is 'attn' runs after attention, so the MLP sees N' = the reduced count;
-with 'block' it runs after the MLP (N' = N) and only the next block sees the reduction. A block
+with 'block' it runs after the MLP (N' = N) and only the next block sees the reduction; a composite
+at both points (core/compose.py) says N' itself (``Schedule.mlp_count``). A block
 counts as reduced exactly when ``Schedule.active(block, tokens)`` says so (the adapter's rule).
 Linear sizes are read from the modules themselves (qkv, proj, every nn.Linear of the MLP), so
 GLU MLPs and non-standard widths are counted as they are. Once per image:
@@ -142,7 +143,7 @@ def _block_tokens(model: nn.Module, patches: int) -> tuple[Reducer | None, Host,
     for i in range(host.depth):
         active = sched.active(i, n)
         out = sched.count_at(i) if active else n
-        mid = out if active and reducer.where == "attn" else n
+        mid = sched.mlp_count(i, n)  # the attention point's count where a reducer acts there
         rows.append((n + p, mid + p, out + p, active))
         n = out
     return reducer, host, rows

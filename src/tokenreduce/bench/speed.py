@@ -11,6 +11,9 @@ same round (a paired estimate, so drift between rounds cancels):
     speedup         = img_per_s(spec) / img_per_s(unpatched)
     latency_speedup = latency_ms(unpatched) / latency_ms(spec)
 Both are > 1 when the spec is faster. Everything runs under ``torch.inference_mode()`` in eval mode.
+``backend`` (bench/backends.py) runs every case, the unpatched model included, the same way:
+eager, torch.compile'd, or exported to ONNX and run by onnxruntime; compiling and exporting happen
+before the first round, so they are never timed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from torch import Tensor, nn
 from ..adapters import timm_vit
 from ..core.errors import TokenReduceError
 from ..core.method import Reducer, build_reducer, matched_spec
+from .backends import Runner, get_backend
 from .macs import input_shape
 
 
@@ -45,6 +49,7 @@ class SpeedResult:
     label: str
     spec: str | None
     batch: int
+    backend: str = "eager"
     img_per_s: float = math.nan
     img_per_s_iqr: float = math.nan
     latency_ms: float = math.nan
@@ -84,27 +89,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time(model: nn.Module, x: Tensor, iters: int) -> float:
+def _time(run: Callable[[Tensor], object], x: Tensor, iters: int) -> float:
     """Seconds for ``iters`` forwards of ``x``."""
     _sync(x.device)
     t0 = time.perf_counter()
     for _ in range(iters):
-        model(x)
+        run(x)
     _sync(x.device)
     return time.perf_counter() - t0
-
-
-def _patch(model: nn.Module, reducer: Reducer | None, dtype: torch.dtype) -> None:
-    if reducer is None:
-        return
-    timm_vit.apply(model, reducer)
-    reducer.to(dtype=dtype).eval()  # apply moves a learned reducer to the device only; timing is eval
 
 
 def measure_speed(
     model: nn.Module, cases: Sequence[Case], *, batch: int = 32, img_size: int | None = None,
     warmup: int = 2, repeats: int = 10, min_run_s: float = 0.05, threads: int | None = None,
-    seed: int = 0, progress: Callable[[str], None] | None = None,
+    seed: int = 0, backend: str = "eager", progress: Callable[[str], None] | None = None,
 ) -> list[SpeedResult]:
     """Time every case (plus the unpatched model, added first if absent) in one interleaved run.
 
@@ -116,7 +114,9 @@ def measure_speed(
         min_run_s: each timed measurement repeats the forward until it lasts about this long
             (the count is fixed per case from the last warm-up round), so short forwards are not
             lost in timer resolution.
-        threads: torch.set_num_threads for the run (restored afterwards); None leaves it.
+        threads: torch.set_num_threads for the run (restored afterwards; also onnxruntime's
+            intra-op threads); None leaves it.
+        backend: how every case runs (``backends.BACKENDS``): 'eager', 'compile', 'onnxruntime'.
         progress: called with one line per timed round.
     Returns:
         one SpeedResult per case, the unpatched model first, with ratios filled in.
@@ -125,14 +125,17 @@ def measure_speed(
         raise TokenReduceError("measure_speed takes an unpatched model; pass the methods as specs")
     if batch < 1 or repeats < 1 or warmup < 0:
         raise TokenReduceError(f"need batch >= 1, repeats >= 1, warmup >= 0; got {batch}, {repeats}, {warmup}")
+    runs_on = get_backend(backend, threads)
+    runs_on.check(model)
     cases = list(cases)
     if not any(c.spec is None for c in cases):
         cases.insert(0, Case("unpatched", None))
     cases.sort(key=lambda c: c.spec is not None)  # the baseline first; stable for the rest
-    # One model instance for all cases, patched and unpatched in turn: every case runs on the very
-    # same weights in the same memory, and the footprint stays one model however many specs are
-    # timed (a deepcopy per spec would multiply memory and give each case its own cache/NUMA
-    # placement). apply/remove only swap a bound method and compile a schedule, outside the timer.
+    # Eager: one model instance for all cases, patched and unpatched in turn: every case runs on
+    # the very same weights in the same memory, and the footprint stays one model however many
+    # specs are timed (a deepcopy per spec would multiply memory and give each case its own
+    # cache/NUMA placement). apply/remove only swap a bound method and compile a schedule, outside
+    # the timer. A compiled or exported case holds its own copy (backends.py).
     # Reducers are built once so a learned one keeps the same parameters in every round.
     reducers = [None if c.spec is None else build_reducer(c.spec) for c in cases]
     for reducer in reducers:  # fail on a bad spec before any timing
@@ -144,7 +147,7 @@ def measure_speed(
     gen = torch.Generator().manual_seed(seed)
     x_big = torch.randn(batch, *input_shape(model, img_size), generator=gen).to(ref.device, ref.dtype)
     x_one = x_big[:1].clone()
-    results = [SpeedResult(c.label, c.spec, batch) for c in cases]
+    results = [SpeedResult(c.label, c.spec, batch, backend) for c in cases]
     iters = [[1, 1] for _ in cases]  # forwards per measurement: (batch B, batch 1)
 
     old_threads, was_training = torch.get_num_threads(), model.training
@@ -152,30 +155,20 @@ def measure_speed(
         torch.set_num_threads(threads)
     model.eval()
     try:
-        with torch.inference_mode():
-            for rnd in range(warmup + repeats):
-                timed = rnd >= warmup
-                for j in _round_order(len(cases), rnd):
-                    _patch(model, reducers[j], ref.dtype)
-                    try:
-                        t_big = _time(model, x_big, iters[j][0])
-                        t_one = _time(model, x_one, iters[j][1])
-                    finally:
-                        if reducers[j] is not None:
-                            timm_vit.remove(model)
-                    if not timed:
-                        if rnd == warmup - 1:
-                            iters[j] = [max(1, math.ceil(min_run_s * n / t)) if t > 0 else 1
-                                        for n, t in zip(iters[j], (t_big, t_one), strict=True)]
-                        continue
-                    res = results[j]
-                    res.img_per_s_runs.append(batch * iters[j][0] / t_big)
-                    res.latency_ms_runs.append(1000.0 * t_one / iters[j][1])
-                if progress is not None and timed:
-                    progress(f"round {rnd + 1 - warmup}/{repeats}: "
-                             + ", ".join(f"{r.label} {r.img_per_s_runs[-1]:.1f} img/s" for r in results))
-                elif progress is not None:
-                    progress(f"warm-up round {rnd + 1}/{warmup}")
+        with runs_on:
+            runners = []
+            for case, reducer in zip(cases, reducers, strict=True):
+                if progress is not None and backend != "eager":
+                    progress(f"{backend}: preparing {case.label} ({len(runners) + 1}/{len(cases)})")
+                runners.append(runs_on.runner(model, reducer, [x_big, x_one], case.label))
+            with torch.inference_mode():
+                for rnd in range(warmup + repeats):
+                    _round(rnd, warmup, runners, results, iters, x_big, x_one, min_run_s)
+                    if progress is not None and rnd >= warmup:
+                        progress(f"round {rnd + 1 - warmup}/{repeats}: "
+                                 + ", ".join(f"{r.label} {r.img_per_s_runs[-1]:.1f} img/s" for r in results))
+                    elif progress is not None:
+                        progress(f"warm-up round {rnd + 1}/{warmup}")
     finally:
         torch.set_num_threads(old_threads)
         model.train(was_training)
@@ -187,6 +180,25 @@ def measure_speed(
         res.speedup = paired_ratio(res.img_per_s_runs, base.img_per_s_runs)
         res.latency_speedup = paired_ratio(base.latency_ms_runs, res.latency_ms_runs)
     return results
+
+
+def _round(rnd: int, warmup: int, runners: Sequence[Runner], results: Sequence[SpeedResult],
+           iters: list[list[int]], x_big: Tensor, x_one: Tensor, min_run_s: float) -> None:
+    """One round over every case (``_round_order``); the last warm-up round fixes ``iters``."""
+    for j in _round_order(len(runners), rnd):
+        runners[j].enter()
+        try:
+            t_big = _time(runners[j], x_big, iters[j][0])
+            t_one = _time(runners[j], x_one, iters[j][1])
+        finally:
+            runners[j].exit()
+        if rnd < warmup:
+            if rnd == warmup - 1:
+                iters[j] = [max(1, math.ceil(min_run_s * n / t)) if t > 0 else 1
+                            for n, t in zip(iters[j], (t_big, t_one), strict=True)]
+            continue
+        results[j].img_per_s_runs.append(x_big.shape[0] * iters[j][0] / t_big)
+        results[j].latency_ms_runs.append(1000.0 * t_one / iters[j][1])
 
 
 def _round_order(n: int, rnd: int) -> list[int]:

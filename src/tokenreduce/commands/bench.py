@@ -3,6 +3,8 @@
 Every spec is timed in the same interleaved run as the unpatched model and a control (a patched
 model that reduces nothing, ``tome(r=0)`` by default, whose speed-up is the patch overhead);
 ``--match-random`` adds, per spec, a random pruner with identical per-block token counts.
+``--backend`` runs every case, the unpatched model included, eagerly, torch.compile'd, or exported to
+ONNX and run by onnxruntime (bench/backends.py), so the ratios compare models run the same way.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..bench.backends import BACKENDS, get_backend
 from ..core.errors import TokenReduceError
 
+DEFAULT_MODEL = "deit_small_patch16_224"
 DEFAULTS = {"batch": 32, "warmup": 2, "repeats": 10, "min_run_s": 0.05}
 QUICK = {"batch": 4, "warmup": 1, "repeats": 3, "min_run_s": 0.0}
 
@@ -29,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "control; print MACs, tokens per block, img/s at --batch, latency at batch 1 and the speed-ups.",
     )
     add_model_args(p)
+    p.add_argument("--reference", metavar="PATH",
+                   help="time the model of a tokenreduce checkpoint instead (a file, a training output directory, "
+                   "or a trained recipe's name such as fmnist-vit), unpatched; not with --model/--checkpoint")
     p.add_argument("--spec", action="append", default=[], metavar="SPEC",
                    help="method spec, e.g. 'tome(r=13)'; repeat for several")
     p.add_argument("--match-random", action="store_true",
@@ -39,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     p.add_argument("--warmup", type=int, help=f"untimed rounds (default {DEFAULTS['warmup']})")
     p.add_argument("--repeats", type=int, help=f"timed rounds (default {DEFAULTS['repeats']})")
+    p.add_argument("--backend", default="eager", choices=list(BACKENDS),
+                   help="how every case runs: eagerly, torch.compile'd (compiled before timing), or exported "
+                   "to ONNX and run by onnxruntime on the CPU in float32 (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: %(default)s)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
@@ -49,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="deit_small_patch16_224", help="timm model name (default: %(default)s)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="timm model name (default: %(default)s)")
     p.add_argument("--img-size", type=int, metavar="N", help="input resolution (default: the model's)")
     p.add_argument("--pretrained", action="store_true",
                    help="timm's pretrained weights (needs the Hugging Face hub; HF_HUB_OFFLINE=1 fails fast offline)")
@@ -62,6 +72,27 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     if out["batch"] < 1 or out["repeats"] < 1 or out["warmup"] < 0:
         raise TokenReduceError("--batch and --repeats must be >= 1, --warmup >= 0")
     return out
+
+
+def _reference(args: argparse.Namespace) -> tuple[Any, str]:
+    """(unpatched model, its timm name) of ``--reference``: a checkpoint path or a trained recipe's name."""
+    from pathlib import Path
+
+    from ..api import remove
+    from ..bench.evaluation import log
+    from ..models import load_model
+    from ..train.recipes import reference_checkpoint
+
+    if args.checkpoint or args.pretrained or args.img_size or args.model != DEFAULT_MODEL:
+        raise TokenReduceError("--reference brings its own model; leave out --model, --checkpoint, --pretrained "
+                               "and --img-size")
+    path = args.reference if Path(args.reference).exists() else reference_checkpoint(args.reference)
+    model, meta = load_model(path)
+    if meta.get("spec"):
+        log(f"note: {path} carries the reducer {meta['spec']}; its unpatched model is timed")
+        remove(model)
+    log(f"reference {path}: {meta['model']['name']}")
+    return model, meta["model"]["name"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,33 +110,41 @@ def run(args: argparse.Namespace) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise TokenReduceError("--device cuda asked for, but torch sees no CUDA device")
     torch.manual_seed(args.seed)
-    log(f"creating {args.model} ({'pretrained' if args.pretrained else 'randomly initialised'} weights)")
-    model = create_model(args.model, img_size=args.img_size, pretrained=args.pretrained, checkpoint=args.checkpoint)
+    if args.reference:
+        model, args.model = _reference(args)
+    else:
+        log(f"creating {args.model} ({'pretrained' if args.pretrained else 'randomly initialised'} weights)")
+        model = create_model(args.model, img_size=args.img_size, pretrained=args.pretrained,
+                             checkpoint=args.checkpoint)
     model.to(args.device, getattr(torch, args.dtype))
     threads = args.threads if args.threads is not None else torch.get_num_threads()
     log(f"timing {len(args.spec) * (2 if args.match_random else 1) + 2} cases, batch {settings['batch']} and 1, "
         f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {threads} threads, {args.device} "
-        f"{args.dtype}")
+        f"{args.dtype}, backend {args.backend}")
     rows = bench_specs(model, args.spec, control=args.control, match_random=args.match_random, img_size=args.img_size,
-                       speed={**settings, "threads": threads}, seed=args.seed, progress=log)
+                       speed={**settings, "threads": threads, "backend": args.backend}, seed=args.seed, progress=log)
 
     h, w = model.patch_embed.img_size
     print(f"{args.model}  {h}x{w}  batch {settings['batch']} (latency: batch 1)  "
-          f"{threads} threads  {args.device} {args.dtype}  {'pretrained' if args.pretrained else 'random weights'}")
+          f"{threads} threads  {args.device} {args.dtype}  backend {args.backend}  "
+          f"{'trained weights' if args.reference else 'pretrained' if args.pretrained else 'random weights'}")
     print(format_table(rows, COLUMNS))
     print("\ntokens per block (prefix included, leaving each block):")
     for row in rows:
         print(f"  {row['label']}: {' '.join(map(str, row['tokens_per_block']))}")
     print("speedup = img/s / unpatched img/s at batch B; lat speedup = unpatched latency / latency at batch 1; "
-          "both the median of same-round ratios")
+          f"both the median of same-round ratios, every case run by the {args.backend} backend")
 
     if args.out:
         result = {
             "provenance": provenance(argv=args.argv, threads=threads, dtype=args.dtype, device=args.device,
-                                     batch_sizes=[settings["batch"], 1], seed=args.seed),
+                                     batch_sizes=[settings["batch"], 1], seed=args.seed, backend=args.backend,
+                                     **get_backend(args.backend).versions()),
             "model": {"name": args.model, "img_size": list(model.patch_embed.img_size), "pretrained": args.pretrained,
-                      "checkpoint": args.checkpoint, "params": sum(p.numel() for p in model.parameters())},
-            "settings": {**settings, "control": args.control, "match_random": args.match_random},
+                      "checkpoint": args.checkpoint, "reference": args.reference,
+                      "params": sum(p.numel() for p in model.parameters())},
+            "settings": {**settings, "control": args.control, "match_random": args.match_random,
+                         "backend": args.backend},
             "results": rows,
         }
         log(f"wrote {write_json(args.out, result)}")

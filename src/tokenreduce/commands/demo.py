@@ -10,13 +10,16 @@
 
 ``--quick`` is a seconds-long smoke run of the same pipeline: a tiny model trained on 512 images,
 200 test images, 2 budgets, short timings. Its numbers mean nothing.
+
+Threads: all the cores torch uses by default (``torch.get_num_threads()``: the physical cores, or
+OMP_NUM_THREADS when set), ``--threads`` overrides. The load average is not consulted: it is a
+one-minute trailing mean, still high on a fresh machine from the install that just finished, so it
+says nothing about the cores free now (it once made a newcomer's first demo run on 1 thread).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -48,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="output directory (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="seconds-long smoke run on a tiny model (numbers are noise)")
     p.add_argument("--threads", type=int,
-                   help="torch CPU threads (default: 2, or 1 when other processes keep a core busy)")
+                   help="torch CPU threads (default: torch.get_num_threads(), the physical cores or OMP_NUM_THREADS)")
     p.add_argument("--subset", type=int, help="test images (default: all 10000 with the cached reference, a fixed "
                    "5000 with the short one, 200 with --quick)")
     p.add_argument("--budgets", help="target speed-ups (default: 1.5,2,2.5; quick 1.5,2)")
@@ -56,21 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def auto_threads(want: int = 2) -> tuple[int, str]:
-    """(threads, why): ``want``, fewer when the 1-minute load average says cores are taken.
+def default_threads() -> int:
+    """The demo's thread count without --threads: ``torch.get_num_threads()``, torch's own default
+    (one per physical core, hyper-threads left out since they slow matrix kernels down; or what
+    OMP_NUM_THREADS / torch.set_num_threads set). ``os.cpu_count()`` would count logical CPUs and
+    ignore both the CPU affinity and OMP_NUM_THREADS."""
+    import torch
 
-    Torch's worker threads spin-wait for each other; with more threads than free cores a training
-    step gets several times slower, so on a busy machine fewer threads finish sooner.
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return min(want, cores), ""
-    free = max(1, math.floor(cores - load + 0.5))
-    if free >= min(want, cores):
-        return min(want, cores), ""
-    return free, f"the machine is busy (load {load:.1f} on {cores} cores): using {free} thread(s); --threads overrides"
+    return torch.get_num_threads()
 
 
 def _train(cfg_fields: dict[str, Any], note: str) -> Path:
@@ -119,9 +115,8 @@ def run(args: argparse.Namespace) -> int:
     if not targets or not seeds:
         raise TokenReduceError("give at least one budget and one seed")
     if args.threads is None:
-        args.threads, why = auto_threads()
-        if why:
-            ev.log(why)
+        args.threads = default_threads()
+        ev.log(f"using {args.threads} threads (torch's default; --threads N overrides)")
     if args.threads < 1:
         raise TokenReduceError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)

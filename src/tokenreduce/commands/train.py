@@ -54,11 +54,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--stem", metavar="SPEC", help="patch embedding: 'patch' (timm's, default) or 'conv' "
                    "(local-coherence conv stem on the same token grid); see tokenreduce list")
     g.add_argument("--transform", action="append", metavar="SPEC",
-                   help="model transform applied after building, e.g. 'tie_qk' (shared W_q = W_k); repeatable")
+                   help="model transform applied after building, e.g. 'tie_qk' (shared W_q = W_k); repeatable; "
+                   "with --init, applied on top of the checkpoint's model, starting from its weights")
     g.add_argument("--spec", help="reducer to fine-tune with, e.g. 'evit(keep=0.7, locs=(3,))'")
     g.add_argument("--init", metavar="CKPT", help="start from this checkpoint's model and weights")
     g.add_argument("--task", metavar="SPEC",
                    help=f"what to train for, a task spec, e.g. 'hash(bits=32)' (default classify); tasks: {tasks}")
+    g.add_argument("--bits", type=int, metavar="N", help="code length of a hashing task: sets bits=N in the task spec "
+                   "(from --task or the recipe)")
     g.add_argument("--teacher", metavar="CKPT", help="distil from this frozen checkpoint")
     g.add_argument("--distill", help="what to distil: logits, tokens or logits,tokens (default with a teacher: logits)")
     g.add_argument("--distill-weight", type=float)
@@ -112,7 +115,8 @@ def command_line(args: argparse.Namespace) -> str:
         value = getattr(args, dest, None)
         if value is None or value is False:
             continue
-        parts += [opt] if value is True else [opt, shlex.quote(str(value))]
+        for v in value if isinstance(value, list) else [value]:  # a repeatable flag (--transform) once per value
+            parts += [opt] if v is True else [opt, shlex.quote(str(v))]
     return " ".join(parts)
 
 
@@ -134,6 +138,14 @@ def config_from_args(args: argparse.Namespace):
         model["stem"] = args.stem
     if args.transform:
         model["transforms"] = list(args.transform)
+    init = args.init or fields.get("init")
+    if init and args.transform and set(model) == {"transforms"} and not kwargs:
+        # --init CKPT --transform T: the checkpoint's own model with T on top (train.loop.make_model)
+        from ..models import read_meta
+
+        base = read_meta(init)["model"]
+        model = {**base, "transforms": [*base.get("transforms", []), *args.transform]}
+        kwargs = dict(base.get("kwargs") or {})
     if model or kwargs:
         if "name" not in model:
             raise TokenReduceError("model size flags need --model NAME (a timm ViT) or --recipe")
@@ -141,11 +153,30 @@ def config_from_args(args: argparse.Namespace):
     fields.update({k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None})
     if args.distill:
         fields["distill"] = tuple(s.strip() for s in args.distill.split(",") if s.strip())
+    if args.bits is not None:
+        fields["task"] = with_bits(fields.get("task") or "classify", args.bits)
     if not fields.get("out"):
         if not args.recipe:
             raise TokenReduceError("give --out DIR (where checkpoints go) or --recipe NAME")
         fields["out"] = str(default_out(args.recipe))
     return TrainConfig.from_dict(fields)
+
+
+def with_bits(task: str, bits: int) -> str:
+    """The task spec ``task`` with its ``bits`` parameter set to ``bits`` (``--bits``); a clear error
+    for a task that has no such parameter."""
+    import dataclasses
+
+    from ..core.errors import TokenReduceError
+    from ..core.registry import format_spec, parse_spec
+    from ..tasks import get_task, list_tasks
+
+    name, params = parse_spec(task)
+    if "bits" not in {f.name for f in dataclasses.fields(get_task(name).Config)}:
+        having = [t for t in list_tasks() if "bits" in {f.name for f in dataclasses.fields(get_task(t).Config)}]
+        raise TokenReduceError(f"--bits sets the code length of a hashing task, but task {name!r} has no bits "
+                               f"parameter; tasks with one: {', '.join(having)}")
+    return format_spec(name, {**params, "bits": bits})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -76,6 +76,15 @@ BUDGET_KEEPS = tuple(round(0.95 - 0.05 * i, 2) for i in range(16))
 BUDGET_LOCS = (3, 6, 9)
 
 
+def needs_macs(needs: frozenset[str], dim: int, tokens: int) -> int:
+    """MACs per image of the attention side products ``needs`` for ``tokens`` tokens of width ``dim``
+    (``NEED_MACS``; the CLS row is free when the probabilities are computed)."""
+    needs = set(needs)
+    if "probs" in needs:
+        needs.discard("cls_attn")  # read off the probabilities
+    return sum(NEED_MACS[n] for n in needs) * dim * tokens
+
+
 def scaled_locs(locs: Sequence[int], depth: int) -> tuple[int, ...]:
     """Blocks ``locs`` of a 12-block model moved to a ``depth``-block one: floor(l * depth / 12),
     clipped to the last block, duplicates merged (sorted)."""
@@ -96,11 +105,20 @@ class Reducer(nn.Module):
     needs_class_token: ClassVar[bool] = False
     #: keep pruned tokens aside in the TokenState (for methods that bring them back, e.g. LLF)
     keep_pruned: ClassVar[bool] = False
+    #: acts only on what earlier stages of a composite did (Last Layer Fusion brings back what they
+    #: pruned): alone it is the identity, so the contract tests check it alone for that and as a stage
+    #: in compositions (tests/test_compose.py)
+    stage_only: ClassVar[bool] = False
     zero: ClassVar[dict[str, Any]] = {}
     example: ClassVar[dict[str, Any]] = {}
     #: has trained parameters: an untrained instance is useless, so fine-tune it first (budgets and
     #: the training-free benchmarks leave it out)
     learned: ClassVar[bool] = False
+    #: token counts that follow the input rather than the compiled schedule: no static shapes, so
+    #: no torch.compile(fullgraph=True) and no export (the compile tests leave such a method out)
+    dynamic_schedule: ClassVar[bool] = False
+    #: can be exported to ONNX (bench/export.py refuses a method that declares False, naming it)
+    exportable: ClassVar[bool] = True
     #: where the reducer runs unless its config has a ``where`` field: 'attn' (after attention +
     #: residual, before the MLP) or 'block' (after the MLP). Read it through ``where``.
     default_where: ClassVar[str] = "attn"
@@ -133,10 +151,7 @@ class Reducer(nn.Module):
         A = host.dim); a method adds what its own ``reduce`` computes (a matching, a predictor).
         Same convention as ``NEED_MACS``: the contract tests hold the sum to torch.utils.flop_counter.
         """
-        needs = set(self.needs)
-        if "probs" in needs:
-            needs.discard("cls_attn")  # read off the probabilities
-        return sum(NEED_MACS[n] for n in needs) * host.dim * tokens_in
+        return needs_macs(self.needs, host.dim, tokens_in)
 
     @classmethod
     def budget_family(cls, host: Host) -> list[str]:
@@ -174,6 +189,43 @@ class Reducer(nn.Module):
         """An additive attention-logit bias at ``block``, broadcastable to (B, H, N, N) (4-D), added to
         the log-size bias; or None. Asked at every block, before its attention."""
         return None
+
+    def observes(self, block: int) -> frozenset[str]:
+        """Side products (``NEEDS``) to read at ``block`` whether or not the reducer acts there;
+        the adapter computes them beside that block's attention and hands them to :meth:`observe`.
+        Default none (a probe that reduces nothing uses it, e.g. EET's teacher importance)."""
+        return frozenset()
+
+    def observe(self, state: TokenState, info: AttnInfo) -> None:
+        """Receive the side products :meth:`observes` asked for at block ``state.block``."""
+
+    def for_inference(self) -> Reducer:
+        """The reducer to deploy: the same inference-time computation without what only training
+        needs (auxiliary heads, an aggregator), its spec saying so, so that a checkpoint saved from
+        it holds no training-only tensors and reloads to the same form (``models.deploy``). Call on
+        a bound reducer. Default: ``self`` (nothing is training-only)."""
+        return self
+
+    def needs_at(self, block: int) -> frozenset[str]:
+        """What the reducer needs from the attention of ``block`` (asked where its schedule is active).
+        Default ``needs``; a composite (core/compose.py) asks only for the stages acting there."""
+        return self.needs
+
+    def compose_step(self, block: int, entering: int, aside: int, alone: Schedule) -> tuple[int, int]:
+        """This reducer as a stage of a composite (``'A + B'``, core/compose.py) at ``block``, one of
+        its own locs: (non-prefix tokens it leaves, tokens kept aside after it) when ``entering``
+        non-prefix tokens reach it and ``aside`` pruned tokens are kept aside (since the start, by
+        every stage). ``alone`` is its schedule bound alone on the host.
+
+        Default: it keeps the fraction of the tokens reaching it that it keeps alone at ``block``,
+        rounded up, ``ceil(entering * after / before)`` (exactly its own count where the tokens
+        reaching it are those it would see alone); the removed tokens are pruned (kept aside)
+        unless it ``conserves_patches``. A stage that brings tokens back (Last Layer Fusion) returns
+        ``(entering + aside, 0)``; one that merges and prunes (ImagePiece) counts only the pruned.
+        """
+        before = alone.counts[block - 1] if block else alone.num_patches
+        count = -(-entering * alone.counts[block] // before)  # integer ceil: exact, no float rounding
+        return count, aside + (0 if self.conserves_patches else entering - count)
 
     def bind(self, host: Host) -> Schedule:
         """Compile the schedule for ``host`` (and build any learned parts). Raises SpecError."""
@@ -221,8 +273,14 @@ def get_method(name: str) -> type[Reducer]:
 
 
 def build_reducer(spec: str | Reducer) -> Reducer:
-    """A Reducer from a spec string (or the Reducer itself)."""
+    """A Reducer from a spec string (or the Reducer itself). ``'A + B'`` (a top-level '+') builds
+    the composite of the stages A, B (core/compose.py)."""
     if isinstance(spec, Reducer):
         return spec
+    from .compose import Compose, split_stages  # compose builds on this module
+
+    stages = split_stages(spec)
+    if len(stages) > 1:
+        return Compose([build_reducer(s) for s in stages])
     _, cls, cfg = _METHODS.resolve(spec)
     return cls(cfg)

@@ -121,36 +121,64 @@ def _expand_like(idx: Tensor, t: Tensor) -> Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _fixed_positions(num_prefix: int, n_b: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Positions of the prefix tokens and of set B, (1, p) and (1, |B|); cached: every ToMe block
-    needs them and building them is a measurable share of a batch-1 forward on a CPU."""
+    """Positions of the prefix tokens and of the non-prefix tokens of set B, (1, p) and (1, n_b);
+    cached: every ToMe block needs them and building them is a measurable share of a batch-1
+    forward on a CPU."""
     prefix = torch.arange(num_prefix, device=device)[None]
-    return prefix, num_prefix + 1 + 2 * torch.arange(n_b, device=device)[None]
+    first_b = 2 * (num_prefix // 2) + 1  # the first odd position past the prefix
+    return prefix, first_b + 2 * torch.arange(n_b, device=device)[None]
 
 
 def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> MergePlan:
-    """ToMe's bipartite soft matching (Bolya et al., arXiv 2210.09461, Sec. 3).
+    """ToMe's bipartite soft matching (Bolya et al., arXiv 2210.09461, Sec. 3), paired as the
+    official code pairs it (github.com/facebookresearch/ToMe, tome/merge.py).
 
-    Non-prefix tokens alternate into A (even) and B (odd); each A token is linked to its most
-    cosine-similar B token and the r most similar links are merged. Prefix tokens take no part.
-    Output order: prefix, the unmerged A tokens (in similarity order, as in ToMe), all of B.
+    The sets alternate over *sequence positions*, prefix tokens included: A = positions 0, 2, 4, ...,
+    B = positions 1, 3, 5, .... Prefix tokens stay where they fall and are protected: a prefix
+    token in A merges into nothing (the class token, position 0), a prefix token in B receives
+    nothing (a distillation token, position 1); so with one prefix token the first patch is in B.
+    Each unprotected A token is linked to its most cosine-similar unprotected B token,
+    s_a = max_b cos(a, b), and the r links with the largest s_a merge, A into B.
+
+    Output order (the official one, generalised to any number of prefix tokens): the prefix tokens
+    in order, the unmerged A tokens, then the B tokens. With prefix tokens the unmerged A tokens
+    are in sequence order (the official code sorts them when there is a class token, so that it
+    comes first; with a distillation token it gives cls, dist, rest of A, rest of B - the same
+    order); with none they stay in similarity order, as the official code leaves them.
 
     Args:
-        metric: (B, N, d) similarity features (ToMe: keys averaged over heads).
-        r: tokens to remove, at most |A| = ceil((N - num_prefix) / 2).
+        metric: (B, N, d) similarity features of all N tokens (ToMe: keys averaged over heads).
+        r: tokens to remove, at most the unprotected A tokens; ToMe's own limit (N - p) // 2 is
+            applied by the caller's schedule (``methods/tome.py``).
+        num_prefix: p, the protected prefix tokens at positions 0 .. p-1.
+    Returns:
+        MergePlan with keep (B, N - r), src / dst / dst_pos (B, r).
     """
     p = num_prefix
-    metric = F.normalize(metric[:, p:], dim=-1, eps=1e-6)
-    a, b = metric[:, ::2], metric[:, 1::2]
-    scores = a @ b.transpose(-2, -1)  # (B, |A|, |B|)
-    best, best_idx = scores.max(dim=-1)  # (B, |A|)
+    pa, pb = (p + 1) // 2, p // 2  # prefix tokens that fall in A and in B
+    metric = F.normalize(metric, dim=-1, eps=1e-6)
+    # protected rows / columns are left out of the scores rather than set to -inf: the same links
+    # (every unprotected A row has an unprotected B column), less work
+    a, b = metric[:, 2 * pa::2], metric[:, 2 * pb + 1::2]  # (B, |A| - pa, d), (B, |B| - pb, d)
+    if not 0 <= r <= (a.shape[1] if b.shape[1] else 0):
+        raise TokenReduceError(
+            f"bipartite soft matching cannot remove r={r} of {metric.shape[1]} tokens ({p} protected): at most "
+            f"{a.shape[1] if b.shape[1] else 0}, one per unprotected A token"
+        )
+    scores = a @ b.transpose(-2, -1)  # (B, |A| - pa, |B| - pb)
+    best, best_idx = scores.max(dim=-1)
     order = best.argsort(dim=-1, descending=True)
-    src, unm = order[:, :r], order[:, r:]
-    dst = best_idx.gather(1, src)  # (B, r) index into B
-    n_unm = unm.shape[1]
-    prefix, b_pos = _fixed_positions(p, b.shape[1], metric.device)
+    src, unm = order[:, :r], order[:, r:]  # indices into unprotected A
+    if p:
+        unm = unm.sort(dim=-1).values
+    dst = best_idx.gather(1, src)  # (B, r) index into unprotected B
+    # under torch.compile the positions are traced as constants of the graph; dynamo would warn
+    # about (and ignore) the cache
+    positions = _fixed_positions.__wrapped__ if torch.compiler.is_compiling() else _fixed_positions
+    prefix, b_pos = positions(p, b.shape[1], metric.device)
     batch = metric.shape[0]
-    keep = torch.cat([prefix.expand(batch, -1), p + 2 * unm, b_pos.expand(batch, -1)], dim=1)  # (B, N - r)
-    return MergePlan(keep, p + 2 * src, p + n_unm + dst, p + 1 + 2 * dst)
+    keep = torch.cat([prefix.expand(batch, -1), 2 * (pa + unm), b_pos.expand(batch, -1)], dim=1)  # (B, N - r)
+    return MergePlan(keep, 2 * (pa + src), p + unm.shape[1] + dst, 2 * (pb + dst) + 1)
 
 
 def subset_matching(metric: Tensor, subset: Tensor, r: int) -> MergePlan:

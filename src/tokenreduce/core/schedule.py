@@ -4,7 +4,9 @@ A :class:`Schedule` lists, for each block, how many non-prefix tokens leave it. 
 ``r`` (tokens removed per block), ``keep`` + ``locs`` (fraction kept at given blocks) or
 ``counts`` + ``locs`` (explicit token counts). Block indices are 0-based. Counts only shrink,
 unless a method declares ``grow=True`` (it brings tokens back, e.g. Last Layer Fusion restores the
-pruned ones): then a count may rise again, up to the patch count.
+pruned ones): then a count may rise again, up to the patch count. A composite of stages at both
+points of a block (core/compose.py) has ``where='both'`` and also lists the tokens after the
+attention point of each block (``mid``): :meth:`Schedule.point_counts` says what runs where.
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ class Schedule:
         num_patches: non-prefix tokens entering block 0.
         counts: (depth,) non-prefix tokens leaving each block.
         locs: blocks where the reducer runs (counts change only there).
-        where: 'attn' (after attention + residual, before the MLP) or 'block' (after the MLP).
+        where: 'attn' (after attention + residual, before the MLP), 'block' (after the MLP), or
+            'both' (a composite with stages at both points, core/compose.py).
+        mid: only with where='both': (depth,) non-prefix tokens after the attention point of each
+            block, i.e. what its MLP sees; None otherwise.
     """
 
     num_patches: int
     counts: tuple[int, ...]
     locs: tuple[int, ...]
     where: str
+    mid: tuple[int, ...] | None = None
 
     @property
     def depth(self) -> int:
@@ -46,7 +52,28 @@ class Schedule:
         more: bring tokens back). A no-op loc (keep=1) is skipped, costs nothing and needs nothing
         from attention. The adapter and the MACs count both ask this, nowhere else decides it."""
         count = self.count_at(block)
-        return count is not None and count != current
+        if count is None:
+            return False
+        return count != current or (self.mid is not None and self.mid[block] != current)
+
+    def point_counts(self, block: int, current: int) -> tuple[int | None, int | None]:
+        """(non-prefix tokens after the attention point, after the block point) of ``block``
+        entered with ``current``; None where nothing runs (both None where the block is not
+        :meth:`active`). What the adapter runs at each point and what bench/macs.py counts."""
+        if not self.active(block, current):
+            return None, None
+        count = self.counts[block]
+        if self.where == "attn":
+            return count, None
+        if self.where == "block":
+            return None, count
+        mid = self.mid[block]
+        return (mid if mid != current else None), (count if count != mid else None)
+
+    def mlp_count(self, block: int, current: int) -> int:
+        """Non-prefix tokens the MLP of ``block`` sees when ``current`` enter the block."""
+        at_attn, _ = self.point_counts(block, current)
+        return current if at_attn is None else at_attn
 
     def tokens_per_block(self, num_prefix: int) -> list[int]:
         """Total tokens (prefix included) leaving each block."""

@@ -50,6 +50,8 @@ class TokenState:
         num_prefix: prefix tokens (cls, dist, registers) at the front, never reduced.
         num_patches: patch tokens at the start of the forward; N0 = num_prefix + num_patches.
         block: index of the block being run (set by the adapter).
+        point: where in the block a reduction runs, 'attn' or 'block' (set by the adapter before
+            each call of ``Reducer.reduce``; a composite, core/compose.py, runs its stages there).
         index: (B, N) long, original sequence position each token stems from (for a merged
             token: the position of the token it was merged into). Values are unique among the
             tokens present and the pruned ones kept aside, so they name tokens.
@@ -68,12 +70,19 @@ class TokenState:
         keep_pruned: keep pruned tokens aside in ``pruned`` (Last Layer Fusion, unmerge).
         pruned: the tokens set aside since the start, one entry per pruning reduction; read and
             emptied by :meth:`restore`, read by :meth:`unmerge`.
+        aux_losses: name -> scalar loss a learned reducer computes itself (DynamicViT's ratio).
+        aux_outputs: name -> auxiliary PREDICTION (B, Q, K) in the task's output space, which the
+            task scores with its own criterion as the loss ``aux/<name>`` (Cropr's auxiliary heads):
+            Q = 1 for an image-level prediction (classification: K class logits), Q = gh * gw for a
+            dense one (one prediction per cell of the patch grid, row-major; segmentation scores it
+            against its target taken at that grid). Emitted in training forwards only.
     """
 
     num_prefix: int
     num_patches: int
     index: Tensor
     block: int = -1
+    point: str = "attn"
     size: Tensor | None = None
     source: Tensor | None = None
     prop_attn: bool = False
@@ -82,6 +91,7 @@ class TokenState:
     members: Tensor | None = None
     pruned: list[Pruned] = field(default_factory=list)
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    aux_outputs: dict[str, Tensor] = field(default_factory=dict)
     tokens_per_block: list[int] = field(default_factory=list)
     snapshots: dict[int, Tensor] = field(default_factory=dict)
 

@@ -3,6 +3,8 @@
 Importing this package registers the built-in experiments.
 """
 
+# the built-in experiments register themselves on import (one line each)
+from . import bspf_symmetry, cropr_diagnostics, recall_at_kept  # noqa: F401
 from .base import (
     Experiment,
     RunContext,
@@ -11,8 +13,6 @@ from .base import (
     list_experiments,
     register_experiment,
 )
-
-# the built-in experiments register themselves on import (one line each)
 
 __all__ = ["Experiment", "RunContext", "build_experiment", "get_experiment", "list_experiments",
            "register_experiment"]

@@ -34,6 +34,8 @@ class EViTConfig:
     keep: float = 0.7
     locs: Sequence[int] = (3, 6, 9)
     fuse: bool = True
+    #: explicit non-prefix counts at ``locs`` (the fused token included) instead of ``keep``
+    counts: Sequence[int] | None = None
 
 
 @register_method("evit")
@@ -58,8 +60,8 @@ class EViT(Reducer):
     def bind(self, host: Host) -> Schedule:
         c = self.cfg
         return compile_schedule(
-            host.num_patches, host.depth, self.name, where=self.where, keep=c.keep, locs=c.locs,
-            extra_token=c.fuse,
+            host.num_patches, host.depth, self.name, where=self.where, keep=None if c.counts is not None else c.keep,
+            counts=c.counts, locs=c.locs, extra_token=c.fuse,
         )
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:

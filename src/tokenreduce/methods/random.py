@@ -59,7 +59,10 @@ class RandomPrune(Reducer):
     @classmethod
     def replay_spec(cls, schedule: Schedule, seed: int = 0) -> str | None:
         """``random(counts=..., locs=..., where=..., seed=...)`` with exactly ``schedule``'s counts;
-        None for a schedule whose count grows again (a pruner cannot bring tokens back)."""
+        None for a schedule whose count grows again (a pruner cannot bring tokens back) or that acts
+        at both points of a block (a composite's, core/compose.py: one pruner acts at one point)."""
+        if schedule.where not in ("attn", "block"):
+            return None
         if any(b > a for a, b in zip((schedule.num_patches, *schedule.counts), schedule.counts, strict=False)):
             return None
         counts = tuple(schedule.counts[i] for i in schedule.locs)

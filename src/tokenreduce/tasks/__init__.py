@@ -3,7 +3,7 @@
 Addressed by spec strings like methods: ``build_task('classify')``, ``build_task('hash(bits=32)')``.
 """
 
-from . import classify, hash, segment  # noqa: F401  (registers the built-in tasks)
+from . import classify, eet, hash, segment  # noqa: F401  (registers the built-in tasks)
 from .base import (
     Task,
     TaskContext,

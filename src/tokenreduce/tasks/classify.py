@@ -1,7 +1,8 @@
 """``classify``: image classification with the model's own head, scored by top-1 accuracy.
 
 The loop minimises the sum of the returned losses and knows nothing about methods: a learned
-reducer's auxiliary losses arrive through ``get_info(model).aux_losses`` like any other loss.
+reducer's auxiliary losses arrive through ``get_info(model).aux_losses`` like any other loss, its
+auxiliary predictions through ``get_info(model).aux_outputs``, scored here with the main criterion.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class Classify(Task):
 
     Losses (names as returned):
         ``ce``              CE(logits, y) with label smoothing ``ctx.label_smoothing``;
-        ``aux/<name>``      each auxiliary loss the model's reducer emitted in this forward;
+        ``aux/<name>``      each auxiliary loss the model's reducer emitted in this forward, and
+                            the CE above (same smoothing) of each auxiliary prediction (B, 1, K)
+                            it emitted (``get_info(model).aux_outputs``, Cropr's heads);
         ``distill_logits``  ``w * tau^2 * KL(softmax(t / tau) || softmax(s / tau))`` (batch mean),
                             any teacher with the same classes;
         ``distill_tokens``  ``w * MSE(student patch tokens, teacher tokens at the same original
@@ -127,6 +130,7 @@ class Classify(Task):
         info = _info(self.model)
         if info is not None:
             losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
+            losses.update({f"aux/{k}": self._aux_ce(k, v, logits, labels) for k, v in info.aux_outputs.items()})
         teacher = self.teacher
         if teacher is not None:
             teacher.eval()
@@ -139,6 +143,16 @@ class Classify(Task):
                 losses["distill_tokens"] = self.ctx.distill_weight * self._token_mse(tokens, t_tokens)
         acc = 100.0 * (logits.detach().argmax(-1) == labels).float().mean().item()
         return TaskOutput(losses, logits, {"acc": acc})
+
+    def _aux_ce(self, name: str, pred: Tensor, logits: Tensor, labels: Tensor) -> Tensor:
+        """The main criterion on a reducer's auxiliary prediction ``pred`` (B, 1, K) or (B, K)."""
+        if pred.dim() == 3 and pred.shape[1] == 1:
+            pred = pred[:, 0]
+        if pred.shape != logits.shape:
+            raise TokenReduceError(f"auxiliary prediction {name!r} has shape {tuple(pred.shape)}; classify scores one "
+                                   f"prediction per image over the {logits.shape[-1]} classes, (B, 1, "
+                                   f"{logits.shape[-1]}) (a reducer's classes/queries parameters)")
+        return F.cross_entropy(pred, labels, label_smoothing=self.ctx.label_smoothing)
 
     def _kl(self, s: Tensor, t: Tensor) -> Tensor:
         """s, t (B, K) logits."""

@@ -122,7 +122,9 @@ class Segment(Task):
     Binding removes the model's image-level classifier (``reset_classifier(0)``: it would get no
     gradient); the final norm is applied per token (``norm`` in ``forward_features``, or timm's
     post-pooling ``fc_norm`` in avg-pool models).
-    Losses: ``ce`` (pixel mean) and ``aux/<name>`` for each auxiliary loss the reducer emitted.
+    Losses: ``ce`` (pixel mean) and ``aux/<name>`` for each auxiliary loss the reducer emitted and
+    for each auxiliary prediction (B, gh * gw, K) it emitted (``get_info(model).aux_outputs``,
+    Cropr's per-patch heads): CE per grid cell against the mask sampled at the patch grid.
     Stats: ``pixel_acc`` (percent, over the pixels the loss counts). No distillation: a
     ``--teacher`` / ``--distill`` is a clear error.
     """
@@ -188,14 +190,31 @@ class Segment(Task):
         from ..api import get_info
 
         try:
-            losses.update({f"aux/{k}": v for k, v in get_info(self.model).aux_losses.items()})
+            info = get_info(self.model)
         except TokenReduceError:  # an unpatched model emits none
-            pass
+            info = None
+        if info is not None:
+            losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
+            losses.update({f"aux/{k}": self._aux_ce(k, v, masks) for k, v in info.aux_outputs.items()})
         with torch.no_grad():
             counted = masks != self.ignore_index
             hits = (logits.argmax(1) == masks) & counted
             acc = 100.0 * hits.sum().item() / max(1, counted.sum().item())
         return TaskOutput(losses, None, {"pixel_acc": acc})
+
+    def _aux_ce(self, name: str, pred: Tensor, masks: Tensor) -> Tensor:
+        """Per-cell CE of a reducer's auxiliary prediction ``pred`` (B, gh * gw, K), one per patch
+        (row-major), against ``masks`` (B, H, W) taken at the patch grid with nearest-neighbour
+        sampling (the official Cropr segm/engine.py), ignoring the same label as the main loss."""
+        gh, gw = self.model.patch_embed.grid_size
+        B = masks.shape[0]
+        if pred.dim() != 3 or pred.shape[0] != B or pred.shape[1:] != (gh * gw, self.num_outputs):
+            raise TokenReduceError(f"auxiliary prediction {name!r} has shape {tuple(pred.shape)}; segment scores one "
+                                   f"prediction per patch, (B, {gh * gw}, {self.num_outputs}) (a reducer's "
+                                   "queries/classes parameters; the classes include background when it is one)")
+        cells = pred.transpose(1, 2).reshape(B, self.num_outputs, gh, gw)  # (B, K, gh, gw)
+        target = F.interpolate(masks[:, None].float(), size=(gh, gw), mode="nearest")[:, 0].long()  # (B, gh, gw)
+        return F.cross_entropy(cells, target, ignore_index=self.ignore_index)
 
     @torch.inference_mode()
     def evaluate(self, model: nn.Module, data: Dataset, *, batch_size: int = 500,

@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 
 from ..core.errors import TokenReduceError
 from ..models import (
+    apply_transform,
     atomic_write,
     build_model,
     load_model,
@@ -99,8 +100,13 @@ def make_model(cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any], str | None]
         model, meta = load_model(cfg.init)
         model_cfg = meta["model"]
         if cfg.model and model_config(cfg.model) != model_config(model_cfg):
-            raise TokenReduceError(f"--init {cfg.init} holds model {model_cfg}, which differs from the model "
-                                   f"requested {cfg.model}; drop one of them")
+            extra = added_transforms(model_cfg, cfg.model)
+            if extra is None:
+                raise TokenReduceError(f"--init {cfg.init} holds model {model_cfg}, which differs from the model "
+                                       f"requested {cfg.model}; drop one of them")
+            for t in extra:  # on top of the loaded weights: a transform starts from them (tie_qk's init)
+                apply_transform(t, model)
+            model_cfg = cfg.model
         current = meta.get("spec")
     elif cfg.model:
         model, model_cfg, current = build_model(cfg.model), cfg.model, None
@@ -112,6 +118,14 @@ def make_model(cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any], str | None]
         apply(model, cfg.spec)
     spec = get_info(model).spec if (cfg.spec or current) else None
     return model.train(), model_config(model_cfg), spec
+
+
+def added_transforms(base: dict[str, Any], requested: dict[str, Any]) -> list[str] | None:
+    """The transforms the model config ``requested`` adds after those of ``base`` when it is otherwise
+    the same model (``--init CKPT --transform T``), else None."""
+    have, want = model_config(base), model_config(requested)
+    old, new = have.pop("transforms", []), want.pop("transforms", [])
+    return new[len(old):] if have == want and new[:len(old)] == old else None
 
 
 def _fit_classes(model: nn.Module, model_cfg: dict[str, Any], n: int) -> dict[str, Any]:

@@ -37,6 +37,16 @@ RECIPES: dict[str, dict[str, Any]] = {
     },
 }
 
+RECIPES["fmnist-vit-short"] = {
+    "description": "the fmnist-vit model from scratch on a fixed 20 000 training images for 4 epochs (628 steps), "
+                   "full test set at the end; the same short recipe for every arm of a controlled comparison "
+                   "(--stem, --spec, --seed); ~4-5 min on 2 idle cores",
+    "model": _FMNIST_VIT,
+    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 4, "batch_size": 128, "lr": 2e-3,
+    "min_lr": 1e-5, "weight_decay": 0.05, "warmup_epochs": 0.5, "label_smoothing": 0.1, "grad_clip": 1.0,
+    "subset": 20000, "eval_subset": 10000, "eval_every": 4, "threads": 2, "ckpt_every": 100,
+}
+
 
 def _reference() -> str:
     return str(default_out("fmnist-vit") / "model.safetensors")
@@ -62,6 +72,29 @@ RECIPES["fmnist-hash"] = {
     "eval_subset": 10000, "threads": 2, "ckpt_every": 50,
 }
 
+RECIPES["fmnist-eet"] = {
+    "description": "EET: fine-tune the trained fmnist-vit with --task eet(bits=32) (FISH per-image targets, a jointly "
+                   "trained unpruned teacher, DKT, DRG; --bits N sets the code length) and the pruner given by --spec; "
+                   "EET's optimiser scaled to 2 cores: SGD momentum 0.9, lr 0.01, warm-up (6%, EET's 500 of ~8 400 "
+                   "steps) then cosine, batch 64, 1 epoch on a fixed 10 000 training images; retrieval mAP on 10 000 "
+                   "test images against the training set, both protocols",
+    "init": _reference, "task": "eet(bits=32)",
+    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 1, "batch_size": 64, "optimizer": "sgd",
+    "momentum": 0.9, "lr": 0.01, "min_lr": 0.0, "weight_decay": 0.0, "warmup_epochs": 0.06, "label_smoothing": 0.0,
+    "grad_clip": None, "subset": 10000, "eval_subset": 10000, "threads": 2, "ckpt_every": 50,
+}
+
+RECIPES["fmnist-bspf"] = {
+    "description": "BSPF apples-to-apples: fine-tune the trained fmnist-vit with --spec SPEC (none: full "
+                   "attention; chunked attention alone; chunked attention + pruning + fusion) and optionally "
+                   "--transform tie_qk (W_q = W_k from the reference's weights); 1 epoch on a fixed 20 000 training "
+                   "images, AdamW lr 3e-4; top-1 on the 10 000 test images",
+    "init": _reference,
+    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 1, "batch_size": 128, "lr": 3e-4, "min_lr": 1e-6,
+    "weight_decay": 0.05, "warmup_epochs": 0.2, "label_smoothing": 0.1, "grad_clip": 1.0, "subset": 20000,
+    "eval_subset": 10000, "threads": 2, "ckpt_every": 50,
+}
+
 _FMNIST_SEG_VIT = {"name": _FMNIST_VIT["name"], "kwargs": {**_FMNIST_VIT["kwargs"], "img_size": 56}}
 
 RECIPES["fmnist-seg"] = {
@@ -72,6 +105,31 @@ RECIPES["fmnist-seg"] = {
     "data": "fashion_mnist", "augment": "crop_flip", "epochs": 3, "batch_size": 64, "lr": 2e-3, "min_lr": 1e-5,
     "weight_decay": 0.05, "warmup_epochs": 0.3, "label_smoothing": 0.0, "grad_clip": 1.0, "subset": 6000,
     "eval_subset": 2500, "eval_batch_size": 250, "threads": 2, "ckpt_every": 50,
+}
+
+#: Token Cropr on Fashion-MNIST (results/cropr/benchmark.sh): the router schedules, one per task. Classification:
+#: r = 6 after blocks 0..4 of 6, 49 -> 42 -> 36 -> 30 -> 24 -> 18 patch tokens. Segmentation: one query per
+#: output patch (14 x 14), r = 40 after blocks 0..3, 196 -> 155 -> 115 -> 75 -> 35, Last Layer Fusion after block
+#: 4 (the final block on all 196), R warmed up over the first half of the 279 steps (official: half the epochs).
+CROPR_CLASSIFY = "cropr(r=6, classes=10)"
+CROPR_SEGMENT = "cropr(r=40, queries=196, classes=11, locs=(0, 1, 2, 3), warmup_steps=140) + llf()"
+
+RECIPES["fmnist-cropr"] = {
+    "description": f"Token Cropr: fine-tune the trained fmnist-vit with --spec (default {CROPR_CLASSIFY}); routers "
+                   "at lr 1e-3, the backbone at 0.3 x (3e-4), 1 epoch on a fixed 20 000 training images, top-1 on "
+                   "the 10 000 test images; the same recipe for the random/topk/evit arms at the same counts",
+    "init": _reference, "spec": CROPR_CLASSIFY, "task": "classify(backbone_lr=0.3)",
+    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 1, "batch_size": 128, "lr": 1e-3, "min_lr": 1e-6,
+    "weight_decay": 0.05, "warmup_epochs": 0.2, "label_smoothing": 0.1, "grad_clip": 1.0, "subset": 20000,
+    "eval_subset": 10000, "threads": 2, "ckpt_every": 50,
+}
+
+RECIPES["fmnist-cropr-seg"] = {
+    **RECIPES["fmnist-seg"],
+    "description": f"Token Cropr on the mosaics: fmnist-seg (from scratch, 3 epochs on 6 000 mosaics, mIoU) with "
+                   f"--spec (default {CROPR_SEGMENT}: LLF, one query per output patch); the same recipe for the "
+                   "random/topk/evit arms at the same counts",
+    "spec": CROPR_SEGMENT,
 }
 
 

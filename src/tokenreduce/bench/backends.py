@@ -1,0 +1,197 @@
+"""How a timed case runs: the backends of ``measure_speed(..., backend=...)``, one registry.
+
+    eager        the model itself, patched in place for the case's turn in a round and unpatched
+                 after it (every case on the very same weights in the same memory)
+    compile      torch.compile of a patched copy of the model (dynamic=False: one graph per batch
+                 size, both compiled before the first round, so compilation is never timed)
+    onnxruntime  an ONNX export of a patched copy (bench/export.py; static token counts, one file
+                 per batch size) run by an onnxruntime CPU session with the run's thread count
+
+The unpatched model goes through the same backend as the specs, so every ratio compares a
+reduced and an unreduced model compiled or exported the same way.
+A backend is a context manager holding what the whole run needs (a temporary directory for the
+ONNX files; dynamo's recompile limit raised, since every compiled copy adds entries for the same
+code objects) and builds one :class:`Runner` per case.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import timm_vit
+from ..core.errors import TokenReduceError
+from ..core.method import Reducer
+
+
+class Runner:
+    """One case on one backend: ``enter()`` before its turn in a round, ``runner(x)``, ``exit()`` after."""
+
+    def enter(self) -> None:
+        pass
+
+    def exit(self) -> None:
+        pass
+
+    def __call__(self, x: Tensor) -> Any:
+        raise NotImplementedError
+
+
+def _patched_copy(model: nn.Module, reducer: Reducer | None) -> nn.Module:
+    """A copy of ``model`` with ``reducer`` applied, in eval mode (compiled code and exported files
+    hold the module they were made from, so each case gets its own)."""
+    out = copy.deepcopy(model)
+    if reducer is not None:
+        timm_vit.apply(out, reducer)
+        reducer.to(dtype=next(model.parameters()).dtype)
+    return out.eval()
+
+
+def _one_per_shape(inputs: Sequence[Tensor]) -> list[Tensor]:
+    """The first input of each distinct shape (batch B = 1 needs one graph, not two)."""
+    return list({tuple(x.shape): x for x in reversed(inputs)}.values())
+
+
+class Backend:
+    """A way to run the cases of one timing run; subclasses register in ``BACKENDS``."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def check(self, model: nn.Module) -> None:
+        """Raise TokenReduceError if ``model`` (device, dtype) cannot run on this backend."""
+
+    def versions(self) -> dict[str, str]:
+        """Versions of what the backend runs on beyond torch, for results' provenance."""
+        return {}
+
+    def runner(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor], label: str) -> Runner:
+        raise NotImplementedError
+
+
+class _EagerRunner(Runner):
+    def __init__(self, model: nn.Module, reducer: Reducer | None) -> None:
+        self.model, self.reducer = model, reducer
+
+    def enter(self) -> None:
+        if self.reducer is not None:
+            timm_vit.apply(self.model, self.reducer)
+            # apply moves a learned reducer to the device only; timing is eval
+            self.reducer.to(dtype=next(self.model.parameters()).dtype).eval()
+
+    def exit(self) -> None:
+        if self.reducer is not None:
+            timm_vit.remove(self.model)
+
+    def __call__(self, x: Tensor) -> Any:
+        return self.model(x)
+
+
+class Eager(Backend):
+    name = "eager"
+
+    def runner(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor], label: str) -> Runner:
+        return _EagerRunner(model, reducer)
+
+
+class _CompiledRunner(Runner):
+    def __init__(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor]) -> None:
+        self.fn = torch.compile(_patched_copy(model, reducer), dynamic=False)
+        with torch.inference_mode():  # the mode of the timed rounds: the same guards, no recompile there
+            for x in _one_per_shape(inputs):
+                self.fn(x)
+
+    def __call__(self, x: Tensor) -> Any:
+        return self.fn(x)
+
+
+class Compiled(Backend):
+    name = "compile"
+
+    def __enter__(self) -> Compiled:
+        import torch._dynamo.config as config
+
+        # every case compiles the same code objects (timm's forward, the adapter's) once per batch
+        # size; past the default limit (8) dynamo would silently run the rest eagerly
+        key = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        self._patch = config.patch(**{key: 1024})
+        self._patch.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._patch.__exit__(*exc)
+
+    def runner(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor], label: str) -> Runner:
+        return _CompiledRunner(model, reducer, inputs)
+
+
+class _OnnxRunner(Runner):
+    def __init__(self, sessions: dict[tuple[int, ...], Any]) -> None:
+        self.sessions = {shape: (s, s.get_inputs()[0].name) for shape, s in sessions.items()}
+
+    def __call__(self, x: Tensor) -> Any:
+        sess, name = self.sessions[tuple(x.shape)]
+        return sess.run(None, {name: x.numpy()})
+
+
+class OnnxRuntime(Backend):
+    name = "onnxruntime"
+
+    def __enter__(self) -> OnnxRuntime:
+        self._dir = tempfile.TemporaryDirectory(prefix="tokenreduce-onnx-")
+        self._files = 0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._dir.cleanup()
+
+    def check(self, model: nn.Module) -> None:
+        from .export import require
+
+        require("onnxruntime")
+        ref = next(model.parameters())
+        if ref.device.type != "cpu" or ref.dtype != torch.float32:
+            raise TokenReduceError(f"the onnxruntime backend runs float32 on the CPU (CPUExecutionProvider); "
+                                   f"the model is {ref.dtype} on {ref.device}: use --device cpu --dtype float32")
+
+    def versions(self) -> dict[str, str]:
+        from .export import require
+
+        return {name: require(name).__version__ for name in ("onnx", "onnxruntime", "onnxscript")}
+
+    def runner(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor], label: str) -> Runner:
+        from .export import export_onnx, session
+
+        patched = _patched_copy(model, reducer)
+        name = "".join(c if c.isalnum() else "_" for c in label)[:60]
+        sessions = {}
+        for x in _one_per_shape(inputs):
+            self._files += 1
+            path = f"{self._dir.name}/{self._files}-{name}-b{x.shape[0]}.onnx"
+            export_onnx(patched, path, batch=x.shape[0], img_size=tuple(x.shape[2:]), check=False)
+            sessions[tuple(x.shape)] = session(path, self.threads)
+        return _OnnxRunner(sessions)
+
+
+#: The backends by name, in the order ``--backend`` lists them.
+BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (Eager, Compiled, OnnxRuntime)}
+
+
+def get_backend(name: str, threads: int | None = None) -> Backend:
+    """The backend ``name`` (one of ``BACKENDS``) for a run with ``threads`` threads."""
+    if name not in BACKENDS:
+        raise TokenReduceError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[name](threads)
