@@ -47,7 +47,7 @@ train() {  # train NAME RECIPE SEED [SPEC]: one resumable run
 
 if [ "$what" = cls ] || [ "$what" = all ]; then
   for seed in $seeds; do
-    train cls-cropr fmnist-cropr "$seed"  # the recipe's spec: cropr(r=6, classes=10)
+    train cls-cropr fmnist-cropr "$seed" "cropr(r=6, classes=10)"  # 49 -> 42 -> 36 -> 30 -> 24 -> 18
     train cls-random fmnist-cropr "$seed" "random($cls_at, where='block', seed=$seed)"
     train cls-topk fmnist-cropr "$seed" "topk($cls_at, where='block')"
     train cls-evit fmnist-cropr "$seed" "evit($cls_at)"
@@ -57,7 +57,7 @@ fi
 
 if [ "$what" = seg ] || [ "$what" = all ]; then
   for seed in $seeds; do
-    train seg-cropr fmnist-cropr-seg "$seed"  # the recipe's spec: cropr(r=40, queries=196, ...) + llf()
+    train seg-cropr fmnist-cropr-seg "$seed" "cropr(r=40, queries=196, classes=11, locs=(0, 1, 2, 3), warmup_steps=140) + llf()"
     train seg-random fmnist-cropr-seg "$seed" "random($seg_at, where='block', seed=$seed) + llf()"
     train seg-topk fmnist-cropr-seg "$seed" "topk($seg_at, where='block') + llf()"
     train seg-evit fmnist-cropr-seg "$seed" "evit($seg_at) + llf()"

@@ -22,8 +22,10 @@ For a dense-task checkpoint trained with a router stage (``score`` 'logits' / 's
 Scores are compared per image; ties have measure zero for continuous scores and are not treated.
 
 Smoke mode (``tiny=True``): a tiny random ViT on the mosaics' 56x56 grid (depth 6, width 32) on
-synthetic Fashion-MNIST-format images written under the run's folder, with the spec of the
-recipe ``recipe`` (the experiment names no method).
+synthetic Fashion-MNIST-format images written under the run's folder, running ``spec`` or, by
+default, :func:`smoke_spec`: the registered router (the method with ``token_scores``) at its
+``example`` parameters with one query per patch, followed by the registered stage that restores
+pruned tokens (``stage_only`` and ``keep_pruned``): the experiment names no method.
 """
 
 from __future__ import annotations
@@ -51,14 +53,14 @@ class DiagnosticsConfig:
     """``checkpoint``: a dense-task (segment) training checkpoint whose reducer has a router stage
     (required, except in smoke mode); ``data_dir``: where the test set is; ``images``: a fixed random
     subset of that many test items (None: all); ``seeds``: seeds of the random scorer; ``batch``;
-    ``recipe``: in smoke mode, the recipe whose spec the tiny model runs; ``tiny``: smoke mode."""
+    ``spec``: in smoke mode, the spec the tiny model runs (None: :func:`smoke_spec`); ``tiny``: smoke mode."""
 
     checkpoint: str | None = None
     data_dir: str | None = None
     images: int | None = None
     seeds: tuple[int, ...] = (0, 1, 2)
     batch: int = 250
-    recipe: str = "fmnist-cropr-seg"
+    spec: str | None = None
     tiny: bool = False
 
     def __post_init__(self) -> None:
@@ -109,6 +111,23 @@ class Agreement:
     def rows(self) -> list[dict[str, Any]]:
         return [{"block": b, "tokens": int(r[3]), "kept": int(r[4]), "spearman": r[0] / r[2], "overlap": r[1] / r[2],
                  "images": int(r[2])} for b, r in sorted(self.sums.items())]
+
+
+def smoke_spec(grid: int, classes: int = 11) -> str:
+    """The smoke model's spec, found by declaration: the registered router (a method with
+    ``token_scores``) at its ``example`` parameters with one query per patch of a ``grid`` x ``grid``
+    map and ``classes`` outputs (the mosaics'), then the registered restoring stage (``stage_only`` and
+    ``keep_pruned``: Last Layer Fusion) at its defaults."""
+    from ..core.method import get_method, list_methods
+
+    classes_of = [get_method(n) for n in list_methods()]
+    routers = [c for c in classes_of if callable(getattr(c, "token_scores", None))]
+    restore = [c for c in classes_of if c.stage_only and c.keep_pruned]
+    if len(routers) != 1 or len(restore) != 1:
+        raise TokenReduceError("cropr_diagnostics smoke mode needs exactly one registered router method and one "
+                               f"restoring stage, found {[c.name for c in routers]} and {[c.name for c in restore]}")
+    router = format_spec(routers[0].name, {**routers[0].example, "queries": grid * grid, "classes": classes})
+    return f"{router} + {restore[0].name}"
 
 
 def _stages(reducer: Reducer) -> list[Reducer]:
@@ -218,11 +237,10 @@ class CroprDiagnostics(Experiment):
         from ..data.fashion_mnist import make_synthetic
         from ..models import build_model
         from ..tasks import TaskContext, build_task
-        from ..train.recipes import get_recipe
 
         torch.manual_seed(0)
         model = build_model(TINY)
-        apply(model, get_recipe(self.cfg.recipe)["spec"])
+        apply(model, self.cfg.spec or smoke_spec(TINY["kwargs"]["img_size"] // TINY["kwargs"]["patch_size"]))
         root = make_synthetic(ctx.out_dir / "synthetic", n_train=8, n_test=4 * max(8, self.cfg.images or 8))
         task = build_task("segment")
         data = task.dataset("fashion_mnist", "test", train=False, data_dir=str(root), **data_config_from_model(model))
