@@ -241,3 +241,12 @@ def test_inspect_shows_a_composite(capsys):
     out = capsys.readouterr().out
     assert "imagepiece(locs=(1,), bottom=0.3, merge=0.1, keep=0.9" in out and " + evit(keep=0.5" in out
     assert "MACs/image unpatched" in out
+
+
+def test_export_declarations_follow_the_stages():
+    """A composite exports only if every stage does, and has a dynamic schedule if any stage has one."""
+    a, b = tr.core.method.build_reducer("topk(keep=0.7, locs=(1,))"), tr.core.method.build_reducer("llf()")
+    assert Compose([a, b]).exportable and not Compose([a, b]).dynamic_schedule
+    a.exportable, b.dynamic_schedule = False, True  # as a method's class would declare
+    both = Compose([a, b])
+    assert not both.exportable and both.dynamic_schedule

@@ -36,9 +36,10 @@ Interface (what a stage author needs to know):
   merged or fused token that of the token whose position it keeps (``state.index``). A stage
   that needs side products cannot follow, in the same block, a stage that brings tokens back
   (their side products were never computed): SpecError.
-- Declarations: ``needs`` the union; ``keep_pruned``, ``learned``, ``needs_class_token`` and
-  ``proportional`` if any stage; ``conserves_patches`` if all; ``scoring_macs`` the side products
-  once plus each acting stage's own scoring for the tokens that reach it; ``attn_bias`` the sum;
+- Declarations: ``needs`` the union; ``keep_pruned``, ``learned``, ``needs_class_token``,
+  ``dynamic_schedule`` and ``proportional`` if any stage; ``conserves_patches`` and ``exportable``
+  if all; ``scoring_macs`` the side products once plus each acting stage's own scoring for the
+  tokens that reach it; ``attn_bias`` the sum;
   ``attention_chunk`` the stages' common value (SpecError if two differ); ``observes`` the union.
   ``replay_spec``: the registered replayer's spec (the random pruner) for a schedule acting at
   one point and never growing, else None. ``budget_family``: [] - a composite is not a candidate
@@ -134,6 +135,8 @@ class Compose(Reducer):
         self.needs_class_token = any(s.needs_class_token for s in flat)
         self.keep_pruned = any(s.keep_pruned for s in flat)
         self.learned = any(s.learned for s in flat)
+        self.dynamic_schedule = any(s.dynamic_schedule for s in flat)
+        self.exportable = all(s.exportable for s in flat)
         self._plan: dict[int, tuple[Step, ...]] = {}
 
     # ----- declarations -------------------------------------------------------------------------
