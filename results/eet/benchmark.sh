@@ -31,11 +31,12 @@ arm_task() {  # the task spec of an arm (bits come from --bits)
 }
 
 if [ "$what" = train ] || [ "$what" = all ]; then
-  for bits in 16 64; do
+  for bits in ${BITS:-16 64}; do
     for seed in 0 1 2; do
       for arm in a b c d; do
         spec=()
         [ "$arm" = a ] || spec=(--spec 'ctp()')
+        if [ -f "$out/runs/$arm$bits-s$seed.json" ]; then echo "done: $arm$bits-s$seed"; continue; fi
         tokenreduce train --recipe fmnist-eet --task "$(arm_task $arm)" --bits "$bits" "${spec[@]}" --seed "$seed" \
           --threads "$threads" --resume --out "$runs/$arm$bits-s$seed" --results "$out/runs/$arm$bits-s$seed.json"
       done
