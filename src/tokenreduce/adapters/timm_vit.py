@@ -105,7 +105,7 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     ref = next(model.parameters())
     reducer.to(device=ref.device, dtype=ref.dtype)
     reducer.train(model.training)  # later model.train()/eval() calls reach it as a submodule
-    if any(True for _ in reducer.parameters()) or any(True for _ in reducer.buffers()):
+    if next(reducer.parameters(), None) is not None or next(reducer.buffers(), None) is not None:
         model.tokenreduce = reducer
     setattr(model, _ATTR, Patch(reducer, schedule, host, trace, dense))
     model.forward_features = _forward_features.__get__(model)

@@ -171,9 +171,12 @@ def with_bits(task: str, bits: int) -> str:
     from ..core.registry import format_spec, parse_spec
     from ..tasks import get_task, list_tasks
 
+    def has_bits(t: str) -> bool:
+        return any(f.name == "bits" for f in dataclasses.fields(get_task(t).Config))
+
     name, params = parse_spec(task)
-    if "bits" not in {f.name for f in dataclasses.fields(get_task(name).Config)}:
-        having = [t for t in list_tasks() if "bits" in {f.name for f in dataclasses.fields(get_task(t).Config)}]
+    if not has_bits(name):
+        having = [t for t in list_tasks() if has_bits(t)]
         raise TokenReduceError(f"--bits sets the code length of a hashing task, but task {name!r} has no bits "
                                f"parameter; tasks with one: {', '.join(having)}")
     return format_spec(name, {**params, "bits": bits})
