@@ -188,3 +188,10 @@ def test_cli_train_and_errors(data: str, tmp_path: Path, capsys: pytest.CaptureF
     assert main(["train", "--recipe", "nope"]) == 2
     assert main(["train", *TINY_FLAGS, "--data", str(tmp_path / "none"), "--out", str(tmp_path / "y")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_task_that_ignores_auxiliary_predictions_refuses_them(data: str) -> None:
+    """Cropr's routers learn only through the auxiliary heads the task scores: under a task that
+    scores none (hash) they would silently not train, so the loop stops at the first step."""
+    with pytest.raises(TokenReduceError, match=r"task 'hash' does not score the auxiliary predictions.*classify"):
+        train(tiny_config(data, epochs=1, task="hash(bits=8)", spec="cropr(r=2, classes=10)"))

@@ -69,13 +69,17 @@ class Task(nn.Module):
 
     Class attributes: ``name`` (registry id, set by :func:`register_task`), ``Config`` (a
     dataclass of spec parameters), ``metric`` (primary metric key of ``evaluate``: 'top1' | 'map' |
-    'miou'), ``higher_is_better``, ``example`` (spec parameters the contract tests train with).
+    'miou'), ``higher_is_better``, ``example`` (spec parameters the contract tests train with),
+    ``scores_aux_outputs`` (whether ``forward`` scores the auxiliary predictions a learned reducer
+    emits, ``get_info(model).aux_outputs``; the loop refuses such a reducer under a task that does not,
+    since its routers would get no gradient).
     """
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoParams
     metric: ClassVar[str] = ""
     higher_is_better: ClassVar[bool] = True
+    scores_aux_outputs: ClassVar[bool] = False
     example: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, cfg: Any = None) -> None:

@@ -79,6 +79,7 @@ class Classify(Task):
 
     Config = ClassifyConfig
     metric = "top1"
+    scores_aux_outputs = True
     example: dict[str, Any] = {}
 
     def bind(self, model: nn.Module, ctx: TaskContext) -> None:

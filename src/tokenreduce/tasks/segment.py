@@ -131,6 +131,7 @@ class Segment(Task):
 
     Config = SegmentConfig
     metric = "miou"
+    scores_aux_outputs = True
     example: dict[str, Any] = {}
 
     def bind(self, model: nn.Module, ctx: TaskContext) -> None:

@@ -53,7 +53,7 @@ from ..models import (
     task_weights,
     unwrap,
 )
-from ..tasks import Task, TaskContext, build_task, dataset_labels
+from ..tasks import Task, TaskContext, build_task, dataset_labels, get_task, list_tasks
 from . import dist
 from .config import RUNTIME_FIELDS, TrainConfig
 from .optim import WarmupCosine, build_optimizer
@@ -361,12 +361,27 @@ class _Run:
             bar.close()
         return self._finish()
 
+    def _refuse_unscored_aux(self) -> None:
+        """A learned reducer that trains through auxiliary predictions (Token Cropr's heads) under a
+        task that does not score them would train nothing but the backbone: say so instead."""
+        from ..api import get_info
+
+        info = get_info(self.task.model)
+        if info is not None and info.aux_outputs:
+            scoring = sorted(name for name in list_tasks() if get_task(name).scores_aux_outputs)
+            raise TokenReduceError(
+                f"task {self.task.name!r} does not score the auxiliary predictions of {info.spec!r} "
+                f"({', '.join(sorted(info.aux_outputs))}): its routers would get no gradient; train it with a task "
+                f"that does ({', '.join(scoring)}) and apply the trained reducer afterwards"
+            )
+
     def _add(self, key: str, value: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value
 
     def _train_epoch(self, bar: Progress, on_step: Callable[[int], None] | None) -> None:
         cfg = self.cfg
         self.sampler.set_epoch(self.epoch, skip=self.batch)
+        self._first_batch = self.batch
         loader = DataLoader(self.train_ds, batch_sampler=self.sampler, num_workers=cfg.num_workers,
                             generator=torch.Generator().manual_seed(cfg.seed))  # keeps the global RNG untouched
         self.ddp.train()
@@ -374,6 +389,8 @@ class _Run:
             images, targets = images.to(self.device), targets.to(self.device)
             with _autocast(self.device, cfg.amp):
                 out = self.ddp(images, targets)
+            if self.batch == self._first_batch and not self.task.scores_aux_outputs:
+                self._refuse_unscored_aux()
             loss = sum(out.losses.values())
             if not torch.isfinite(loss):
                 raise TokenReduceError(f"loss is {loss.item()} at step {self.step}; lower --lr or check the data")
