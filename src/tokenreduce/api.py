@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .adapters import timm_vit
+from .core.errors import TokenReduceError
 from .core.method import Host, Reducer
 from .core.schedule import Schedule
 
@@ -84,6 +85,14 @@ def get_info(model: nn.Module) -> Info:
         keep_mask=last.keep_mask if last else None,
         aux_outputs=dict(last.aux_outputs) if last else {},
     )
+
+
+def find_info(model: nn.Module) -> Info | None:
+    """``get_info(model)``, or None for a model tokenreduce has not patched."""
+    try:
+        return get_info(model)
+    except TokenReduceError:
+        return None
 
 
 def _sizes(last) -> Tensor | None:

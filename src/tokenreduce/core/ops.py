@@ -5,6 +5,7 @@ Shapes: B batch, N tokens, C channels, H heads."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -13,9 +14,32 @@ from torch import Tensor
 
 from .errors import TokenReduceError
 
+# Kernel count matters here: at batch 1 on a CPU every dispatched operator costs microseconds whatever
+# its size, and the book-keeping of a reduction (index arithmetic, small gathers) can cost more than
+# the tokens it removes save. tests/test_overheads.py holds each method to a per-block operator budget.
+
+
+@functools.lru_cache(maxsize=256)
+def _arange_cached(start: int, count: int, step: int, device: torch.device) -> Tensor:
+    with torch.inference_mode(False):  # a normal tensor: a later forward with autograd may save it
+        return torch.arange(start, start + step * count, step, device=device)
+
+
+def positions(start: int, count: int, step: int, device: torch.device) -> Tensor:
+    """start, start + step, ..., ``count`` of them, (count,) long: index tensors that depend only on
+    shapes, cached per (shape, device) instead of built in every block of every forward. Read only:
+    never modify the result in place. While torch.compile or torch.export traces they are built in
+    the graph instead (dynamo would warn about and ignore the cache, and a traced fake tensor must
+    never enter it)."""
+    if torch.compiler.is_compiling():
+        return torch.arange(start, start + step * count, step, device=device)
+    return _arange_cached(start, count, step, device)
+
 
 def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:
     """x (B, N, ...) gathered along dim 1 at idx (B, K) -> (B, K, ...)."""
+    if x.dim() == 2:  # token-aligned fields (index, size): no view/expand to dispatch
+        return x.gather(1, idx)  # (B, K)
     view = idx.reshape(*idx.shape, *([1] * (x.dim() - 2)))
     return x.gather(1, view.expand(*idx.shape, *x.shape[2:]))  # (B, K, ...)
 
@@ -28,7 +52,7 @@ def complement_index(idx: Tensor, n: int) -> Tensor:
 
 
 def keep_topk(scores: Tensor, k: int, num_prefix: int, with_drop: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Indices of the prefix tokens plus the k highest-scoring non-prefix tokens.
+    """:func:`keep_top` for scores of the non-prefix tokens only.
 
     Args:
         scores: (B, M) scores of the M non-prefix tokens.
@@ -39,16 +63,33 @@ def keep_topk(scores: Tensor, k: int, num_prefix: int, with_drop: bool = False) 
         keep (B, num_prefix + k) and drop (B, M - k) or None: positions into the full sequence;
         kept tokens stay in their original order (spatial order for patches), dropped ones too.
     """
-    B, M = scores.shape
-    prefix = torch.arange(num_prefix, device=scores.device).expand(B, num_prefix)
-    drop = None
+    if num_prefix:
+        scores = F.pad(scores, (num_prefix, 0))  # placeholders: keep_top protects the prefix positions
+    return keep_top(scores, k, num_prefix, with_drop)
+
+
+def keep_top(scores: Tensor, k: int, num_prefix: int, with_drop: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Positions of the prefix tokens plus the k highest-scoring non-prefix tokens, from the scores
+    of EVERY token, prefix entries included (and ignored): the prefix tokens are given +inf, so one
+    top-k (or sort) over the sequence returns positions into it directly, with no slicing, offset or
+    concatenation (4 to 6 kernels fewer per call than scoring the non-prefix tokens apart).
+
+    Args:
+        scores: (B, N) scores of all N tokens; the first ``num_prefix`` entries are not read.
+        k: how many non-prefix tokens to keep.
+        num_prefix: p, prefix tokens at positions 0 .. p-1, always kept.
+        with_drop: also return the dropped positions.
+    Returns:
+        keep (B, p + k) ascending (prefix first) and drop (B, N - p - k) ascending, or None.
+    """
+    key = scores
+    if num_prefix:
+        key = scores.index_fill(1, positions(0, num_prefix, 1, scores.device), math.inf)
+    n = num_prefix + k
     if with_drop:  # one full sort, so keep and drop partition the tokens even under ties
-        order = scores.argsort(dim=1, descending=True)
-        top, drop = order[:, :k], order[:, k:].sort(dim=1).values + num_prefix
-    else:
-        top = scores.topk(k, dim=1, sorted=False).indices
-    top = top.sort(dim=1).values + num_prefix
-    return torch.cat([prefix, top], 1), drop
+        order = key.argsort(dim=1, descending=True)
+        return order[:, :n].sort(dim=1).values, order[:, n:].sort(dim=1).values
+    return key.topk(n, dim=1, sorted=False).indices.sort(dim=1).values, None
 
 
 def cls_attention(q: Tensor, k: Tensor, scale: float, bias: Tensor | None = None) -> Tensor:
@@ -57,10 +98,12 @@ def cls_attention(q: Tensor, k: Tensor, scale: float, bias: Tensor | None = None
     Computed from q (B, H, N, d) and k (B, H, N, d) alone, so that the block itself keeps the
     fused SDPA kernel; costs one (1 x N) row per head instead of the N x N matrix.
     """
-    logits = (q[:, :, :1] * scale) @ k.transpose(-2, -1)  # (B, H, 1, N)
-    if bias is not None:
-        logits = logits + bias
-    return logits.softmax(dim=-1)[:, :, 0]
+    B, H, N, d = k.shape
+    # the batched product matmul itself runs, without its broadcasting expands and views
+    logits = torch.bmm((q[:, :, :1] * scale).reshape(B * H, 1, d), k.reshape(B * H, N, d).transpose(1, 2))
+    if bias is None:
+        return logits.view(B, H, N).softmax(dim=-1)
+    return (logits.view(B, H, 1, N) + bias).softmax(dim=-1)[:, :, 0]
 
 
 @dataclass(frozen=True)
@@ -85,7 +128,7 @@ class MergePlan:
             out.scatter_add_(1, _expand_like(self.dst, src), src)
         return out
 
-    def mean(self, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    def mean(self, x: Tensor, weight: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Weighted merge: x (B, N, C), weight (B, N) > 0 -> x' (B, N - r, C), W' (B, N - r).
 
         x'_d = (w_d x_d + sum_i w_i x_i) / W_d with W_d = w_d + sum_i w_i over the tokens i merged
@@ -96,37 +139,36 @@ class MergePlan:
         summed weight only, and the sizes are summed separately (``TokenState.merge`` does both).
         ``weight`` must be positive: a slot whose weights sum to 0 has no mean (NaN); it is not
         checked here, since a check would synchronise the device in every forward.
+        ``weight=None`` means all ones (sizes before the first merge): nothing to gather, and W' is
+        None (all ones still) when nothing is merged (r = 0).
         """
-        if weight.shape != x.shape[:2]:
+        if weight is not None and weight.shape != x.shape[:2]:
             raise TokenReduceError(
                 f"merge weight has shape {tuple(weight.shape)}; expected one weight per token, {tuple(x.shape[:2])}"
             )
         out = gather_tokens(x, self.keep)
-        new_weight = gather_tokens(weight, self.keep)
         if self.src.shape[1] == 0:
-            return out, new_weight
-        w = gather_tokens(weight, self.src)  # (B, r)
-        new_weight = new_weight.scatter_add(1, self.dst, w)
+            return out, None if weight is None else gather_tokens(weight, self.keep)
+        if weight is None:  # W' = 1 + the number of tokens merged into each slot
+            w = x.new_ones(self.src.shape)  # (B, r)
+            new_weight = x.new_ones(self.keep.shape).scatter_add_(1, self.dst, w)
+        else:
+            w = gather_tokens(weight, self.src)  # (B, r)
+            new_weight = gather_tokens(weight, self.keep).scatter_add_(1, self.dst, w)
         x_src = gather_tokens(x, self.src)  # (B, r, C)
-        x_dst = gather_tokens(x, self.dst_pos)  # (B, r, C) values before the merge
+        slots = _expand_like(self.dst, x_src)  # (B, r, C), for the read and the write of the same rows
+        if out.requires_grad:  # gather saves its input for backward, so read x: out is written below
+            x_dst = gather_tokens(x, self.dst_pos)  # (B, r, C) values before the merge
+        else:  # the same rows, out[dst] = x[keep[dst]] = x[dst_pos], with the index already expanded
+            x_dst = out.gather(1, slots)
         step = (x_src - x_dst) * (w / new_weight.gather(1, self.dst))[..., None]
-        out.scatter_add_(1, _expand_like(self.dst, step), step)
+        out.scatter_add_(1, slots, step)
         return out, new_weight
 
 
 def _expand_like(idx: Tensor, t: Tensor) -> Tensor:
     """(B, K) -> (B, K, ...) broadcast to the shape of t."""
     return idx.reshape(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
-
-
-@functools.lru_cache(maxsize=64)
-def _fixed_positions(num_prefix: int, n_b: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Positions of the prefix tokens and of the non-prefix tokens of set B, (1, p) and (1, n_b);
-    cached: every ToMe block needs them and building them is a measurable share of a batch-1
-    forward on a CPU."""
-    prefix = torch.arange(num_prefix, device=device)[None]
-    first_b = 2 * (num_prefix // 2) + 1  # the first odd position past the prefix
-    return prefix, first_b + 2 * torch.arange(n_b, device=device)[None]
 
 
 def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> MergePlan:
@@ -156,29 +198,33 @@ def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> MergePla
     """
     p = num_prefix
     pa, pb = (p + 1) // 2, p // 2  # prefix tokens that fall in A and in B
-    metric = F.normalize(metric, dim=-1, eps=1e-6)
+    # F.normalize(metric, dim=-1, eps=1e-6), the same values without its explicit expand
+    metric = metric / metric.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     # protected rows / columns are left out of the scores rather than set to -inf: the same links
     # (every unprotected A row has an unprotected B column), less work
     a, b = metric[:, 2 * pa::2], metric[:, 2 * pb + 1::2]  # (B, |A| - pa, d), (B, |B| - pb, d)
-    if not 0 <= r <= (a.shape[1] if b.shape[1] else 0):
+    n_a, n_b = a.shape[1], b.shape[1]
+    if not 0 <= r <= (n_a if n_b else 0):
         raise TokenReduceError(
             f"bipartite soft matching cannot remove r={r} of {metric.shape[1]} tokens ({p} protected): at most "
-            f"{a.shape[1] if b.shape[1] else 0}, one per unprotected A token"
+            f"{n_a if n_b else 0}, one per unprotected A token"
         )
-    scores = a @ b.transpose(-2, -1)  # (B, |A| - pa, |B| - pb)
+    scores = torch.bmm(a, b.transpose(1, 2))  # (B, |A| - pa, |B| - pb); matmul's kernel without its views
     best, best_idx = scores.max(dim=-1)
     order = best.argsort(dim=-1, descending=True)
     src, unm = order[:, :r], order[:, r:]  # indices into unprotected A
     if p:
         unm = unm.sort(dim=-1).values
     dst = best_idx.gather(1, src)  # (B, r) index into unprotected B
-    # under torch.compile the positions are traced as constants of the graph; dynamo would warn
-    # about (and ignore) the cache
-    positions = _fixed_positions.__wrapped__ if torch.compiler.is_compiling() else _fixed_positions
-    prefix, b_pos = positions(p, b.shape[1], metric.device)
+    # indices into A and B -> sequence positions by lookup in cached tables (one kernel each)
+    a_pos = positions(2 * pa, n_a, 2, metric.device)  # (|A| - pa,) positions 2 pa, 2 pa + 2, ...
+    b_pos = positions(2 * pb + 1, n_b, 2, metric.device)  # (|B| - pb,) positions 2 pb + 1, ...
     batch = metric.shape[0]
-    keep = torch.cat([prefix.expand(batch, -1), 2 * (pa + unm), b_pos.expand(batch, -1)], dim=1)  # (B, N - r)
-    return MergePlan(keep, 2 * (pa + src), p + unm.shape[1] + dst, 2 * (pb + dst) + 1)
+    parts = [a_pos[unm], b_pos.expand(batch, n_b)]
+    if p:
+        parts.insert(0, positions(0, p, 1, metric.device).expand(batch, p))
+    keep = torch.cat(parts, dim=1)  # (B, N - r): prefix, unmerged A, B
+    return MergePlan(keep, a_pos[src], dst + (p + unm.shape[1]), b_pos[dst])
 
 
 def subset_matching(metric: Tensor, subset: Tensor, r: int) -> MergePlan:

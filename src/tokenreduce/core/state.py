@@ -104,7 +104,7 @@ class TokenState:
         unless asked: ``trace`` builds ``source`` (B, N0, N0), ``keep_pruned`` keeps pruned
         tokens aside, ``dense`` (for :meth:`dense`) implies keep_pruned and tracks ``members``."""
         B, N, _ = x.shape  # (B, N, C)
-        index = torch.arange(N, device=x.device).expand(B, N)
+        index = ops.positions(0, N, 1, x.device).expand(B, N)  # read only: every update makes a new tensor
         source = torch.eye(N, device=x.device, dtype=x.dtype).expand(B, N, N) if trace else None
         return cls(num_prefix, N - num_prefix, index, source=source, prop_attn=prop_attn,
                    keep_pruned=keep_pruned or dense, members=index if dense else None)
@@ -128,7 +128,7 @@ class TokenState:
         """Proportional attention bias log(size) as an additive SDPA mask, (B, 1, 1, N)."""
         if not self.prop_attn or self.size is None:
             return None
-        return self.size.log()[:, None, None, :]
+        return self.size.log().reshape(self.size.shape[0], 1, 1, -1)  # one view, not two unsqueezes
 
     # ----- reductions: every one goes through _reduce -------------------------------------------
 
@@ -147,7 +147,7 @@ class TokenState:
         whatever the weight; the other fields combine as ALIGNED says.
         """
         if weight is None:
-            x_new, size = plan.mean(x, self.sizes(x))
+            x_new, size = plan.mean(x, self.size)  # size None (no merge yet): all ones, not materialised
             self._reduce(x, plan.keep, plan.src, plan.dst, size=size)
         else:
             x_new, _ = plan.mean(x, weight)
@@ -193,13 +193,13 @@ class TokenState:
                 continue
             t = getattr(self, name)
             if t is None:
-                if not (r and name == "size"):
-                    continue
-                t = x.new_ones(x.shape[:2])  # sizes start counting at the first merge
+                if r and name == "size":  # sizes start counting at the first merge: 1 + tokens merged in
+                    setattr(self, name, x.new_ones(keep.shape).scatter_add_(1, dst, x.new_ones(src.shape)))
+                continue
             new = ops.gather_tokens(t, keep)
             if r and rule != "first":
                 rows = ops.gather_tokens(t, src)
-                slots = dst.reshape(*dst.shape, *([1] * (rows.dim() - 2))).expand_as(rows)
+                slots = dst if rows.dim() == 2 else dst.reshape(*dst.shape, *([1] * (rows.dim() - 2))).expand_as(rows)
                 if rule == "sum":
                     new.scatter_add_(1, slots, rows)
                 else:

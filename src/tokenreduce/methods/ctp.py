@@ -90,8 +90,9 @@ class CTP(Reducer):
                                 keep=c.keep, counts=c.counts, locs=c.locs)
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
-        scores = importance(info.head_norms, info.cls_attn, state.num_prefix)  # (B, N - p)
-        keep, _ = ops.keep_topk(scores, count, state.num_prefix)
+        # the score of every token, prefix included (keep_top ignores those): no slicing
+        scores = importance(info.head_norms, info.cls_attn, 0)  # (B, N)
+        keep, _ = ops.keep_top(scores, count, state.num_prefix)
         return state.gather(x, keep)
 
 
@@ -99,6 +100,7 @@ def importance(head_norms: Tensor, cls_attn: Tensor, num_prefix: int) -> Tensor:
     """CTP's importance M of the patch tokens (module docstring), the one score CTP prunes by
     and EET's DRG masks by: head_norms ||O_h[i]||_2 (B, H, N) and the CLS attention row
     A_h[CLS -> i] (B, H, N), both with the ``num_prefix`` prefix tokens first -> M (B, N - p)."""
-    norms = head_norms[:, :, num_prefix:]  # (B, H, N - p)
-    weights = norms / (norms.sum(dim=1, keepdim=True) + 1e-8)  # normalised across heads, per token
-    return (weights * cls_attn[:, :, num_prefix:]).sum(dim=1)
+    if num_prefix:
+        head_norms, cls_attn = head_norms[:, :, num_prefix:], cls_attn[:, :, num_prefix:]  # (B, H, N - p)
+    weights = head_norms / (head_norms.sum(dim=1, keepdim=True) + 1e-8)  # normalised across heads, per token
+    return (weights * cls_attn).sum(dim=1)

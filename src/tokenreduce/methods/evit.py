@@ -66,10 +66,10 @@ class EViT(Reducer):
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p = state.num_prefix
-        attn = info.cls_attn[:, :, p:].mean(dim=1)  # (B, N - p)
+        attn = info.cls_attn.mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
         kept = count - 1 if self.cfg.fuse else count
-        keep, drop = ops.keep_topk(attn, kept, p, with_drop=self.cfg.fuse)
+        keep, drop = ops.keep_top(attn, kept, p, with_drop=self.cfg.fuse)  # positions into the N tokens
         if not self.cfg.fuse:
             return state.gather(x, keep)
-        weights = attn.gather(1, drop - p)  # (B, N - p - kept)
+        weights = attn.gather(1, drop)  # (B, N - p - kept)
         return state.gather_and_fuse(x, keep, drop, weights)

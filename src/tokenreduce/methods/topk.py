@@ -46,7 +46,6 @@ class TopK(Reducer):
         )
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
-        p = state.num_prefix
-        scores = info.cls_attn[:, :, p:].mean(dim=1)  # (B, N - p)
-        keep, _ = ops.keep_topk(scores, count, p)
+        scores = info.cls_attn.mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
+        keep, _ = ops.keep_top(scores, count, state.num_prefix)
         return state.gather(x, keep)

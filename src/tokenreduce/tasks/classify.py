@@ -24,13 +24,9 @@ DISTILL_KINDS = ("logits", "tokens")
 
 
 def _info(model: nn.Module):
-    """``get_info(model)``, or None for a model tokenreduce has not patched."""
-    from ..api import get_info
+    from ..api import find_info
 
-    try:
-        return get_info(model)
-    except TokenReduceError:
-        return None
+    return find_info(model)
 
 
 def final_positions(model: nn.Module, num_tokens: int, batch: int, device: torch.device) -> Tensor:

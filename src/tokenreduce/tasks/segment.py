@@ -188,12 +188,9 @@ class Segment(Task):
         self._check_masks(images, masks)
         logits = self.pixel_logits(self.model, images)
         losses = {"ce": F.cross_entropy(logits, masks, ignore_index=self.ignore_index)}
-        from ..api import get_info
+        from ..api import find_info
 
-        try:
-            info = get_info(self.model)
-        except TokenReduceError:  # an unpatched model emits none
-            info = None
+        info = find_info(self.model)  # None for an unpatched model: it emits none
         if info is not None:
             losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
             losses.update({f"aux/{k}": self._aux_ce(k, v, masks) for k, v in info.aux_outputs.items()})

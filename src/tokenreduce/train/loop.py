@@ -364,9 +364,9 @@ class _Run:
     def _refuse_unscored_aux(self) -> None:
         """A learned reducer that trains through auxiliary predictions (Token Cropr's heads) under a
         task that does not score them would train nothing but the backbone: say so instead."""
-        from ..api import get_info
+        from ..api import find_info
 
-        info = get_info(self.task.model)
+        info = find_info(self.task.model)
         if info is not None and info.aux_outputs:
             scoring = sorted(name for name in list_tasks() if get_task(name).scores_aux_outputs)
             raise TokenReduceError(
