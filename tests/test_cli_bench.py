@@ -36,7 +36,8 @@ def test_bench_end_to_end_writes_every_spec(tmp_path, capsys):
     for spec in SPECS:
         assert spec in rows and f"random~{spec}" in rows and spec in printed
         assert rows[f"random~{spec}"]["tokens_per_block"] == rows[spec]["tokens_per_block"]
-        assert rows[spec]["ratio_vs_random"] > 0
+        assert rows[spec]["ratio_vs_random"] > 0 and rows[spec]["latency_vs_random"] > 0
+    assert "lat vs random" in printed
     for row in data["results"]:
         for key in ("img_per_s", "latency_ms", "macs", "tokens_per_block", "speedup", "latency_speedup"):
             assert row[key] is not None, (row["label"], key)

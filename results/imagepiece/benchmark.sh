@@ -5,8 +5,10 @@
 #   train  every arm below x seeds 0 1 2 from scratch with the SAME short recipe (fmnist-vit-short: the
 #          fmnist-vit model, 4 epochs on a fixed 20 000 training images, full test set at the end), the
 #          reducer active in training; a finished run (its results JSON exists) is skipped
-#   speed  tokenreduce eval on the trained checkpoints: measured img/s speed-up (same run) and top-1 of every
-#          arm, one run per stem (results/imagepiece/speed-{conv,patch}/, ~10 min each)
+#   speed  tokenreduce bench --reference on the seed-0 checkpoint of each stem's unreduced arm: every spec of
+#          that stem, each with a random pruner at its counts, the unreduced model and the zero-reduction control
+#          in one interleaved run (img/s at batch 32, latency at batch 1; the weights do not change the cost)
+#          -> results/imagepiece/speed-{conv,patch}.{json,txt}, ~5 min each on idle cores
 #   deit   tokenreduce bench on deit_small_patch16_224 (random weights: speed only): the unreduced model,
 #          ImagePiece at the paper's operating point (claimed +54% throughput), EViT keep 0.7, the
 #          hyper-speed schedule, ImagePiece in front of EViT, each with a random pruner at its counts
@@ -15,7 +17,10 @@
 #
 # Usage: bash results/imagepiece/benchmark.sh [--resume] [train|speed|deit|smoke|summary|all]   (default: train)
 #   --resume  continue interrupted runs from their last checkpoint (exactly); finished runs are always skipped
-#   THREADS=2 (torch threads per run), RUNS=runs/imagepiece (checkpoints), SEEDS="0 1 2"
+#   THREADS=2 (torch threads per run), RUNS=runs/imagepiece (checkpoints), SEEDS="0 1 2",
+#   REVERSE=1 (train the arms of a seed last to first). Several lanes may share the train target (e.g.
+#   THREADS=1 twice, one with REVERSE=1): a run in progress holds $RUNS/<run>.lock (with its owner's pid) and
+#   the other lanes skip it; a lock whose owner is gone is taken over.
 # Time on 2 idle cores: ~4.5 min per run (the conv stem and no reduction is the slowest), 11 arms x 3 seeds
 # = 33 runs ~ 2.5 h; deit ~10 min.
 #
@@ -66,6 +71,11 @@ train_arm() {  # name stem spec seed [extra train flags...]
     echo "== $name seed $seed: done ($res)"
     return
   fi
+  local lock="$runs/$name-s$seed.lock"
+  if ! claim "$lock"; then
+    echo "== $name seed $seed: in progress in another lane"
+    return
+  fi
   echo "== $name seed $seed"
   local args=(--recipe fmnist-vit-short --stem "$stem" --seed "$seed" --threads "$threads"
               --out "$runs/$name-s$seed" --results "$res" "${resume[@]}" "$@")
@@ -73,12 +83,30 @@ train_arm() {  # name stem spec seed [extra train flags...]
     args+=(--spec "$spec")
   fi
   tokenreduce train "${args[@]}"
+  rm -rf "$lock"
+}
+
+claim() {  # claim LOCKDIR: 0 if this lane may run it (free, or its owner is gone), 1 if another lane runs it
+  mkdir -p "$(dirname "$1")"
+  if ! mkdir "$1" 2>/dev/null; then
+    local owner
+    owner=$(cat "$1/pid" 2>/dev/null || true)
+    if [ -n "$owner" ] && kill -0 "$owner" 2>/dev/null; then
+      return 1
+    fi
+  fi
+  echo $$ > "$1/pid"
 }
 
 if [ "$what" = train ] || [ "$what" = all ]; then
   mkdir -p "$out/runs"
   for seed in $seeds; do  # seed-major: every arm has a first seed before any has a third
-    for arm in "${ARMS[@]}"; do
+    order=("${ARMS[@]}")
+    if [ "${REVERSE:-0}" = 1 ]; then
+      order=()
+      for ((i = ${#ARMS[@]} - 1; i >= 0; i--)); do order+=("${ARMS[$i]}"); done
+    fi
+    for arm in "${order[@]}"; do
       IFS='|' read -r name stem spec <<< "$arm"
       train_arm "$name" "$stem" "$spec" "$seed"
     done
@@ -86,22 +114,18 @@ if [ "$what" = train ] || [ "$what" = all ]; then
 fi
 
 if [ "$what" = speed ] || [ "$what" = all ]; then
-  # measured speed-up and top-1 of every trained arm in one interleaved run per stem (tokenreduce eval:
-  # the first checkpoint is the unreduced reference; the checkpoints of one spec make one row, mean and
-  # std over seeds); ImagePiece applied training-free to the unreduced model is the extra --spec row
+  # measured speed-up of every spec of a stem against that stem's unreduced model, in one interleaved run,
+  # each spec also against a random pruner at its per-block counts; the top-1 of each arm is its training run's
+  first=${seeds%% *}
   for stem in conv patch; do
-    ckpts=()
+    specs=()
     for arm in "${ARMS[@]}"; do
       IFS='|' read -r name arm_stem spec <<< "$arm"
-      [ "$arm_stem" = "$stem" ] || continue
-      for seed in $seeds; do
-        if [ "$name" != "$stem-none" ] || [ "$seed" != "${seeds%% *}" ]; then
-          ckpts+=(--checkpoint "$runs/$name-s$seed/model.safetensors")
-        fi
-      done
+      if [ "$arm_stem" = "$stem" ] && [ -n "$spec" ]; then specs+=(--spec "$spec"); fi
     done
-    tokenreduce eval --checkpoint "$runs/$stem-none-s${seeds%% *}/model.safetensors" "${ckpts[@]}" \
-      --spec 'imagepiece(locs=(1, 2, 4))' --threads "$threads" --out "$out/speed-$stem" | tee "$out/speed-$stem.txt"
+    tokenreduce bench --reference "$runs/$stem-none-s$first" "${specs[@]}" --match-random --threads "$threads" \
+      --batch 32 --repeats 10 --out "$out/speed-$stem.json" > "$out/speed-$stem.txt"
+    cat "$out/speed-$stem.txt"
   done
 fi
 

@@ -70,17 +70,44 @@ def macs_ratio(run: dict) -> float:
     return base / count_macs(model).total
 
 
+def _canonical(spec: str) -> str:
+    import tokenreduce as tr
+
+    return tr.build_reducer(spec).spec()
+
+
+def measured() -> dict[tuple[str, str], dict]:
+    """(stem, canonical spec) -> the row of that spec in results/imagepiece/speed-<stem>.json (benchmark.sh
+    speed: one interleaved tokenreduce bench run per stem)."""
+    out = {}
+    for stem in ("conv", "patch"):
+        path = HERE / f"speed-{stem}.json"
+        if path.is_file():
+            for row in json.loads(path.read_text())["results"]:
+                if row["kind"] == "method":
+                    out[stem, _canonical(row["spec"])] = row
+    return out
+
+
 def arm_table(arms: dict[str, dict[int, dict]]) -> list[str]:
-    lines = ["| arm | stem | reducer | seeds | top-1 % | MACs speed-up | wall s per run |",
-             "|---|---|---|---|---|---|---|"]
+    speed = measured()
+    lines = ["| arm | stem | reducer | seeds | top-1 % | MACs speed-up | measured speed-up b32 / b1 | "
+             "vs random b32 / b1 | wall s per run |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for arm, runs in arms.items():
         first = next(iter(runs.values()))
         stem = first["config"]["model"].get("stem", "patch").split("(")[0]
         spec = first["config"].get("spec") or "none"
+        row = speed.get((stem, _canonical(spec))) if spec != "none" else None
+        measured_cell = f"{row['speedup']:.2f} / {row['latency_speedup']:.2f}" if row else "-"
+        random_cell = (f"{row['ratio_vs_random']:.2f} / {row['latency_vs_random']:.2f}"
+                       if row and row.get("latency_vs_random") is not None else "-")
+        if spec == "none":
+            measured_cell = "1 (reference)"
         lines.append(
             f"| {arm} | {stem} | `{spec}` | {', '.join(map(str, sorted(runs)))} | "
-            f"{_ms([r['metrics']['top1'] for r in runs.values()])} | {macs_ratio(first):.2f}x | "
-            f"{_ms([r['metrics']['train_time_s'] for r in runs.values()])} |")
+            f"{_ms([r['metrics']['top1'] for r in runs.values()])} | {macs_ratio(first):.2f}x | {measured_cell} | "
+            f"{random_cell} | {_ms([r['metrics']['train_time_s'] for r in runs.values()])} |")
     return lines
 
 

@@ -6,7 +6,8 @@ the patch overhead), each spec and, with ``match_random``, per spec the matched 
 analytic MACs and tokens per block (``macs.count_macs``), the ``measure_speed`` results, and for
 a spec with a matched pruner
 
-    ratio_vs_random = median over rounds of img_per_s(spec) / img_per_s(matched random)
+    ratio_vs_random   = median over rounds of img_per_s(spec) / img_per_s(matched random)
+    latency_vs_random = median over rounds of latency(matched random) / latency(spec)   (batch 1)
 
 (about 1: the method's scoring costs nothing measurable; below 1: what its scoring costs).
 """
@@ -62,9 +63,10 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
     for row in rows:
         row.update({k: v for k, v in by_label[row["label"]].as_dict().items() if k not in ("label", "spec")})
     for row in rows:
-        row["ratio_vs_random"] = None
+        row["ratio_vs_random"] = row["latency_vs_random"] = None
         if row["kind"] == "method" and match_random:
             rnd = next(r for r in rows if r.get("matched_to") == row["spec"])
             # method speed-up / random speed-up, paired per round like the speed-ups themselves
             row["ratio_vs_random"] = paired_ratio(row["img_per_s_runs"], rnd["img_per_s_runs"])
+            row["latency_vs_random"] = paired_ratio(rnd["latency_ms_runs"], row["latency_ms_runs"])
     return rows
