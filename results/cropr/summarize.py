@@ -49,7 +49,7 @@ def diagnostics_table() -> list[str]:
     for d in docs:
         for row in d["modules"]:
             blocks[row["block"]].append(row)
-    lines = [f"Over {len(docs)} checkpoint(s) ({', '.join(Path(d['checkpoint']).name for d in docs)}), "
+    lines = [f"Over {len(docs)} checkpoint(s) ({', '.join(Path(d['checkpoint']).parent.name for d in docs)}), "
              f"{docs[0]['items']} test mosaics each; mean ± std over checkpoints.", "",
              "| module after block | tokens in | kept | Spearman(s, t) | kept-set overlap |",
              "|---:|---:|---:|---:|---:|"]
