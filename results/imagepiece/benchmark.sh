@@ -33,6 +33,7 @@
 #   the baseline then re-scores at the next block (EViT at blocks 2, 3, 5) and prunes or merges.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. results/lanes.sh
 resume=()
 what=train
 for arg in "$@"; do
@@ -83,19 +84,7 @@ train_arm() {  # name stem spec seed [extra train flags...]
     args+=(--spec "$spec")
   fi
   tokenreduce train "${args[@]}"
-  rm -rf "$lock"
-}
-
-claim() {  # claim LOCKDIR: 0 if this lane may run it (free, or its owner is gone), 1 if another lane runs it
-  mkdir -p "$(dirname "$1")"
-  if ! mkdir "$1" 2>/dev/null; then
-    local owner
-    owner=$(cat "$1/pid" 2>/dev/null || true)
-    if [ -n "$owner" ] && kill -0 "$owner" 2>/dev/null; then
-      return 1
-    fi
-  fi
-  echo $$ > "$1/pid"
+  release "$lock"
 }
 
 if [ "$what" = train ] || [ "$what" = all ]; then
