@@ -249,7 +249,7 @@ def _attend(attn: nn.Module, x: Tensor, needs: frozenset[str], *, bias: Tensor |
     info = AttnInfo()
     if "cls_attn" in needs:
         # prefix tokens attend to every token, with chunks too: this is the full row
-        row_bias = bias if bias is None else bias[:, :, :1]
+        row_bias = bias if bias is None or bias.shape[-2] == 1 else bias[:, :, :1]  # a key bias is already a row
         info.cls_attn = cls_attention(q, k, attn.scale, row_bias) if probs is None else probs[:, :, 0]
     if "keys" in needs:
         info.keys = k

@@ -64,6 +64,7 @@ from torch import Tensor, nn
 
 from .errors import SpecError, TokenReduceError
 from .method import AttnInfo, Host, Reducer, matched_spec, needs_macs
+from .ops import positions
 from .schedule import Schedule
 from .state import TokenState
 
@@ -107,13 +108,13 @@ class ComposeConfig:
 @dataclass(frozen=True)
 class Step:
     """One stage acting at one point of a block: ``entering`` -> ``count`` non-prefix tokens;
-    ``realign``: a later stage of the same block reads the side products, so they follow the tokens."""
+    ``realign``: the side products later stages of the same block read, which follow the tokens."""
 
     stage: int
     point: str
     entering: int
     count: int
-    realign: bool = False
+    realign: frozenset[str] = frozenset()
 
 
 class Compose(Reducer):
@@ -256,7 +257,8 @@ class Compose(Reducer):
                     f"{self.spec()}: {later[0].name} reads attention scores at block {block} after "
                     f"{self.stages[st.stage].name} brought tokens back there (their scores were never "
                     "computed); move one of them to another block")
-            out.append(Step(st.stage, st.point, st.entering, st.count, realign=bool(later)))
+            reads = frozenset().union(*(s.needs_at(block) for s in later))
+            out.append(Step(st.stage, st.point, st.entering, st.count, realign=reads))
         return tuple(out)
 
     # ----- forward ---------------------------------------------------------------------------------
@@ -282,17 +284,19 @@ class Compose(Reducer):
                     f"the composite's schedule says {st.count} ({st.entering} reached it); as a later stage it "
                     "removes what it removes alone, which its own limits do not allow here: choose milder stages")
             if st.realign:
-                _realign(info, before, state.index, state.num_original)
+                _realign(info, before, state.index, state.num_original, st.realign)
         return x
 
 
-def _realign(info: AttnInfo, before: Tensor, after: Tensor, n0: int) -> None:
+def _realign(info: AttnInfo, before: Tensor, after: Tensor, n0: int, reads: frozenset[str] | None = None) -> None:
     """Make ``info`` describe the tokens ``after`` (B, K) instead of ``before`` (B, N), in place: each
     token takes the side products of the token with its ``index`` value (its own; for a merged or
-    fused token, the token whose position it keeps). Every value of ``after`` is in ``before``."""
+    fused token, the token whose position it keeps). Every value of ``after`` is in ``before``.
+    Only the side products in ``reads`` (those the later stages read; None: all) are moved: the
+    others are no longer read in this block, and gathering them costs operators."""
     B, N = before.shape
     table = torch.full((B, n0), -1, dtype=torch.long, device=before.device)
-    table.scatter_(1, before, torch.arange(N, device=before.device).expand(B, N))
+    table.scatter_(1, before, positions(0, N, 1, before.device).expand(B, N))
     pos = table.gather(1, after)  # (B, K) position of each new token among the old ones
 
     def take(t: Tensor, dim: int) -> Tensor:  # t (B, H, ..., N, ...) gathered along dim
@@ -301,11 +305,14 @@ def _realign(info: AttnInfo, before: Tensor, after: Tensor, n0: int) -> None:
         idx = pos.reshape(shape).expand(*t.shape[:dim], pos.shape[1], *t.shape[dim + 1:])
         return t.gather(dim, idx)
 
-    if info.cls_attn is not None:
+    def wanted(name: str) -> bool:
+        return getattr(info, name) is not None and (reads is None or name in reads)
+
+    if wanted("cls_attn"):
         info.cls_attn = take(info.cls_attn, 2)  # (B, H, K)
-    if info.head_norms is not None:
+    if wanted("head_norms"):
         info.head_norms = take(info.head_norms, 2)  # (B, H, K)
-    if info.keys is not None:
+    if wanted("keys"):
         info.keys = take(info.keys, 2)  # (B, H, K, d)
-    if info.probs is not None:
+    if wanted("probs"):
         info.probs = take(take(info.probs, 2), 3)  # (B, H, K, K)

@@ -45,10 +45,11 @@ def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:
 
 
 def complement_index(idx: Tensor, n: int) -> Tensor:
-    """Positions in [0, n) not in idx (B, K), ascending, (B, n - K)."""
-    mask = torch.ones(idx.shape[0], n, dtype=torch.bool, device=idx.device)
-    mask.scatter_(1, idx, False)
-    return mask.nonzero()[:, 1].reshape(idx.shape[0], n - idx.shape[1])
+    """Positions in [0, n) not in idx (B, K) (distinct), ascending, (B, n - K)."""
+    taken = torch.zeros(idx.shape[0], n, dtype=torch.uint8, device=idx.device).scatter_(1, idx, 1)
+    # a stable sort puts the positions not taken first, ascending; unlike nonzero() it needs no
+    # device synchronisation and one operator less
+    return taken.sort(dim=1, stable=True).indices[:, : n - idx.shape[1]]
 
 
 def keep_topk(scores: Tensor, k: int, num_prefix: int, with_drop: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -63,9 +64,8 @@ def keep_topk(scores: Tensor, k: int, num_prefix: int, with_drop: bool = False) 
         keep (B, num_prefix + k) and drop (B, M - k) or None: positions into the full sequence;
         kept tokens stay in their original order (spatial order for patches), dropped ones too.
     """
-    if num_prefix:
-        scores = F.pad(scores, (num_prefix, 0))  # placeholders: keep_top protects the prefix positions
-    return keep_top(scores, k, num_prefix, with_drop)
+    key = F.pad(scores, (num_prefix, 0), value=math.inf) if num_prefix else scores  # the prefix first, kept
+    return _top(key, num_prefix + k, with_drop)
 
 
 def keep_top(scores: Tensor, k: int, num_prefix: int, with_drop: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -85,7 +85,12 @@ def keep_top(scores: Tensor, k: int, num_prefix: int, with_drop: bool = False) -
     key = scores
     if num_prefix:
         key = scores.index_fill(1, positions(0, num_prefix, 1, scores.device), math.inf)
-    n = num_prefix + k
+    return _top(key, num_prefix + k, with_drop)
+
+
+def _top(key: Tensor, n: int, with_drop: bool) -> tuple[Tensor, Tensor | None]:
+    """The n highest entries of key (B, N) (the prefix at +inf among them) as ascending positions,
+    and the others, ascending, if ``with_drop``."""
     if with_drop:  # one full sort, so keep and drop partition the tokens even under ties
         order = key.argsort(dim=1, descending=True)
         return order[:, :n].sort(dim=1).values, order[:, n:].sort(dim=1).values
@@ -112,7 +117,8 @@ class MergePlan:
 
     ``keep`` (B, N - r): the tokens that survive, in output order; ``src`` (B, r): the tokens
     that are merged away; ``dst`` (B, r): the output slot each of them is added into, and
-    ``dst_pos`` (B, r) that slot's token in the input (``keep`` at ``dst``).
+    ``dst_pos`` (B, r) that slot's token in the input (``keep`` at ``dst``). A plan may also
+    prune: tokens in neither ``keep`` nor ``src`` are dropped (``keep`` is then shorter than N - r).
     """
 
     keep: Tensor
@@ -227,7 +233,7 @@ def bipartite_soft_matching(metric: Tensor, r: int, num_prefix: int) -> MergePla
     return MergePlan(keep, a_pos[src], dst + (p + unm.shape[1]), b_pos[dst])
 
 
-def subset_matching(metric: Tensor, subset: Tensor, r: int) -> MergePlan:
+def subset_matching(metric: Tensor, subset: Tensor, r: int, survivors: Tensor | None = None) -> MergePlan:
     """Bipartite soft matching restricted to the positions ``subset`` (ImagePiece, arXiv 2412.16491).
 
     The subset's tokens alternate into A (``subset[:, 0::2]``) and B (``subset[:, 1::2]``), in the
@@ -241,8 +247,11 @@ def subset_matching(metric: Tensor, subset: Tensor, r: int) -> MergePlan:
         metric: (B, N, d) similarity features of every token.
         subset: (B, S) long, distinct positions into the N tokens taking part.
         r: tokens to remove, at most |A| = ceil(S / 2) (0 if S < 2).
+        survivors: (B, K) distinct positions, any order, holding the prefix and the subset: the
+            tokens not pruned; the others are dropped by the same plan (in neither ``keep`` nor
+            ``src``), so a prune and a merge cost one gather of x. None: every token survives.
     Returns:
-        a MergePlan over all N tokens: keep (B, N - r), src/dst/dst_pos (B, r).
+        a MergePlan over the N tokens: keep (B, K - r) (K = N without survivors), src/dst/dst_pos (B, r).
     """
     B, N, _ = metric.shape
     if subset.dim() != 2 or subset.shape[0] != B or subset.shape[1] > N:
@@ -258,22 +267,28 @@ def subset_matching(metric: Tensor, subset: Tensor, r: int) -> MergePlan:
             "(one per A token, and B must not be empty)"
         )
     if r == 0:
-        keep = torch.arange(N, device=metric.device).expand(B, N)
+        keep = positions(0, N, 1, metric.device).expand(B, N) if survivors is None else survivors.sort(dim=1).values
         none = subset[:, :0]
         return MergePlan(keep, none, none, none)
-    m = F.normalize(gather_tokens(metric, subset), dim=-1, eps=1e-6)  # (B, S, d)
-    scores = m[:, 0::2] @ m[:, 1::2].transpose(-2, -1)  # (B, |A|, |B|)
+    m = gather_tokens(metric, subset)  # (B, S, d)
+    m = m / m.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # F.normalize(eps=1e-6) without its expand
+    scores = torch.bmm(m[:, 0::2], m[:, 1::2].transpose(1, 2))  # (B, |A|, |B|)
     best, best_idx = scores.max(dim=-1)  # (B, |A|)
-    order = best.argsort(dim=-1, descending=True)[:, :r]  # (B, r) index into A
+    order = best.topk(r, dim=-1).indices  # (B, r) index into A, most similar first
     src = subset[:, 0::2].gather(1, order)  # (B, r) positions
     dst_pos = subset[:, 1::2].gather(1, best_idx.gather(1, order))  # (B, r) positions
-    alive = torch.ones(B, N, dtype=torch.bool, device=metric.device)
-    alive.scatter_(1, src, False)
-    # a stable sort puts the surviving positions first, ascending; unlike nonzero() it needs no
-    # device synchronisation
-    keep = (~alive).to(torch.uint8).argsort(dim=1, stable=True)[:, : N - r]  # (B, N - r)
-    slot = alive.cumsum(1) - 1  # (B, N) output slot of each surviving position
-    return MergePlan(keep, src, slot.gather(1, dst_pos), dst_pos)
+    # gone (B, N): 1 for a token that leaves (merged away or pruned). A stable sort puts the others
+    # first, ascending (unlike nonzero() it needs no device synchronisation); a survivor's output
+    # slot is its position less the tokens gone before it
+    if survivors is None:
+        gone, kept = torch.zeros(B, N, dtype=torch.uint8, device=metric.device), N - r
+    else:
+        gone = torch.ones(B, N, dtype=torch.uint8, device=metric.device).scatter_(1, survivors, 0)
+        kept = survivors.shape[1] - r
+    gone.scatter_(1, src, 1)
+    keep = gone.sort(dim=1, stable=True).indices[:, :kept]  # (B, kept)
+    dst = dst_pos - gone.cumsum(1).gather(1, dst_pos)  # (B, r) slots into keep
+    return MergePlan(keep, src, dst, dst_pos)
 
 
 def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6, offset: int = 0) -> Tensor:

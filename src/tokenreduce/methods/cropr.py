@@ -333,7 +333,7 @@ class Cropr(Reducer):
             self.probe(state.block, x, state, count)
         if count == x.shape[1] - p:  # a warm-up step that prunes nothing here
             return x
-        keep, _ = ops.keep_topk(scores.detach(), count, p)
+        keep, _ = ops.keep_topk(scores.detach() if scores.requires_grad else scores, count, p)  # detach: 1 op
         return state.gather(x, keep)
 
 

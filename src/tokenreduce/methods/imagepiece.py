@@ -52,7 +52,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from ..core import ops
@@ -187,29 +186,25 @@ class ImagePiece(Reducer):
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p = state.num_prefix
-        scores = info.cls_attn[:, :, p:].mean(dim=1)  # (B, M)
-        metric = info.keys.mean(dim=1)  # (B, N, d)
-        k, r = self._rule(state.block, x.shape[1] - p)
-        if k and self.cfg.rescore == "next":
-            x, scores, metric = self._prune(x, state, scores, metric, k)
-        if r:
-            m = x.shape[1] - p
-            s = _share(self.cfg.bottom, m)
-            subset = scores.topk(s, dim=1, largest=False).indices.sort(dim=1).values + p  # (B, S) spatial order
-            plan = ops.subset_matching(metric, subset, r)
-            x = state.merge(x, plan)
-            # a merged token scores the attention its members drew (III at the same block)
-            full = torch.cat([scores.new_zeros(scores.shape[0], p), scores], 1)  # (B, N)
-            scores = plan.sum(full)[:, p:]  # (B, M - r)
-        if k and self.cfg.rescore == "same":
-            x, _, _ = self._prune(x, state, scores, None, k)
+        m = x.shape[1] - p
+        k, r = self._rule(state.block, m)
+        same = self.cfg.rescore == "same"
+        scores = info.cls_attn.mean(dim=1)  # (B, N); the prefix entries are never read
+        if not r:  # III alone: prune the k lowest-scoring tokens
+            return x if not k else state.gather(x, ops.keep_top(scores, m - k, p)[0])
+        # the prefix scores +inf: never inattentive, always kept; positions then index x directly
+        key = scores.index_fill(1, ops.positions(0, p, 1, x.device), math.inf) if p else scores
+        survivors = None
+        if k and not same:  # III of the previous iteration, then II on the survivors: one plan does both
+            left = m - k
+            order = key.argsort(dim=1, descending=True)  # (B, N)
+            survivors = order[:, :p + left]  # (B, p + left) the kept tokens, any order
+            # the S lowest-scoring survivors, in spatial order
+            subset = order[:, p + left - _share(self.cfg.bottom, left):p + left].sort(dim=1).values
+        else:
+            subset = key.topk(_share(self.cfg.bottom, m), dim=1, largest=False).indices.sort(dim=1).values  # (B, S)
+        plan = ops.subset_matching(info.keys.mean(dim=1), subset, r, survivors)  # keys (B, H, N, d) -> (B, N, d)
+        x = state.merge(x, plan)
+        if k and same:  # a merged token scores the attention its members drew
+            x = state.gather(x, ops.keep_top(plan.sum(scores), m - r - k, p)[0])
         return x
-
-    @staticmethod
-    def _prune(x: Tensor, state: TokenState, scores: Tensor, metric: Tensor | None, k: int):
-        """Drop the k lowest-scoring non-prefix tokens; scores and metric follow the kept ones."""
-        p = state.num_prefix
-        keep, _ = ops.keep_topk(scores, scores.shape[1] - k, p)  # (B, p + M - k)
-        x = state.gather(x, keep)
-        scores = scores.gather(1, keep[:, p:] - p)
-        return x, scores, (None if metric is None else ops.gather_tokens(metric, keep))
