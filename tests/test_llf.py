@@ -28,15 +28,15 @@ def test_llf_returns_every_token_to_its_position_with_its_pruned_value() -> None
     model = make_host("deit")
     plain = copy.deepcopy(model)
     tr.apply(model, "random(keep=0.5, locs=(0,), where='block') + llf()")
-    keep = timm_vit.get_patch(model).reducer.stages[0]._keep[0]  # (32,) patch positions kept at block 0
+    keep = timm_vit.get_patch(model).reducer.stages[0]._keep[0]  # (1 + 32,) positions kept at block 0, cls first
     images = _images()
     with torch.no_grad():
         out = model(images)
         x = plain.norm_pre(plain._pos_embed(plain.patch_embed(images)))
         x = plain.blocks[0](x)  # (B, 65, C): the pruned tokens' values when pruned
-        kept = plain.blocks[2](plain.blocks[1](torch.cat([x[:, :1], x[:, 1 + keep]], 1)))
+        kept = plain.blocks[2](plain.blocks[1](x[:, keep]))
         full = x.clone()
-        full[:, 0], full[:, 1 + keep] = kept[:, 0], kept[:, 1:]  # back in place, the others as pruned
+        full[:, keep] = kept  # back in place, the others as pruned
         want = plain.forward_head(plain.norm(plain.blocks[3](full)))
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     info = tr.get_info(model)

@@ -48,11 +48,15 @@ class RandomPrune(Reducer):
             counts=c.counts, locs=c.locs,
         )
         gen = torch.Generator().manual_seed(int(c.seed))
+        # the whole index per block, prefix included, built once: the baseline pays for its token
+        # counts and nothing else
         self._keep: dict[int, Tensor] = {}
+        prefix = torch.arange(host.num_prefix)
         prev = host.num_patches
         for block in sched.locs:
             count = sched.counts[block]
-            self._keep[block] = torch.rand(prev, generator=gen).topk(count).indices.sort().values
+            kept = torch.rand(prev, generator=gen).topk(count).indices.sort().values
+            self._keep[block] = torch.cat([prefix, kept + host.num_prefix])  # (p + count,)
             prev = count
         return sched
 
@@ -70,7 +74,7 @@ class RandomPrune(Reducer):
                                       "seed": seed})
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
-        p = state.num_prefix
-        keep = self._keep[state.block].to(x.device) + p  # (count,)
-        idx = torch.cat([torch.arange(p, device=x.device), keep]).expand(x.shape[0], -1)
-        return state.gather(x, idx)  # (B, p + count, C)
+        idx = self._keep[state.block]
+        if idx.device != x.device:
+            idx = self._keep[state.block] = idx.to(x.device)
+        return state.gather(x, idx.expand(x.shape[0], -1))  # (B, p + count, C)
