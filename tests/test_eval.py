@@ -233,6 +233,17 @@ def test_fit_power_recovers_a_power_law_and_refuses_a_falling_one():
     assert fit_power([(1.2, 1.3), (2.0, 1.1)]) is None and fit_power([(1.5, 1.4)]) is None
 
 
+def test_fit_power_never_promises_a_speed_up_where_nothing_is_removed():
+    # noisy timings that flatten the curve: a free fit has a = 1.37 (a 1.13x-MACs spec would be read
+    # as 1.5x); the anchored fit passes through (1, 1) and reads that spec near its MACs ratio
+    points = [(1.4, 1.55), (1.8, 1.6), (2.4, 1.75), (3.2, 2.0)]
+    a, b = fit_power(points)
+    assert a == 1.0 and 0 < b < 1
+    assert 1.0 < a * 1.13**b < 1.13
+    a, b = fit_power([(x, 0.9 * x**0.8) for x in (1.4, 2.0, 3.0)])  # a <= 1 is left as fitted
+    assert math.isclose(a, 0.9) and math.isclose(b, 0.8)
+
+
 # ----------------------------------------------------------------------------- visualize command
 
 

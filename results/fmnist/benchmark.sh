@@ -40,7 +40,8 @@ fi
 if [ ! -f "$OUT/free/results.json" ]; then echo "no $OUT/free/results.json: run the free step first" >&2; exit 1; fi
 python3 - "$OUT/free/results.json" > "$OUT/picks.tsv" <<'PY'
 import json, sys
-for pick in json.load(open(sys.argv[1]))["budgets"]["picks"]:
+# the smallest target first: its fine-tunes are the ones the issue's target reads
+for pick in sorted(json.load(open(sys.argv[1]))["budgets"]["picks"], key=lambda p: (p["target"], p["method"])):
     print(f"{pick['method']}-{pick['target']:g}x\t{pick['spec']}")
 PY
 

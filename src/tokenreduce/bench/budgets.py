@@ -13,7 +13,8 @@ The rule, for a target t (e.g. 1.5 or 2.0) and one method:
                      [min t / 1.1, 1.6 max t] (measured speed-ups fall below the MACs ratio: norms,
                      gathers and per-block overheads are not MACs), all methods in one interleaved
                      run (``measure_speed``); fit  measured = a * macs_speedup^b  per method in log
-                     space (least squares; it averages out timing noise); pick
+                     space (least squares, a <= 1: removing nothing cannot be faster than the
+                     unreduced model; it averages out timing noise); pick
                      argmin |log(a * macs_speedup(spec)^b) - log t|. A method whose timings do not
                      rise with the MACs ratio (b <= 0) falls back to rule 'macs'.
 Ties go to the milder spec. Both rules pick monotonically in t (nearest point on an increasing
@@ -143,8 +144,16 @@ def spread(cs: Sequence[Candidate], lo: float, hi: float, k: int) -> list[Candid
 
 
 def fit_power(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least-squares fit of  measured = a * macs^b  in log space to (macs, measured) points;
-    None when it cannot say anything (fewer than 2 distinct points, or b <= 0)."""
+    """Least-squares fit of  measured = a * macs^b  in log space to (macs, measured) points, with
+    a <= 1; None when it cannot say anything (fewer than 2 distinct points, or timings that do not
+    rise with the MACs ratio: b <= 0).
+
+    a is the curve's speed-up at MACs ratio 1, where nothing is removed: a reduction that removes
+    nothing still pays its book-keeping, so a > 1 is noise (a short timing run of a small model
+    moves by 10% and more) and extrapolates to speed-ups no spec has: a free fit on noisy timings
+    once put a random pruner removing 12% of the MACs at 1.5x. Such a fit is redone through
+    (1, 1): b = sum(x y) / sum(x^2) in logs.
+    """
     xs = [math.log(m) for m, _ in points]
     ys = [math.log(v) for _, v in points]
     n = len(xs)
@@ -157,7 +166,10 @@ def fit_power(points: Sequence[tuple[float, float]]) -> tuple[float, float] | No
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
     if b <= 0:
         return None
-    return math.exp(my - b * mx), b
+    log_a = my - b * mx
+    if log_a > 0:
+        log_a, b = 0.0, sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
+    return (math.exp(log_a), b) if b > 0 else None
 
 
 def find_budgets(
