@@ -14,7 +14,7 @@
 # A finished step is skipped (delete its output to redo it). Several lanes may share `ft` (e.g.
 # THREADS=1 twice: each run is claimed through a lock, results/lanes.sh); run `final` alone on idle cores.
 # Time on 2 cores: free ~4 min; ft ~8.5 min per run in each of two THREADS=1 lanes (0.55 s a step, 936 steps;
-# 11 picks x 3 seeds: ~2.5 h); final ~15 min.
+# 11 picks x 3 seeds: ~2.5 h); final ~5 min.
 # Knobs (environment): REF (reference checkpoint dir), OUT (results dir), BUDGETS (targets, "1.5,2"),
 # FT_EPOCHS (2), FT_SUBSET (training images per epoch; empty: all), FT_DIR (fine-tune checkpoints,
 # cache/ft-<epochs>ep), THREADS (2), EVAL_ARGS (extra arguments for both evaluations, e.g. '--subset 500'
