@@ -97,6 +97,29 @@ def test_eval_writes_json_csv_png_with_every_spec(tmp_path, ckpt, capsys):
 
 
 @needs_fmnist
+def test_eval_times_every_row_on_the_chosen_backend(tmp_path, ckpt, capsys, monkeypatch):
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'tokenreduce[export]'")
+    pytest.importorskip("onnxscript", reason="onnxscript is not installed: pip install 'tokenreduce[export]'")
+    from tokenreduce.bench import backends
+
+    runs = []
+    real = backends._OnnxRunner.__call__
+    monkeypatch.setattr(backends._OnnxRunner, "__call__", lambda self, x: runs.append(x.shape) or real(self, x))
+    out = tmp_path / "out"
+    spec = "topk(keep=0.5, locs=(1, 2))"
+    assert main(["eval", "--checkpoint", str(ckpt), "--spec", spec, "--backend", "onnxruntime", "--out", str(out),
+                 *FAST]) == 0
+    assert "backend onnxruntime" in capsys.readouterr().out
+    data = json.loads((out / "results.json").read_text())
+    assert data["provenance"]["backend"] == "onnxruntime" and data["provenance"]["onnxruntime"]
+    assert data["speed"]["backend"] == "onnxruntime"
+    assert [r["label"] for r in data["results"]] == ["unpatched", spec]
+    assert all(r["speedup"] > 0 for r in data["results"])
+    # every timed forward went through onnxruntime: 2 cases, 1 round, batch 4 and batch 1
+    assert sorted(shape[0] for shape in runs) == [1, 1, 4, 4]
+
+
+@needs_fmnist
 def test_eval_errors_are_one_line(tmp_path, ckpt, capsys):
     one_line_error(capsys, ["eval", "--checkpoint", str(tmp_path / "missing.safetensors"), "--spec", "tome(r=2)"],
                    "does not exist")

@@ -50,11 +50,13 @@ def parse_list(text: str | None, flag: str, kind: type = float) -> list:
         raise TokenReduceError(f"{flag} takes comma-separated {what} like {example}, got {text!r}") from None
 
 
-def speed_settings(*, batch: int, warmup: int, repeats: int, threads: int, eval_batch: int = 1) -> dict[str, Any]:
-    """Keyword arguments of ``measure_speed`` after checking them."""
+def speed_settings(*, batch: int, warmup: int, repeats: int, threads: int, eval_batch: int = 1,
+                   backend: str = "eager") -> dict[str, Any]:
+    """Keyword arguments of ``measure_speed`` after checking them (``backend``: bench/backends.py)."""
     if batch < 1 or repeats < 1 or warmup < 0 or eval_batch < 1:
         raise TokenReduceError("--batch, --eval-batch and --repeats must be >= 1, --warmup >= 0")
-    return {"batch": batch, "warmup": warmup, "repeats": repeats, "min_run_s": SPEED["min_run_s"], "threads": threads}
+    return {"batch": batch, "warmup": warmup, "repeats": repeats, "min_run_s": SPEED["min_run_s"], "threads": threads,
+            "backend": backend}
 
 
 # ----------------------------------------------------------------------------- reference and data

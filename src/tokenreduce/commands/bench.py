@@ -46,9 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     p.add_argument("--warmup", type=int, help=f"untimed rounds (default {DEFAULTS['warmup']})")
     p.add_argument("--repeats", type=int, help=f"timed rounds (default {DEFAULTS['repeats']})")
-    p.add_argument("--backend", default="eager", choices=list(BACKENDS),
-                   help="how every case runs: eagerly, torch.compile'd (compiled before timing), or exported "
-                   "to ONNX and run by onnxruntime on the CPU in float32 (default: %(default)s)")
+    add_backend_arg(p)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: %(default)s)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
@@ -93,6 +91,13 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
         remove(model)
     log(f"reference {path}: {meta['model']['name']}")
     return model, meta["model"]["name"]
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    """``--backend``: how every timed case runs (bench/backends.py); shared by bench and eval."""
+    p.add_argument("--backend", default="eager", choices=list(BACKENDS),
+                   help="how every timed case runs: eagerly, torch.compile'd (compiled before timing), or exported "
+                   "to ONNX and run by onnxruntime on the CPU in float32 (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..bench.evaluation import SPEED
+from .bench import add_backend_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Evaluate the reference checkpoint unpatched and with each spec (and fine-tuned checkpoints) "
         "on a test set: the metric of the checkpoint's task (top1, map, miou; mean and std over seeds for "
         "stochastic methods), drop vs unpatched, MACs, and "
-        "img/s, latency and speed-up measured in one interleaved run. Writes results.json, results.csv and "
+        "img/s, latency and speed-up measured in one interleaved run (on --backend; the metric is always "
+        "computed eagerly). Writes results.json, results.csv and "
         "pareto.png to --out.",
         epilog="Example: tokenreduce eval --checkpoint cache/fmnist-vit --spec 'tome(r=4)' --budgets 1.5,2",
     )
@@ -57,6 +59,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=SPEED["repeats"], help="timed rounds (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=SPEED["warmup"], help="untimed rounds (default: %(default)s)")
+    add_backend_arg(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench import evaluation as ev
     from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
+    from ..bench.backends import get_backend
     from ..bench.report import provenance
     from ..core.method import build_reducer
 
@@ -74,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.spec:  # a malformed spec fails before anything is loaded
         build_reducer(spec)
     speed = ev.speed_settings(batch=args.batch, warmup=args.warmup, repeats=args.repeats, threads=args.threads,
-                              eval_batch=args.eval_batch)
+                              eval_batch=args.eval_batch, backend=args.backend)
     torch.set_num_threads(args.threads)
     ref = ev.load_reference(args.checkpoint[0])
     cases = [EvalCase(spec, spec) for spec in args.spec]
@@ -90,11 +94,12 @@ def run(args: argparse.Namespace) -> int:
     rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=seeds,
                           eval_batch=args.eval_batch, speed=speed, progress=ev.log)
     print(f"{args.checkpoint[0]}  task {ref.task.spec()}  {data_info['name']} ({data_info['which']})  batch "
-          f"{args.batch} (latency: batch 1)  {ev.threads_text(args.threads)}  seeds {seeds}")
+          f"{args.batch} (latency: batch 1)  {ev.threads_text(args.threads)}  backend {args.backend}  seeds {seeds}")
     print(ev.table(rows), flush=True)
     info = {
         "provenance": provenance(argv=args.argv, threads=args.threads, batch_sizes=[args.batch, 1],
                                  seed=seeds[0] if seeds else None, seeds=seeds, eval_batch=args.eval_batch,
+                                 backend=args.backend, **get_backend(args.backend).versions(),
                                  wall_s=round(time.perf_counter() - t0, 1)),
         "reference": {"checkpoint": args.checkpoint[0], "model": ref.meta.get("model"), "spec": ref.meta.get("spec"),
                       "task": ref.task.spec()},
@@ -102,5 +107,5 @@ def run(args: argparse.Namespace) -> int:
                                                        "picks": picks, "skipped": skipped},
     }
     ev.write_outputs(Path(args.out), rows, info, f"{data_info['name']}, {data_info['n']} test images, "
-                     f"{ev.threads_text(args.threads)}, batch {args.batch}", task=ref.task)
+                     f"{ev.threads_text(args.threads)}, batch {args.batch}, {args.backend}", task=ref.task)
     return 0
