@@ -182,6 +182,20 @@ def test_eval_reports_the_checkpoints_task_metric_with_its_own_weights(tmp_path,
         assert next(csv.DictReader(f))["metric"] == metric
 
 
+def test_eval_adds_default_budgets_only_when_nothing_else_is_asked(tmp_path, ckpt, capsys):
+    data = make_synthetic(tmp_path / "fmnist", n_train=40, n_test=32)
+    tuned = tmp_path / "tuned.safetensors"
+    save_checkpoint(tuned, tiny_model(1), meta={"model": MODEL, "spec": "tome(r=4)", "config": {"seed": 1}})
+    base = ["eval", "--checkpoint", str(ckpt), "--data", str(data), *FAST, "--methods", "topk"]
+    for more, kinds in (([], ["unpatched", "training-free", "training-free"]),
+                        (["--checkpoint", str(tuned)], ["unpatched", "fine-tuned"]),
+                        (["--checkpoint", str(tuned), "--budgets", "2"], ["unpatched", "training-free", "fine-tuned"])):
+        out = tmp_path / f"out{len(more)}"
+        assert main([*base, *more, "--out", str(out)]) == 0
+        capsys.readouterr()
+        assert [r["kind"] for r in json.loads((out / "results.json").read_text())["results"]] == kinds, more
+
+
 def test_eval_refuses_a_fine_tuned_checkpoint_of_another_task(tmp_path, capsys):
     data = make_synthetic(tmp_path / "fmnist", n_train=20, n_test=12)
     save_task_checkpoint(tmp_path / "ref.safetensors", "classify")

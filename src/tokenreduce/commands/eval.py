@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spec", action="append", default=[], metavar="SPEC",
                    help="training-free spec to evaluate, e.g. 'evit(keep=0.7, locs=(1, 3, 4))'; repeatable")
     p.add_argument("--budgets", metavar="X,Y", help="target speed-ups, e.g. 1.5,2: one spec per training-free method "
-                   "and target (default when no --spec is given: 1.5,2)")
+                   "and target (default when neither --spec nor fine-tuned checkpoints are given: 1.5,2)")
     p.add_argument("--methods", metavar="A,B", help="methods for --budgets (default: every training-free one)")
     p.add_argument("--budget-rule", choices=("macs", "measured"), default="macs",
                    help="pick budget specs by analytic MACs (default) or by a short timing run")
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     seeds = ev.parse_list(args.seeds, "--seeds", int)
-    targets = ev.parse_list(args.budgets, "--budgets") or ([] if args.spec else [1.5, 2.0])
+    # the default budgets only where nothing else was asked for: fine-tuned checkpoints are a question
+    targets = ev.parse_list(args.budgets, "--budgets") or ([] if args.spec or args.checkpoint[1:] else [1.5, 2.0])
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     for spec in args.spec:  # a malformed spec fails before anything is loaded
         build_reducer(spec)
