@@ -21,7 +21,7 @@
 # for a dry run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. results/lanes.sh
+. results/fmnist/finetune.sh
 what=${1:-all}
 case "$what" in free|ft|final|all) ;; *) echo "usage: bash results/fmnist/benchmark.sh [free|ft|final|all]" >&2; exit 2 ;; esac
 REF=${REF:-cache/fmnist-vit}
@@ -47,23 +47,13 @@ for pick in sorted(json.load(open(sys.argv[1]))["budgets"]["picks"], key=lambda 
 PY
 
 # 2. fine-tune every pick with 3 seeds
-subset=()
-if [ -n "$FT_SUBSET" ]; then subset=(--subset "$FT_SUBSET"); fi
 checkpoints=()
 specs=()
 while IFS=$'\t' read -r name spec; do
   specs+=(--spec "$spec")
   for seed in 0 1 2; do
-    dir="$FT_DIR/$name-s$seed"
-    checkpoints+=(--checkpoint "$dir")
-    if [ "$what" != ft ] && [ "$what" != all ]; then continue; fi
-    if [ -f "$dir/model.safetensors" ]; then continue; fi
-    if ! claim "$dir.lock"; then echo "== $name seed $seed: in progress in another lane"; continue; fi
-    echo "== $name seed $seed"
-    tokenreduce train --recipe fmnist-vit-ft --init "$REF" --teacher "$REF" --spec "$spec" \
-        --epochs "$FT_EPOCHS" "${subset[@]}" --eval-subset 500 --seed "$seed" \
-        --threads "$THREADS" --quiet --resume --out "$dir"
-    release "$dir.lock"
+    checkpoints+=(--checkpoint "$FT_DIR/$name-s$seed")
+    if [ "$what" = ft ] || [ "$what" = all ]; then finetune "$name" "$spec" "$seed"; fi
   done
 done < "$OUT/picks.tsv"
 
