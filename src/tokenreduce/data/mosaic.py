@@ -102,7 +102,7 @@ class Mosaic(Dataset):
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         img, mask = self.raw(i)
         if self.augment == "crop_flip":
-            img, mask = _joint_crop_flip(img, mask, self.pad, self.background)
+            img, mask = joint_crop_flip(img, mask, self.pad, self.background)
         x = self.transform(img[None])  # (C, H, W)
         if tuple(mask.shape) != tuple(x.shape[-2:]):
             mask = F.interpolate(mask[None, None].float(), size=x.shape[-2:], mode="nearest")[0, 0].long()
@@ -118,7 +118,7 @@ def _tile(t: Tensor) -> Tensor:
     return torch.cat([torch.cat([t[0], t[1]], 1), torch.cat([t[2], t[3]], 1)], 0)
 
 
-def _joint_crop_flip(img: Tensor, mask: Tensor, pad: int, background: int) -> tuple[Tensor, Tensor]:
+def joint_crop_flip(img: Tensor, mask: Tensor, pad: int, background: int) -> tuple[Tensor, Tensor]:
     """The same random padded crop and horizontal flip for img (H, W) uint8 and mask (H, W)."""
     H, W = img.shape
     img = F.pad(img, (pad, pad, pad, pad))  # raw 0: black, which the threshold calls background
