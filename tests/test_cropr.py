@@ -215,7 +215,7 @@ def test_bad_specs_are_clear() -> None:
         "cropr(r=4, classes=10, heads=3)": "heads=3 does not divide",
         "cropr(r=30, classes=10)": "prunes all 64 patch tokens",
         "cropr(r=4, inference=True, score='softmax')": "score='softmax' needs the training form",
-        "cropr(r=4, classes=10, score='mean')": "choose from 'logits', 'softmax'",
+        "cropr(r=4, classes=10, score='mean')": "score='mean' is invalid; score takes 'logits' or 'softmax'",
         "cropr(r=-1, classes=10)": "r=-1 must be an int >= 0",
         "cropr(r=2, classes=10, locs=(5,))": "beyond the model's depth",
     }

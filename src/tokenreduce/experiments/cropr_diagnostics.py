@@ -58,7 +58,7 @@ class DiagnosticsConfig:
     checkpoint: str | None = None
     data_dir: str | None = None
     images: int | None = None
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: int | tuple[int, ...] = (0, 1, 2)
     batch: int = 250
     spec: str | None = None
     tiny: bool = False

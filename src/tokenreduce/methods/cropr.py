@@ -66,6 +66,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -76,7 +77,8 @@ from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method
 from ..core.schedule import Schedule, compile_schedule
 from ..core.state import TokenState
 
-SCORES = ("logits", "softmax")
+Score = Literal["logits", "softmax"]
+SCORES: tuple[str, ...] = get_args(Score)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class CroprConfig:
     warmup_steps: int = 0
     heads: int = 1
     mlp_ratio: float = 4.0
-    score: str = "logits"
+    score: Score = "logits"
     inference: bool = False
 
 
