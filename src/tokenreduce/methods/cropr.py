@@ -44,7 +44,8 @@ Spec parameters: ``r``, ``first``, ``queries`` (Nq), ``classes`` (K of the auxil
 the task's outputs, e.g. 10 for Fashion-MNIST, 11 for the mosaics with background; required by
 the training form: a head's size is part of the checkpoint, so it is stated in the spec, never
 guessed from the host's classifier, which a task may reset), ``locs`` (None = every block but
-the last; before ``llf()``, every block but the last two: :func:`default_modules`), ``warmup_steps``, ``heads`` (router heads: the aggregator's softmax per head),
+the last; before ``llf()``, every block but the last two: :func:`default_modules`),
+``warmup_steps``, ``heads`` (router heads: the aggregator's softmax per head),
 ``mlp_ratio`` (0 = no MLP), ``score`` ('logits' = the official score; 'softmax' = the review's
 re-score, s_j = sum over heads and queries of P[:, n, j]: what the aggregator trains, for
 ``cropr_diagnostics``), ``inference`` (the deployed form).
