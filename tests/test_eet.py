@@ -174,7 +174,7 @@ def test_flags_give_the_arms(spec, losses, teacher):
         == teacher
 
 
-@pytest.mark.parametrize(("spec", "match"), [("eet(w=0)", "w "), ("eet(mask='rows')", "mask takes 'grid' or"),
+@pytest.mark.parametrize(("spec", "match"), [("eet(w=0)", "w "), ("eet(mask='rows')", "takes 'grid' or 'official'"),
                                              ("eet(teacher='big')", "teacher takes 'joint' or 'frozen'"),
                                              ("eet(bits=1)", "bits must be"), ("eet(dkt=1)", "True or False"),
                                              ("eet(targets='class')", "unknown parameter")])
