@@ -241,7 +241,7 @@ class Compose(Reducer):
         counts: list[int] = []
         mid: list[int] = []
         plan: dict[int, list[Step]] = {}
-        acted: str | None = None  # a stage that acted since the start or since the last restoring stage
+        acted = False  # a stage acted since the start or since the last restoring stage
         last_restore: tuple[str, int] | None = None
         for block in range(host.depth):
             for point in POINTS:
@@ -250,9 +250,9 @@ class Compose(Reducer):
                         continue
                     if stage.restores:
                         self._check_restore(stage, block, acted, last_restore)
-                        acted, last_restore = None, (stage.name, block)
+                        acted, last_restore = False, (stage.name, block)
                     else:
-                        acted = stage.name
+                        acted = True
                     new, new_aside = stage.compose_step(block, cur, aside, sched)
                     if not 1 <= new <= n:
                         raise SpecError(
@@ -270,10 +270,10 @@ class Compose(Reducer):
         return Schedule(n, tuple(counts), tuple(sorted(self._plan)), where,
                         tuple(mid) if where == "both" else None)
 
-    def _check_restore(self, stage: Reducer, block: int, acted: str | None, last: tuple[str, int] | None) -> None:
+    def _check_restore(self, stage: Reducer, block: int, acted: bool, last: tuple[str, int] | None) -> None:
         """Refuse a stage that brings pruned tokens back where no stage acted before it: it would do
         nothing (``'llf() + llf()'``, or a restoring stage at a block before every pruner's)."""
-        if acted is not None:
+        if acted:
             return
         if last is None:
             raise SpecError(f"{self.spec()}: {stage.name} brings back the tokens that earlier stages pruned, but "
