@@ -123,12 +123,13 @@ def draw(model: nn.Module, specs: Sequence[str | Reducer], images: Tensor, title
     return paths
 
 
-def dataset_images(model: nn.Module, data: str, data_dir: str | None,
-                   indices: Sequence[int]) -> tuple[Tensor, list[str]]:
-    """(images (n, C, H, W) as ``model`` takes them, titles '#i class') of test images ``indices``."""
+def dataset_images(model: nn.Module, data: str, data_dir: str | None, indices: Sequence[int],
+                   classes: Sequence[str] | None = None) -> tuple[Tensor, list[str]]:
+    """(images (n, C, H, W) as ``model`` takes them, titles '#i class') of test images ``indices``;
+    ``classes``: the model's class list (a checkpoint's), by which the data is mapped."""
     from .data import build_dataset, data_config_from_model
 
-    ds = build_dataset(data, "test", data_dir=data_dir, **data_config_from_model(model))
+    ds = build_dataset(data, "test", data_dir=data_dir, classes=classes, **data_config_from_model(model))
     bad = [i for i in indices if not 0 <= i < len(ds)]
     if bad:
         raise TokenReduceError(f"image index {bad[0]} is outside the test set (0..{len(ds) - 1})")

@@ -102,14 +102,18 @@ def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None =
     """The reference task's test set (and training split as the database) for the reference's input.
 
     ``data``: a dataset name or directory (default: the checkpoint's); ``subset``: a fixed random
-    ``subset`` of the test items (torch.randperm, seed 0).
+    ``subset`` of the test items (torch.randperm, seed 0). Labels index the reference's classes
+    (``models.classes_of``): an image folder is mapped by class name, one with a class the model
+    does not know is refused.
     """
     from ..data import OnDemand, data_config_from_model
     from ..data import subset as take
+    from ..models import classes_of
     from .accuracy import materialize
 
     name = data or (ref.meta.get("data") or {}).get("name") or "fashion_mnist"
-    kw = {"data_dir": data_dir, "download": download, **data_config_from_model(ref.model)}
+    kw = {"data_dir": data_dir, "download": download, "classes": classes_of(ref.meta),
+          **data_config_from_model(ref.model)}
     full = ref.task.dataset(name, "test", train=False, **kw)
     ds = take(full, subset, seed=0)
     if subset and subset < len(full):
@@ -161,9 +165,10 @@ def budget_cases(model: nn.Module, targets: Sequence[float], methods: Sequence[s
 
 def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
     """One EvalCase per spec among the fine-tuned checkpoints ``paths``; each must hold the
-    reference's model and have been trained for the reference's task."""
+    reference's model, have been trained for the reference's task and on its classes, in its order
+    (the labels of the evaluation data index the reference's)."""
     from ..core.method import build_reducer
-    from ..models import read_meta, resolve
+    from ..models import classes_of, read_meta, resolve
     from ..tasks import build_task
     from .accuracy import DEFAULT_TASK, EvalCase
 
@@ -173,6 +178,12 @@ def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
         if meta.get("model") != ref.meta.get("model"):
             raise TokenReduceError(f"{path} holds model {meta.get('model')}, the reference holds "
                                    f"{ref.meta.get('model')}; fine-tuned checkpoints must share the reference's model")
+        mine, theirs = classes_of(meta), classes_of(ref.meta)
+        if mine and theirs and mine != theirs:
+            other = sorted(set(mine) ^ set(theirs))
+            why = f"classes the other lacks: {', '.join(other)}" if other else "the same classes in another order"
+            raise TokenReduceError(f"{path} was trained on other classes than the reference {ref.path} ({why}); "
+                                   "its outputs would be scored against the wrong labels")
         task = build_task(meta.get("task") or DEFAULT_TASK).spec()
         if task != ref.task.spec():
             raise TokenReduceError(f"{path} was trained for the task {task}, the reference for {ref.task.spec()}; "

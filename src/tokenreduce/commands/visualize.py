@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from ..adapters.timm_vit import get_patch
     from ..bench.evaluation import log, parse_list
     from ..core.method import build_reducer
-    from ..models import load_model
+    from ..models import classes_of, load_model
     from ..visualize import dataset_images, draw
 
     for spec in args.spec:
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if not specs:
         raise TokenReduceError(f"{args.checkpoint} carries no reducer; give --spec, e.g. --spec 'tome(r=4)'")
     data = args.data or (meta.get("data") or {}).get("name") or "fashion_mnist"
-    images, titles = dataset_images(model, data, args.data_dir, indices)
+    images, titles = dataset_images(model, data, args.data_dir, indices, classes_of(meta))
     for path in draw(model, specs, images, titles, Path(args.out)):
         print(path)
     return 0

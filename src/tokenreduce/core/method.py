@@ -44,7 +44,9 @@ class AttnInfo:
 
 @dataclass(frozen=True)
 class Host:
-    """What a method may know about the model it is applied to."""
+    """What a method may know about the model it is applied to. ``restore_at``: set by a composite
+    (core/compose.py) for the stages before one that ``restores`` pruned tokens, the block after which
+    they come back (a pruner's default placement ends before it); None otherwise."""
 
     depth: int
     dim: int
@@ -53,6 +55,7 @@ class Host:
     num_patches: int
     grid: tuple[int, int]
     has_class_token: bool
+    restore_at: int | None = None
 
 
 #: MACs of each attention side product in ``NEEDS``, per token entering the attention, in units
@@ -105,6 +108,10 @@ class Reducer(nn.Module):
     needs_class_token: ClassVar[bool] = False
     #: keep pruned tokens aside in the TokenState (for methods that bring them back, e.g. LLF)
     keep_pruned: ClassVar[bool] = False
+    #: brings back, at the blocks of its schedule, every token the earlier stages of a composite pruned
+    #: (Last Layer Fusion): a composite refuses it where no stage acts before it, and binds the stages
+    #: before it with ``Host.restore_at`` (their default placement ends before it)
+    restores: ClassVar[bool] = False
     #: acts only on what earlier stages of a composite did (Last Layer Fusion brings back what they
     #: pruned): alone it is the identity, so the contract tests check it alone for that and as a stage
     #: in compositions (tests/test_compose.py)

@@ -60,7 +60,7 @@ class RecallConfig:
     data: str = "fashion_mnist"
     data_dir: str | None = None
     images: int | None = None
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: int | tuple[int, ...] = (0, 1, 2)
     threshold: int = THRESHOLD
     batch: int = 500
     tiny: bool = False

@@ -94,6 +94,14 @@ def resolve(path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------- models
 
 
+def classes_of(meta: dict[str, Any]) -> list[str] | None:
+    """The class names a checkpoint's labels index (``meta['classes']``: its training split's, in
+    order), or None for a checkpoint written without them. Every evaluation of it maps its data by
+    these names (``data.build_dataset(..., classes=...)``)."""
+    classes = meta.get("classes")
+    return list(classes) if classes else None
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The module inside a DistributedDataParallel / DataParallel wrapper."""
     return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model

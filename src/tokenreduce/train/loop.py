@@ -43,6 +43,7 @@ from ..models import (
     apply_transform,
     atomic_write,
     build_model,
+    classes_of,
     load_model,
     load_weights,
     model_config,
@@ -254,16 +255,17 @@ class _Run:
         kw = dict(data_dir=cfg.data_dir, download=cfg.download, **self.data_cfg)
         if cfg.download and info.distributed and not info.main:
             dist.barrier()  # let rank 0 download first
-        train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, **kw)
-        eval_ds = self.task.dataset(cfg.data, "test", train=False, **kw)
+        train_ds = self._train_split(cfg, ckpt, kw)
+        self.classes = list(train_ds.classes)
+        eval_ds = self.task.dataset(cfg.data, "test", train=False, classes=self.classes, **kw)
         if cfg.download and info.distributed and info.main:
             dist.barrier()
-        self.classes = list(train_ds.classes)
         model_cfg = _fit_classes(model, model_cfg, len(self.classes))
         self.train_ds = Seeded(subset(train_ds, cfg.subset))
         self.eval_ds = subset(eval_ds, cfg.eval_subset if cfg.eval_subset is not None else cfg.subset)
         # the database a task may rank against (retrieval): the whole training split, unaugmented
-        self.database = OnDemand(lambda: self.task.dataset(cfg.data, "train", train=False, **kw))
+        self.database = OnDemand(lambda: self.task.dataset(cfg.data, "train", train=False, classes=self.classes,
+                                                           **kw))
         self.model = model.to(self.device)
         teacher = load_model(cfg.teacher, self.device)[0] if cfg.teacher else None
         # train_labels index the dataset the task returned (a task may key per-item targets by it)
@@ -296,6 +298,18 @@ class _Run:
         if info.distributed:
             ids = [self.device] if self.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.task, device_ids=ids)
+
+    def _train_split(self, cfg: TrainConfig, ckpt, kw: dict[str, Any]):
+        """The training split, its labels indexing the run's ONE class list (recorded in every
+        checkpoint, by which every other split and evaluation is mapped): a resumed run's (its
+        checkpoint's; a class folder added since is refused, named), else the ``--init`` model's when
+        they hold every class of the split (its head keeps its meaning), else the split's own."""
+        known = classes_of(ckpt.meta) if ckpt is not None else None
+        train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, classes=known, **kw)
+        init = classes_of(read_meta(cfg.init)) if cfg.init and ckpt is None else None
+        if init and init != list(train_ds.classes) and set(train_ds.classes) <= set(init):
+            train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, classes=init, **kw)
+        return train_ds
 
     def _init_task(self, path: str) -> None:
         """--init from a run of the same task also starts the task's own tensors from it."""
