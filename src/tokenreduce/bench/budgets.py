@@ -124,7 +124,7 @@ def check_targets(targets: Sequence[float]) -> list[float]:
     bad = [t for t in targets if not (t > 1.0 and math.isfinite(t))]
     if not targets or bad:
         got = ", ".join(f"{t:g}" for t in targets) or "none"
-        raise TokenReduceError(f"budget targets (--budgets) must be speed-ups > 1 such as 1.5,2; got {got}")
+        raise TokenReduceError(f"budget targets (--budgets) must be > 1 (speed-ups such as 1.5,2); got {got}")
     return list(targets)
 
 
