@@ -255,8 +255,8 @@ def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
 
 
 def _check_finite(values: dict[str, Any], where: str) -> None:
-    """A TokenReduceError naming the first non-finite number of ``values``: a diverged run must not
-    end as a success with NaN in its results."""
+    """A TokenReduceError naming the non-finite numbers of ``values`` and ``where`` they came up: a
+    diverged run must not end as a success with NaN in its results."""
     bad = [(k, v) for k, v in values.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         shown = ", ".join(f"{k} {v}" for k, v in bad)
