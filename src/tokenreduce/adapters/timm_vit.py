@@ -149,6 +149,12 @@ def _check_input(model: nn.Module, x: Tensor, host: Host) -> None:
 
 def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = None,
                       is_causal: bool = False) -> Tensor:
+    if isinstance(x, torch.fx.Proxy):  # symbolic_trace passes proxies for every argument, attn_mask too
+        raise TokenReduceError(
+            "torch.fx symbolic tracing (symbolic_trace, create_feature_extractor) cannot follow a token-reduced "
+            "forward: it checks the input's shape and chooses tokens by their values, Python decisions on "
+            "numbers a symbolic trace does not have; use torch.compile or torch.export (tokenreduce export for ONNX)"
+        )
     if attn_mask is not None or is_causal:
         raise TokenReduceError("attention masks are not supported with token reduction")
     patch = getattr(self, _ATTR)

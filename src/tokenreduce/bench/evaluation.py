@@ -159,7 +159,8 @@ def budget_cases(model: nn.Module, targets: Sequence[float], methods: Sequence[s
         flag = "" if p.reached else "  (not reached)"
         log(f"budget {p.target:g}x {p.method}: {p.spec}  (expected {p.expected_speedup:.2f}x, MACs "
             f"{p.macs_speedup:.2f}x){flag}")
-    cases = [EvalCase(p.spec, p.spec, "training-free", budget=p.target) for p in picks]
+    cases = [EvalCase(p.spec, p.spec, "training-free", budget=p.target, budget_speedup=p.expected_speedup)
+             for p in picks]
     return cases, [p.as_dict() for p in picks], skipped
 
 
@@ -214,7 +215,7 @@ def _scaled(factor: float, fmt: str) -> Callable[[Any], str]:
 def columns(metric: str) -> list[tuple]:
     """Columns of the results table for rows whose primary metric is ``metric``."""
     return [
-        ("label", "case"), ("budget", "target", "{:g}x"), ("value", metric, "{:.2f}"),
+        ("label", "case"), ("budget_speedup", "budget", "{:.2f}x"), ("value", metric, "{:.2f}"),
         ("value_std", "± std", "{:.2f}"), ("drop", "drop", "{:+.2f}"), ("macs", "MMACs", _scaled(1e6, "{:.1f}")),
         ("macs_speedup", "MACs x", "{:.2f}"), ("img_per_s", "img/s", "{:.0f}"), ("latency_ms", "lat ms", "{:.2f}"),
         ("speedup", "speedup", "{:.2f}"), ("latency_speedup", "lat x", "{:.2f}"), ("tokens_per_block", "tokens"),
@@ -226,7 +227,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     from .report import format_table
 
     metric = rows[0]["metric"] if rows else "value"
-    legend = (f"{metric}: mean over seeds (stochastic methods) or checkpoints (fine-tuned), ± sample std; "
+    legend = ("budget: the speed-up the budget rule expected of a --budgets pick (its target is in results.json); "
+              f"{metric}: mean over seeds (stochastic methods) or checkpoints (fine-tuned), ± sample std; "
               f"drop = unpatched {metric} - {metric} (> 0: worse; sign flipped for a lower-is-better metric); "
               "MACs x = analytic MACs ratio; speedup = img/s ratio at the throughput batch, lat x = latency ratio "
               "at batch 1, both measured in one interleaved run; tokens leaving each block, prefix tokens included")

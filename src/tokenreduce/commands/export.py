@@ -35,9 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench.evaluation import log
     from ..bench.export import export_onnx, load_for_export
+    from . import checks
 
     if args.batch < 1:
         raise TokenReduceError(f"--batch must be >= 1, got {args.batch}")
+    checks.writable_file(args.onnx, "--onnx")
     model, what = load_for_export(model=args.model, checkpoint=args.checkpoint, spec=args.spec,
                                   img_size=args.img_size, pretrained=args.pretrained)
     log(f"exporting {what} to {args.onnx}")

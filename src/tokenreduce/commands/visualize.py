@@ -36,12 +36,14 @@ def run(args: argparse.Namespace) -> int:
     from ..core.method import build_reducer
     from ..models import classes_of, load_model
     from ..visualize import dataset_images, draw
+    from . import checks
 
     for spec in args.spec:
         build_reducer(spec)
     indices = parse_list(args.index, "--index", int) if args.index else list(range(args.images))
     if not indices:
         raise TokenReduceError("give --images N >= 1 or --index I,J")
+    checks.writable_dir(args.out)
     model, meta = load_model(args.checkpoint)
     specs: list = list(args.spec)
     if meta.get("spec"):
