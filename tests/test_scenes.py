@@ -110,3 +110,14 @@ def test_training_augment_moves_the_mask_with_the_image(tmp_path, monkeypatch):
         img, pixels = seg[i]
         lit = img[0] > -0.99  # normalised: raw 0 -> -1
         assert (lit[pixels != seg.background]).all()
+
+
+def test_recall_foreground_comes_from_object_masks():
+    from tokenreduce.experiments.recall_at_kept import patch_foreground
+
+    mask = torch.zeros(1, 56, 56, dtype=torch.bool)
+    mask[0, :8, :4] = True  # the first patch column of the top two rows
+    frac = patch_foreground(mask, (14, 14))
+    assert frac.shape == (1, 196) and frac[0, 0] == 1 and frac[0, 14] == 1 and frac.sum() == 2
+    raw = torch.full((1, 56, 56), 200, dtype=torch.uint8)  # all bright: the threshold rule says all foreground
+    assert patch_foreground(raw, (14, 14)).sum() == 196

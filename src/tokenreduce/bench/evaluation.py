@@ -90,11 +90,13 @@ def load_reference(path: str | Path) -> Reference:
 class EvalData:
     """``test``: the evaluation items as tensors (:func:`accuracy.materialize`); ``database``: the
     training split, built on first use (``data.OnDemand``: only a retrieval task reads it);
-    ``info``: their description for the results."""
+    ``info``: their description for the results; ``masks``: the evaluation items' object masks
+    (bool (n, H, W), aligned with ``test``) where the dataset has them (the scenes), else None."""
 
     test: TensorDataset
     database: Dataset
     info: dict[str, Any]
+    masks: Tensor | None = None
 
 
 def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None = None, download: bool = False,
@@ -106,6 +108,8 @@ def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None =
     (``models.classes_of``): an image folder is mapped by class name, one with a class the model
     does not know is refused.
     """
+    from torch import Tensor
+
     from ..data import OnDemand, data_config_from_model
     from ..data import subset as take
     from ..models import classes_of
@@ -123,7 +127,10 @@ def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None =
     log(f"data: {name}, {which}")
     info = {"name": name, "split": "test", "n": len(ds), "of": len(full), "subset_seed": 0, "which": which}
     database = OnDemand(lambda: ref.task.dataset(name, "train", train=False, **kw))
-    return EvalData(materialize(ds), database, info)
+    masks = getattr(full, "masks", None)
+    if isinstance(masks, Tensor):
+        masks = masks[list(getattr(ds, "indices", range(len(full))))]
+    return EvalData(materialize(ds), database, info, masks if isinstance(masks, Tensor) else None)
 
 
 def first_images(data: TensorDataset, n: int, classes: Sequence[str]) -> tuple[Tensor, list[str]]:

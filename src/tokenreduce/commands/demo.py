@@ -159,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
     images, titles = ev.first_images(data.test, mode["images"], ref.meta.get("classes") or [])
     specs = ev.one_per_method(picks, sorted(targets)[len(targets) // 2])
     ev.log(f"visualising {len(titles)} test images for {', '.join(specs)}")
-    paths = draw(ref.model, specs, images, titles, out / "visualize")
+    outlines = data.masks[: len(titles)] if data.masks is not None else None
+    paths = draw(ref.model, specs, images, titles, out / "visualize", outlines)
     ev.log(f"wrote {len(paths)} visualisations under {out / 'visualize'}")
     print(f"done in {time.perf_counter() - t0:.0f} s (reference ready after {t_ref:.0f} s); results in {out}/",
           flush=True)

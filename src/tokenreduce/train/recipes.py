@@ -1,5 +1,8 @@
 """Named training recipes: a model config plus optimiser and schedule, as TrainConfig fields.
 
+``scenes-vit`` is the reference of the scene test bed (``data/scenes.py``): a 12-block ViT on
+DeiT-S's 14x14 grid; its trained checkpoint ships with the package (``models/references.py``).
+
 ``fmnist-vit`` is the reference model for Fashion-MNIST: a timm VisionTransformer (class token,
 28x28 grayscale input, patch 4 -> 49 patch tokens) trained from scratch on 2 CPU cores. Its
 trained checkpoint lives in the cache (``$TOKENREDUCE_CACHE``, default ``cache/``), outside git:
@@ -170,7 +173,13 @@ def default_out(recipe: str) -> Path:
 
 
 def reference_checkpoint(recipe: str = "fmnist-vit") -> Path:
-    """Where the trained recipe's checkpoint is (``tokenreduce train --recipe NAME`` writes it)."""
+    """The trained recipe's checkpoint: the one shipped with the package (``models.references``,
+    SHA-256 checked) if there is one, else the one ``tokenreduce train --recipe NAME`` wrote to the cache."""
+    from ..models.references import shipped
+
+    ship = shipped(recipe)
+    if ship is not None:
+        return ship
     path = default_out(recipe) / "model.safetensors"
     if not path.is_file():
         raise TokenReduceError(f"no trained {recipe} checkpoint at {path}; make it with "
