@@ -74,8 +74,10 @@ def _timm_classes():
 
 def check_host(model: nn.Module) -> Host:
     """Raise UnsupportedModelError unless ``model`` is a timm ViT this adapter can drive."""
+    from timm.models._features import FeatureGetterNet
+
     VisionTransformer, Block, Attention = _timm_classes()
-    if isinstance(getattr(model, "model", None), VisionTransformer) and hasattr(model, "out_indices"):
+    if isinstance(model, FeatureGetterNet) and isinstance(model.model, VisionTransformer):
         raise UnsupportedModelError(
             f"{type(model).__name__} (timm features_only) wraps a VisionTransformer: apply tokenreduce to its .model "
             "(tokenreduce.apply(net.model, spec)); net(x) then returns the reduced forward's intermediates"
