@@ -14,11 +14,21 @@ torch.utils.checkpoint (their attention contributions are computed first and pas
 recomputation in the backward pass sees the same ones).
 A reducer with parameters or buffers (a deployed Cropr's q) is attached as ``model.tokenreduce``
 (its own state_dict keys); a training-free one adds no keys.
+
+timm's other ways into the blocks run the same reduced loop or refuse, never the unreduced blocks:
+``forward_intermediates`` is replaced too (``get_intermediate_layers`` and a features_only
+``FeatureGetterNet`` call it; :func:`_forward_intermediates` says what it returns), a
+FeatureGetterNet itself is refused at apply time (apply to its ``.model``), and
+``torch.jit.script`` of a patched model raises (``__prepare_scriptable__``): TorchScript would
+compile the class's own forward_features, the unpatched model. What is stored on the model is
+picklable (module-level functions bound with functools.partial, no bound methods or closures), so
+``torch.save(model)`` / pickle / deepcopy give a patched model again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,11 +38,14 @@ from torch.utils.checkpoint import checkpoint
 from ..core.attention import attend
 from ..core.errors import TokenReduceError, UnsupportedModelError
 from ..core.method import AttnInfo, Host, Reducer, build_reducer
+from ..core.onnx import check_onnx, classic_export_opset
 from ..core.ops import cls_attention
 from ..core.schedule import Schedule
 from ..core.state import TokenState
 
 _ATTR = "_tokenreduce_patch"
+#: The instance attributes ``apply`` sets, beside the Patch, and ``remove`` deletes.
+_PATCHED_ATTRS = ("forward_features", "forward_intermediates", "__prepare_scriptable__")
 
 
 @dataclass
@@ -46,6 +59,11 @@ class Patch:
     dense: bool = False
     last: TokenState | None = field(default=None, repr=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the last forward's record stays behind: a copy or a saved model has run no forward, and
+        # the record may hold tensors of a training graph (deepcopy refuses non-leaf tensors)
+        return {**self.__dict__, "last": None}
+
 
 def _timm_classes():
     from timm.layers import Attention
@@ -56,7 +74,14 @@ def _timm_classes():
 
 def check_host(model: nn.Module) -> Host:
     """Raise UnsupportedModelError unless ``model`` is a timm ViT this adapter can drive."""
+    from timm.models._features import FeatureGetterNet
+
     VisionTransformer, Block, Attention = _timm_classes()
+    if isinstance(model, FeatureGetterNet) and isinstance(model.model, VisionTransformer):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} (timm features_only) wraps a VisionTransformer: apply tokenreduce to its .model "
+            "(tokenreduce.apply(net.model, spec)); net(x) then returns the reduced forward's intermediates"
+        )
     if not isinstance(model, VisionTransformer):
         raise UnsupportedModelError(
             f"tokenreduce patches timm VisionTransformer models (vit_*, deit_*, ...); got "
@@ -108,7 +133,10 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     if next(reducer.parameters(), None) is not None or next(reducer.buffers(), None) is not None:
         model.tokenreduce = reducer
     setattr(model, _ATTR, Patch(reducer, schedule, host, trace, dense))
-    model.forward_features = _forward_features.__get__(model)
+    # partial, not a bound method: a bound method pickles as getattr(model, '_forward_features')
+    model.forward_features = partial(_forward_features, model)
+    model.forward_intermediates = partial(_forward_intermediates, model)
+    model.__prepare_scriptable__ = _RefuseScript(reducer.spec())
     return model
 
 
@@ -117,10 +145,26 @@ def remove(model: nn.Module) -> nn.Module:
     if not hasattr(model, _ATTR):
         raise TokenReduceError("this model is not patched by tokenreduce; nothing to remove")
     delattr(model, _ATTR)
-    del model.forward_features  # falls back to the class method
+    for name in _PATCHED_ATTRS:  # the class's own methods again
+        model.__dict__.pop(name, None)
     if "tokenreduce" in model._modules:
         del model._modules["tokenreduce"]
     return model
+
+
+class _RefuseScript:
+    """``torch.jit.script`` calls a module's ``__prepare_scriptable__`` first (on every submodule
+    too): TorchScript compiles the class's methods, so it would script the unpatched model."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+
+    def __call__(self) -> nn.Module:
+        raise UnsupportedModelError(
+            f"torch.jit.script cannot compile a model patched with {self.spec}: TorchScript compiles the class's "
+            "own forward, the unreduced model; use torch.compile, torch.jit.trace or an ONNX export (tokenreduce "
+            "export), or tokenreduce.remove(model) to script the unpatched one"
+        )
 
 
 def get_patch(model: nn.Module) -> Patch:
@@ -149,6 +193,71 @@ def _check_input(model: nn.Module, x: Tensor, host: Host) -> None:
 
 def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = None,
                       is_causal: bool = False) -> Tensor:
+    patch = getattr(self, _ATTR)
+    x, state = _embed(self, patch, x, attn_mask, is_causal, patch.dense)
+    x, _ = _run_blocks(self, patch, x, state)
+    patch.last = state
+    if patch.dense:
+        # (B, p + N0, C), one token per original position: the values of state.dense(x), without
+        # restoring the state's fields, so get_info still describes the tokens the last block made
+        x = state.unmerge(x)
+    return self.norm(x)
+
+
+def _forward_intermediates(
+    self: nn.Module, x: Tensor, indices: int | list[int] | None = None, return_prefix_tokens: bool = False,
+    norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
+    output_dict: bool = False, attn_mask: Tensor | None = None, is_causal: bool = False,
+) -> Any:
+    """timm's ``VisionTransformer.forward_intermediates`` (same arguments, same return forms: a list,
+    (final, list) or a dict) through the reduced forward. The intermediate after block i:
+
+    - ``output_fmt='NCHW'`` (timm's default, a features_only model's): one token per original
+      position (``TokenState.unmerge``: a merged token copied to every position it stands for, a
+      pruned one as it was when pruned), (B, C, H, W) as without reduction;
+    - ``output_fmt='NLC'``: the tokens leaving block i as the reduced forward has them, patch
+      tokens (B, N_i - p, C) with N_i = ``get_info(model).tokens_per_block[i]`` (merged tokens
+      where their destination was), different per block; with ``apply(..., dense=True)`` one per
+      position, (B, N0 - p, C), as for NCHW.
+
+    Prefix tokens (B, p, C) are split off as timm does; ``norm`` applies the final norm to each.
+    The final features are ``forward_features``'s (up to the last index with ``stop_early``).
+    """
+    from timm.models._features import feature_take_indices
+
+    if output_fmt not in ("NCHW", "NLC"):
+        raise TokenReduceError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+    patch = getattr(self, _ATTR)
+    reshape = output_fmt == "NCHW"
+    B, _, height, width = x.shape
+    take, max_index = feature_take_indices(len(self.blocks), indices)
+    x, state = _embed(self, patch, x, attn_mask, is_causal, patch.dense or reshape)
+    x, taken = _run_blocks(self, patch, x, state, take=frozenset(take), dense=patch.dense or reshape,
+                           stop=max_index + 1 if stop_early else None)
+    patch.last = state
+    p = self.num_prefix_tokens
+    taken = [self.norm(y) if norm else y for y in taken]
+    prefix = [y[:, :p] for y in taken] if p else None
+    out = [y[:, p:] for y in taken]
+    if reshape:
+        H, W = self.patch_embed.dynamic_feat_size((height, width))
+        out = [y.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous() for y in out]  # (B, C, H, W)
+    final = None if intermediates_only else self.norm(state.unmerge(x) if patch.dense else x)
+    if output_dict:
+        result: dict[str, Any] = {"image_intermediates": out}
+        if prefix is not None and return_prefix_tokens:
+            result["image_intermediates_prefix"] = prefix
+        if final is not None:
+            result["image_features"] = final
+        return result
+    if return_prefix_tokens and prefix is not None:
+        out = list(zip(out, prefix, strict=True))
+    return out if final is None else (final, out)
+
+
+def _embed(self: nn.Module, patch: Patch, x: Tensor, attn_mask: Tensor | None, is_causal: bool,
+           dense: bool) -> tuple[Tensor, TokenState]:
+    """The checks and timm's embedding: images (B, C, H, W) -> tokens (B, N0, C) and their new state."""
     if isinstance(x, torch.fx.Proxy):  # symbolic_trace passes proxies for every argument, attn_mask too
         raise TokenReduceError(
             "torch.fx symbolic tracing (symbolic_trace, create_feature_extractor) cannot follow a token-reduced "
@@ -157,28 +266,35 @@ def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = Non
         )
     if attn_mask is not None or is_causal:
         raise TokenReduceError("attention masks are not supported with token reduction")
-    patch = getattr(self, _ATTR)
+    opset = classic_export_opset()
+    if opset is not None:  # torch.onnx.export(dynamo=False) is tracing this forward
+        check_onnx(patch.reducer, exporter="classic", opset=opset)
     _check_input(self, x, patch.host)
     x = self.patch_embed(x)
     x = self._pos_embed(x)
     x = self.patch_drop(x)
     x = self.norm_pre(x)
-    reducer, schedule = patch.reducer, patch.schedule
+    reducer = patch.reducer
     state = TokenState.start(
         x, patch.host.num_prefix, trace=patch.trace, prop_attn=reducer.proportional,
-        keep_pruned=reducer.keep_pruned, dense=patch.dense,
+        keep_pruned=reducer.keep_pruned, dense=dense,
     )
+    return x, state
+
+
+def _run_blocks(self: nn.Module, patch: Patch, x: Tensor, state: TokenState, *, take: frozenset[int] = frozenset(),
+                dense: bool = False, stop: int | None = None) -> tuple[Tensor, list[Tensor]]:
+    """The blocks (the first ``stop``) with the reducer: x (B, N0, C) -> (B, N, C), and the tokens
+    after each block in ``take`` (one per original position with ``dense``)."""
     # timm's set_grad_checkpointing() sets this flag; its own forward_features is not called here
     ckpt = bool(getattr(self, "grad_checkpointing", False)) and torch.is_grad_enabled()
-    for i, blk in enumerate(self.blocks):
+    taken = []
+    for i, blk in enumerate(self.blocks[:stop] if stop is not None else self.blocks):
         state.block = i
-        x = _run_block(blk, x, state, reducer, schedule, ckpt)
-    patch.last = state
-    if patch.dense:
-        # (B, p + N0, C), one token per original position: the values of state.dense(x), without
-        # restoring the state's fields, so get_info still describes the tokens the last block made
-        x = state.unmerge(x)
-    return self.norm(x)
+        x = _run_block(blk, x, state, patch.reducer, patch.schedule, ckpt)
+        if i in take:
+            taken.append(state.unmerge(x) if dense else x)
+    return x, taken
 
 
 def _contributions(state: TokenState, reducer: Reducer | None) -> dict[str, Any]:

@@ -41,9 +41,9 @@ Interface (what a stage author needs to know):
   that needs side products cannot follow, in the same block, a stage that brings tokens back
   (their side products were never computed): SpecError.
 - Declarations: ``needs`` the union; ``keep_pruned``, ``learned``, ``needs_class_token``,
-  ``dynamic_schedule`` and ``proportional`` if any stage; ``conserves_patches`` and ``exportable``
-  if all; ``scoring_macs`` the side products once plus each acting stage's own scoring for the
-  tokens that reach it; ``attn_bias`` the sum;
+  ``dynamic_schedule`` and ``proportional`` if any stage; ``conserves_patches``, ``exportable`` and
+  ``classic_onnx`` if all; ``min_onnx_opset`` the highest; ``scoring_macs`` the side products once
+  plus each acting stage's own scoring for the tokens that reach it; ``attn_bias`` the sum;
   ``attention_chunk`` the stages' common value (SpecError if two differ); ``observes`` the union.
   ``replay_spec``: the registered replayer's spec (the random pruner) for a schedule acting at
   one point and never growing, else None. ``budget_family``: [] - a composite is not a candidate
@@ -143,6 +143,8 @@ class Compose(Reducer):
         self.learned = any(s.learned for s in flat)
         self.dynamic_schedule = any(s.dynamic_schedule for s in flat)
         self.exportable = all(s.exportable for s in flat)
+        self.min_onnx_opset = max(s.min_onnx_opset for s in flat)
+        self.classic_onnx = all(s.classic_onnx for s in flat)
         self._plan: dict[int, tuple[Step, ...]] = {}
 
     # ----- declarations -------------------------------------------------------------------------

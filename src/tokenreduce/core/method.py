@@ -126,6 +126,16 @@ class Reducer(nn.Module):
     dynamic_schedule: ClassVar[bool] = False
     #: can be exported to ONNX (bench/export.py refuses a method that declares False, naming it)
     exportable: ClassVar[bool] = True
+    #: the lowest ONNX opset whose operators compute the forward exactly (0: any). Summing several
+    #: tokens into one (``scatter_add_``, a merge) is a ScatterElements with a reduction, opset 16:
+    #: below it torch's classic exporter writes one without, and only one of the merged tokens
+    #: survives. core/onnx.py refuses an export below it
+    min_onnx_opset: ClassVar[int] = 0
+    #: torch's classic (TorchScript-tracing) ONNX exporter, ``torch.onnx.export(dynamo=False)``, can
+    #: export the forward; False where the forward uses what that exporter cannot trace or translate
+    #: (a stable sort, ``torch.sort(stable=True)``; Python arithmetic on a traced size): core/onnx.py
+    #: then refuses and names the dynamo exporter
+    classic_onnx: ClassVar[bool] = True
     #: where the reducer runs unless its config has a ``where`` field: 'attn' (after attention +
     #: residual, before the MLP) or 'block' (after the MLP). Read it through ``where``.
     default_where: ClassVar[str] = "attn"

@@ -308,6 +308,8 @@ class BSPF(Reducer):
     Config = BSPFConfig
     needs = frozenset({"probs"})
     learned = True
+    min_onnx_opset = 16  # fusion sums the pruned tokens into the kept ones (scatter_add_)
+    classic_onnx = False  # chunked attention splits a traced size with divmod; a stable sort
     zero = {"size": 1_000_000, "keep": 1.0, "locs": (1,)}  # one chunk (full attention), nothing pruned
     example = {"size": 24, "keep": 0.5, "locs": (1, 2)}  # 64 patches: chunks 24, 24, 16 -> 12, 12, 8 -> 6, 6, 4
 

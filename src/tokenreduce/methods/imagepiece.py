@@ -87,6 +87,8 @@ class ImagePiece(Reducer):
     Config = ImagePieceConfig
     needs = frozenset({"cls_attn", "keys"})
     needs_class_token = True
+    min_onnx_opset = 16  # its merges sum tokens (scatter_add_)
+    classic_onnx = False  # the merge plan orders the survivors with a stable sort
     zero = {"locs": (1,), "merge": 0.0, "keep": 1.0}
     example = {"locs": (0, 1), "merge": 0.1, "keep": 0.7}
 

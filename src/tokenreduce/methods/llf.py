@@ -58,6 +58,7 @@ class LLF(Reducer):
     Config = LLFConfig
     keep_pruned = True
     restores = True
+    classic_onnx = False  # setting pruned tokens aside finds them with a stable sort
     stage_only = True
     default_where = "block"
     zero: dict = {}
