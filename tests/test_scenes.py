@@ -87,11 +87,17 @@ def test_no_test_scene_uses_a_training_item(tmp_path, monkeypatch):
 def test_cache_round_trip_and_dataset_items(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
     data = _idx_dir(tmp_path / "fm", train_value=200, test_value=180)
+    lazy = build_dataset("fmnist_scenes", "test", data_dir=data)
+    one = lazy.raw(5)  # made on demand: no cache file yet
+    assert not list((tmp_path / "cache").rglob("*.npz"))
     first = build_dataset("fmnist_scenes", "test", data_dir=data)
+    first.scenes  # the whole split: generated and cached
     files = list((tmp_path / "cache" / "data").glob("scenes-test-*.npz"))
     assert len(files) == 1
+    monkeypatch.setattr(sc, "generate", None)  # the cache must serve the whole split now
     again = build_dataset("fmnist_scenes", "test", data_dir=data)
     assert torch.equal(first.scenes, again.scenes) and torch.equal(first.masks, again.masks)
+    assert torch.equal(one[0], again.raw(5)[0]) and torch.equal(one[1], again.object_mask(5))
     x, y = first[3]
     assert x.shape == (1, 56, 56) and y == 3
     seg = build_dataset("fmnist_scenes_seg", "test", data_dir=data)

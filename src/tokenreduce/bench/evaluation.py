@@ -108,7 +108,7 @@ def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None =
     (``models.classes_of``): an image folder is mapped by class name, one with a class the model
     does not know is refused.
     """
-    from torch import Tensor
+    import torch
 
     from ..data import OnDemand, data_config_from_model
     from ..data import subset as take
@@ -127,10 +127,10 @@ def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None =
     log(f"data: {name}, {which}")
     info = {"name": name, "split": "test", "n": len(ds), "of": len(full), "subset_seed": 0, "which": which}
     database = OnDemand(lambda: ref.task.dataset(name, "train", train=False, **kw))
-    masks = getattr(full, "masks", None)
-    if isinstance(masks, Tensor):
-        masks = masks[list(getattr(ds, "indices", range(len(full))))]
-    return EvalData(materialize(ds), database, info, masks if isinstance(masks, Tensor) else None)
+    masks = None
+    if callable(getattr(full, "object_mask", None)):  # a dataset that knows its objects (the scenes)
+        masks = torch.stack([full.object_mask(i) for i in getattr(ds, "indices", range(len(full)))])
+    return EvalData(materialize(ds), database, info, masks)
 
 
 def first_images(data: TensorDataset, n: int, classes: Sequence[str]) -> tuple[Tensor, list[str]]:

@@ -28,9 +28,10 @@ part of it. For the dense task (:class:`SceneMasks`) the pixel label is the targ
 the mask and the background class (10) everywhere else, clutter included: a segmenter must find
 *the* object, not every garment-like pixel.
 
-Scenes of a split are generated once and cached (``$TOKENREDUCE_CACHE/data/scenes-...npz``,
-written atomically), keyed by the split, seed, generator version and the source files' sizes.
-Generating all 60 000 training scenes takes about a minute.
+A scene is generated when it is first read (about 1 ms), so a run that reads a few hundred scenes
+makes only those; the whole split, once generated, is cached (``$TOKENREDUCE_CACHE/data/
+scenes-...npz``, written atomically, keyed by the split, seed, generator version and the source
+file's size) and later runs load it. All 60 000 training scenes take about a minute to generate.
 """
 
 from __future__ import annotations
@@ -142,40 +143,43 @@ def _cache_path(split: str, seed: int, source: Path | None, n_items: int) -> Pat
     return cache_dir() / "data" / f"scenes-{split}-s{seed}-{key}.npz"
 
 
-def load_scenes(images: np.ndarray, split: str, seed: int = SEED, source: Path | None = None,
-                cache: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """All scenes of a split, from the cache when there (generated and cached otherwise)."""
-    path = _cache_path(split, seed, source, len(images))
-    if cache and path.is_file():
-        try:
-            with np.load(path) as z:
-                scenes, packed = z["scenes"], z["masks"]
-            masks = np.unpackbits(packed, axis=-1, count=CANVAS).astype(bool)
-            if scenes.shape == (len(images), CANVAS, CANVAS) and masks.shape == scenes.shape:
-                return scenes, masks
-        except (OSError, ValueError, KeyError):
-            pass  # a damaged cache file is regenerated
-    scenes, masks = generate(images, split, seed)
-    if cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, scenes=scenes, masks=np.packbits(masks, axis=-1))
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+def read_cache(path: Path, n_items: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scenes, masks) from a cache file, or None when it is absent, damaged or of another size."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as z:
+            scenes, packed = z["scenes"], z["masks"]
+        masks = np.unpackbits(packed, axis=-1, count=CANVAS).astype(bool)
+    except (OSError, ValueError, KeyError, EOFError):
+        return None  # a damaged cache file is regenerated
+    if scenes.shape != (n_items, CANVAS, CANVAS) or masks.shape != scenes.shape:
+        return None
     return scenes, masks
+
+
+def write_cache(path: Path, scenes: np.ndarray, masks: np.ndarray) -> None:
+    """Write the cache atomically (a temporary file in the same folder, then ``os.replace``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, scenes=scenes, masks=np.packbits(masks, axis=-1))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 class Scenes(Dataset):
     """Scenes of a Fashion-MNIST-like split; items ``(image float (C, 56, 56) normalised, label)``.
 
-    ``base`` must expose ``images`` uint8 (N, 28, 28), ``targets`` and ``classes``. Attributes:
-    ``scenes`` uint8 (N, 56, 56), ``masks`` bool (N, 56, 56) (the target's pixels), ``targets``
-    long (N,), ``classes``. ``augment='crop_flip'`` (training) pads by 4 and crops back, with a
-    horizontal flip; it moves the mask with the image (``item_with_mask``).
+    ``base`` must expose ``images`` uint8 (N, 28, 28), ``targets`` and ``classes``. A scene is made
+    when it is first read (about 1 ms) unless the split's cache file exists; :attr:`scenes` /
+    :attr:`masks` (every scene of the split at once) generate the rest and write the cache, which
+    later datasets of the same split load. ``object_mask(i)``: the target's pixels (bool (56, 56)).
+    ``augment='crop_flip'`` (training) pads by 4 and crops back, with a horizontal flip; it moves
+    the mask with the image (``item_with_mask``).
     """
 
     def __init__(self, base: Dataset, cfg: DataConfig, *, split: str, augment: str = "none", seed: int = SEED,
@@ -190,23 +194,50 @@ class Scenes(Dataset):
             raise TokenReduceError(f"augment {augment!r} does not apply to scenes; choose from none, crop_flip")
         if tuple(cfg.img_size) != (CANVAS, CANVAS):
             raise TokenReduceError(f"scenes are {CANVAS}x{CANVAS}; the model expects {tuple(cfg.img_size)}")
-        source = getattr(base, "root", None)
-        source = Path(source) / ("train-images-idx3-ubyte.gz" if split == "train" else "t10k-images-idx3-ubyte.gz") \
-            if source is not None else None
-        scenes, masks = load_scenes(images.numpy(), split, seed, source, cache)
-        self.scenes, self.masks = torch.from_numpy(scenes), torch.from_numpy(masks)
+        root = getattr(base, "root", None)
+        source = Path(root) / ("train-images-idx3-ubyte.gz" if split == "train" else "t10k-images-idx3-ubyte.gz") \
+            if root is not None else None
+        self._items = images.numpy()
+        self._cache = _cache_path(split, seed, source, len(images)) if cache else None
+        cached = read_cache(self._cache, len(images)) if self._cache is not None else None
+        self._all = tuple(torch.from_numpy(a) for a in cached) if cached is not None else None
         self.targets = torch.as_tensor(base.targets)
         self.classes = list(base.classes)
         self.background = len(self.classes)
         self.cfg, self.augment, self.seed, self.split = cfg, augment, seed, split
         self.transform = TensorTransform(cfg, "none")
 
+    def _full(self) -> tuple[Tensor, Tensor]:
+        if self._all is None:
+            scenes, masks = generate(self._items, self.split, self.seed)
+            if self._cache is not None:
+                write_cache(self._cache, scenes, masks)
+            self._all = torch.from_numpy(scenes), torch.from_numpy(masks)
+        return self._all
+
+    @property
+    def scenes(self) -> Tensor:
+        """Every scene of the split, uint8 (N, 56, 56) (generated and cached on first use)."""
+        return self._full()[0]
+
+    @property
+    def masks(self) -> Tensor:
+        """Every scene's object mask, bool (N, 56, 56) (generated and cached on first use)."""
+        return self._full()[1]
+
     def __len__(self) -> int:
-        return len(self.scenes)
+        return len(self.targets)
 
     def raw(self, i: int) -> tuple[Tensor, Tensor]:
         """Scene ``i`` before augmentation and normalisation: (uint8 (56, 56), bool mask (56, 56))."""
-        return self.scenes[i], self.masks[i]
+        if self._all is not None:
+            return self._all[0][i], self._all[1][i]
+        scene, mask = make_scene(self._items, i, np.random.default_rng((self.seed, _SPLIT_CODE[self.split], i)))
+        return torch.from_numpy(scene), torch.from_numpy(mask)
+
+    def object_mask(self, i: int) -> Tensor:
+        """The target garment's pixels in scene ``i``, bool (56, 56) (clutter excluded)."""
+        return self.raw(i)[1]
 
     def item_with_mask(self, i: int) -> tuple[Tensor, Tensor, int]:
         """(image (C, 56, 56) normalised, pixel labels long (56, 56), class): the augmentation
@@ -221,7 +252,7 @@ class Scenes(Dataset):
 
     def __getitem__(self, i: int) -> tuple[Tensor, int]:
         if self.augment == "none":
-            return self.transform(self.scenes[i][None]), int(self.targets[i])
+            return self.transform(self.raw(i)[0][None]), int(self.targets[i])
         x, _, label = self.item_with_mask(i)
         return x, label
 
@@ -262,4 +293,4 @@ def _fmnist_scenes_seg(split: str, cfg: DataConfig, *, train: bool, augment: str
     return SceneMasks(_scenes(split, cfg, train=train, augment=augment, data_dir=data_dir, download=download))
 
 
-__all__ = ["CANVAS", "NAMES", "SEED", "SEG_NAMES", "SceneMasks", "Scenes", "generate", "load_scenes", "make_scene"]
+__all__ = ["CANVAS", "NAMES", "SEED", "SEG_NAMES", "SceneMasks", "Scenes", "generate", "make_scene"]

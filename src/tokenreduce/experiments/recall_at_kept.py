@@ -186,14 +186,15 @@ class RecallAtKept(Experiment):
             n = cfg.images or 24
             data_dir = str(make_synthetic(ctx.out_dir / "data", n_train=10, n_test=n))
         ds = build_dataset(data, "test", data_dir=data_dir, **data_config_from_model(model))
-        masks = getattr(ds, "masks", None)
-        raw_all = masks if isinstance(masks, Tensor) and masks.dtype == torch.bool else getattr(ds, "images", None)
-        if not isinstance(raw_all, Tensor) or raw_all.dim() != 3:
-            raise TokenReduceError(f"recall_at_kept needs a test set with object masks or raw uint8 images (n, H, W) "
-                                   f"(scenes, Fashion-MNIST); {data!r} has none")
         sub = subset(ds, cfg.images, seed=0)
         idx = list(getattr(sub, "indices", range(len(ds))))
         images = torch.stack([ds[i][0] for i in idx])
+        if callable(getattr(ds, "object_mask", None)):  # the scenes: the target's pixels, clutter excluded
+            return torch.stack([ds.object_mask(i) for i in idx]), images
+        raw_all = getattr(ds, "images", None)
+        if not isinstance(raw_all, Tensor) or raw_all.dtype != torch.uint8 or raw_all.dim() != 3:
+            raise TokenReduceError(f"recall_at_kept needs a test set with object masks or raw uint8 images (n, H, W) "
+                                   f"(scenes, Fashion-MNIST); {data!r} has neither")
         return raw_all[idx], images
 
     @torch.inference_mode()
