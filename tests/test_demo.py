@@ -25,7 +25,7 @@ def test_demo_uses_the_cores_torch_has_whatever_the_load_average(tmp_path, monke
     default = torch.get_num_threads()
     seen = {}
 
-    def stop(quick: bool, threads: int):
+    def stop(quick: bool, threads: int, bed):
         seen["threads"], seen["torch"] = threads, torch.get_num_threads()
         raise Interrupted
 
@@ -42,7 +42,7 @@ def test_demo_uses_the_cores_torch_has_whatever_the_load_average(tmp_path, monke
 def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
-    assert main(["demo", "--quick", "--threads", "1", "--out", str(out)]) == 0
+    assert main(["demo", "--data", "fmnist", "--quick", "--threads", "1", "--out", str(out)]) == 0
     printed, err = capsys.readouterr()
     data = json.loads((out / "results.json").read_text())
     rows = data["results"]
@@ -59,7 +59,21 @@ def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsy
     vis = sorted(p.parent.name.split("_")[0] for p in (out / "visualize").rglob("image000.png"))
     assert vis == sorted(methods) and len(list((out / "visualize").rglob("*.png"))) == 2 * len(methods)
 
-    ckpt = tmp_path / "cache" / "demo-quick" / "model.safetensors"
+    ckpt = tmp_path / "cache" / "demo-quick-fashion_mnist" / "model.safetensors"
     stamp = ckpt.stat().st_mtime_ns
-    assert main(["demo", "--quick", "--threads", "1", "--out", str(out), "--budgets", "1.5", "--seeds", "0"]) == 0
+    assert main(["demo", "--data", "fmnist", "--quick", "--threads", "1", "--out", str(out), "--budgets", "1.5",
+                 "--seeds", "0"]) == 0
     assert ckpt.stat().st_mtime_ns == stamp  # reused, not retrained
+
+
+@needs_fmnist
+def test_demo_quick_on_the_scenes_draws_the_object(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    assert main(["demo", "--data", "scenes", "--quick", "--threads", "1", "--out", str(out), "--budgets", "1.5",
+                 "--seeds", "0"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["data"]["name"] == "fmnist_scenes" and data["data"]["n"] == 200
+    assert data["reference"]["model"]["kwargs"]["img_size"] == 56
+    assert not list((tmp_path / "cache").rglob("scenes-*.npz"))  # a few hundred scenes: made on demand only
+    assert len(list((out / "visualize").rglob("image000.png"))) == 6

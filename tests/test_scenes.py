@@ -91,7 +91,7 @@ def test_cache_round_trip_and_dataset_items(tmp_path, monkeypatch):
     one = lazy.raw(5)  # made on demand: no cache file yet
     assert not list((tmp_path / "cache").rglob("*.npz"))
     first = build_dataset("fmnist_scenes", "test", data_dir=data)
-    first.scenes  # the whole split: generated and cached
+    assert len(first.scenes) == 20  # the whole split: generated and cached
     files = list((tmp_path / "cache" / "data").glob("scenes-test-*.npz"))
     assert len(files) == 1
     monkeypatch.setattr(sc, "generate", None)  # the cache must serve the whole split now

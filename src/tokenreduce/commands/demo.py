@@ -1,15 +1,17 @@
 """``tokenreduce demo``: the built-in default run, from a fresh clone in minutes on 2 CPU cores.
 
-1. the reference model: the cached ``fmnist-vit`` checkpoint, else a short version of its recipe
-   trained into the cache (a checkpoint: an interrupted demo resumes it, a second demo reuses it);
+1. the reference model of the test bed (``--data``, :data:`TESTBEDS`): on the scenes the
+   ``scenes-vit`` checkpoint shipped with the package; on Fashion-MNIST the cached ``fmnist-vit``
+   checkpoint, else a short version of its recipe trained into the cache (a checkpoint: an
+   interrupted demo resumes it, a second demo reuses it);
 2. every registered training-free method (learned ones are skipped, with a note) at the specs whose
    measured speed-up is closest to 1.5x, 2x and 2.5x (bench/budgets.py), random over 3 seeds;
 3. top-1, MACs, img/s, latency and speed-ups of all of them in one run (bench/evaluation.py);
 4. the table on stdout; results.json, results.csv, pareto.png and per-method visualisations of a
    few test images in ``--out``. Progress goes to stderr.
 
-``--quick`` is a seconds-long smoke run of the same pipeline: a tiny model trained on 512 images,
-200 test images, 2 budgets, short timings. Its numbers mean nothing.
+``--quick`` is a seconds-long smoke run of the same pipeline on the chosen test bed: a tiny model
+trained on 512 images, 200 test images, 2 budgets, short timings. Its numbers mean nothing.
 
 Threads: all the cores torch uses by default (``torch.get_num_threads()``: the physical cores, or
 OMP_NUM_THREADS when set), ``--threads`` overrides. The load average is not consulted: it is a
@@ -21,20 +23,44 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
 
-#: The short stand-in for the reference recipe: 4-5 min of training on 2 cores (about 75% top-1).
-SHORT = {"epochs": 2, "subset": 30000, "eval_subset": 2000, "batch_size": 64, "warmup_epochs": 0.1}
-#: The --quick model: tiny, trained in seconds.
-QUICK_MODEL = {"name": "vit_tiny_patch16_224",
-               "kwargs": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 32,
-                          "depth": 4, "num_heads": 2, "mlp_ratio": 2.0}}
-QUICK_TRAIN = {"model": QUICK_MODEL, "data": "fashion_mnist", "epochs": 1, "batch_size": 64, "lr": 2e-3,
-               "warmup_epochs": 0.2, "subset": 512, "eval_subset": 200}
-FULL = {"subset": None, "short_subset": 5000, "budgets": "1.5,2,2.5", "seeds": "0,1,2", "rule": "measured",
+
+@dataclass(frozen=True)
+class Testbed:
+    """What the demo runs on: the reference recipe (its shipped or cached checkpoint), the dataset,
+    a short stand-in trained when no reference exists (None: the reference must exist), the tiny
+    ``--quick`` model, and how many test images the full demo evaluates."""
+
+    recipe: str
+    data: str
+    quick_model: dict[str, Any]
+    subset: int | None
+    short: dict[str, Any] | None = None
+
+
+def _tiny(img_size: int) -> dict[str, Any]:
+    return {"name": "vit_tiny_patch16_224",
+            "kwargs": {"img_size": img_size, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 32,
+                       "depth": 4, "num_heads": 2, "mlp_ratio": 2.0}}
+
+
+#: ``--data``: the scene test bed (a 12-block, 196-patch reference shipped with the package: nothing to
+#: train; 2000 test scenes keep the demo within 5 minutes on 2 cores), or the 28x28 Fashion-MNIST one
+#: (its reference from the cache, else a short stand-in trained now: 4-5 min on 2 cores, about 75% top-1).
+TESTBEDS = {
+    "scenes": Testbed("scenes-vit", "fmnist_scenes", _tiny(56), subset=2000),
+    "fmnist": Testbed("fmnist-vit", "fashion_mnist", _tiny(28), subset=None,
+                      short={"epochs": 2, "subset": 30000, "eval_subset": 2000, "batch_size": 64,
+                             "warmup_epochs": 0.1}),
+}
+DEFAULT_TESTBED = "fmnist"
+QUICK_TRAIN = {"epochs": 1, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 0.2, "subset": 512, "eval_subset": 200}
+FULL = {"short_subset": 5000, "budgets": "1.5,2,2.5", "seeds": "0,1,2", "rule": "measured",
         "images": 3,
         "speed": {"batch": 32, "warmup": 2, "repeats": 7, "min_run_s": 0.05}}
 QUICK = {"subset": 200, "short_subset": 200, "budgets": "1.5,2", "seeds": "0,1", "rule": "macs", "images": 2,
@@ -49,11 +75,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "table, results.json/csv, pareto.png and visualisations. Under 10 minutes on 2 CPU cores.",
     )
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="output directory (default: %(default)s)")
+    p.add_argument("--data", choices=sorted(TESTBEDS), default=DEFAULT_TESTBED,
+                   help="test bed: 'scenes' (one garment on clutter, 56x56, a 12-block 196-patch reference shipped "
+                   "with the package) or 'fmnist' (28x28 Fashion-MNIST, 49 patches, 6 blocks) (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="seconds-long smoke run on a tiny model (numbers are noise)")
     p.add_argument("--threads", type=int,
                    help="torch CPU threads (default: torch.get_num_threads(), the physical cores or OMP_NUM_THREADS)")
-    p.add_argument("--subset", type=int, help="test images (default: all 10000 with the cached reference, a fixed "
-                   "5000 with the short one, 200 with --quick)")
+    p.add_argument("--subset", type=int, help="test images (default: a fixed 2000 scenes; on fmnist all 10000 with "
+                   "the cached reference, a fixed 5000 with the short one; 200 with --quick)")
     p.add_argument("--budgets", help="target speed-ups (default: 1.5,2,2.5; quick 1.5,2)")
     p.add_argument("--seeds", help="seeds of random (default: 0,1,2; quick 0,1)")
     p.set_defaults(func=run)
@@ -78,26 +107,29 @@ def _train(cfg_fields: dict[str, Any], note: str) -> Path:
     return Path(metrics["checkpoint"])
 
 
-def reference(quick: bool, threads: int) -> tuple[Path, str, bool]:
-    """(checkpoint, how it was obtained, whether it is the cached full reference)."""
+def reference(quick: bool, threads: int, bed: Testbed) -> tuple[Path, str, bool]:
+    """(checkpoint, how it was obtained, whether it is the full reference)."""
     from ..train.recipes import cache_dir, default_out, get_recipe, reference_checkpoint
 
     if quick:
-        out = cache_dir() / "demo-quick"
-        cfg = {**QUICK_TRAIN, "out": str(out), "threads": threads, "download": True, "quiet": True}
-        note = f"quick mode: a tiny ViT trained on 512 images into {out} (seconds)"
+        out = cache_dir() / f"demo-quick-{bed.data}"
+        cfg = {**QUICK_TRAIN, "model": bed.quick_model, "data": bed.data, "out": str(out), "threads": threads,
+               "download": True, "quiet": True}
+        note = f"quick mode: a tiny ViT trained on 512 {bed.data} images into {out} (seconds)"
         return _train(cfg, note), "tiny model (quick)", False
     try:
-        return reference_checkpoint("fmnist-vit"), "cached reference fmnist-vit", True
+        return reference_checkpoint(bed.recipe), f"reference {bed.recipe}", True
     except TokenReduceError:
-        pass
-    out = cache_dir() / "fmnist-vit-short"
-    cfg = {**get_recipe("fmnist-vit"), **SHORT, "out": str(out), "threads": threads, "download": True}
-    note = (f"no trained reference model at {default_out('fmnist-vit')}/model.safetensors, so the demo trains a "
-            f"short version of it now: {SHORT['epochs']} epochs on {SHORT['subset']} training images (4-5 "
+        if bed.short is None:
+            raise
+    out = cache_dir() / f"{bed.recipe}-short"
+    short = bed.short
+    cfg = {**get_recipe(bed.recipe), **short, "out": str(out), "threads": threads, "download": True}
+    note = (f"no trained reference model at {default_out(bed.recipe)}/model.safetensors, so the demo trains a "
+            f"short version of it now: {short['epochs']} epochs on {short['subset']} training images (4-5 "
             f"minutes on 2 cores) into {out}; an interrupted run resumes there and later demos reuse it. The full "
-            "reference (higher accuracy, about an hour on 2 cores): tokenreduce train --recipe fmnist-vit")
-    return _train(cfg, note), f"short fmnist-vit ({SHORT['epochs']} epochs on {SHORT['subset']} images)", False
+            f"reference (higher accuracy, about an hour on 2 cores): tokenreduce train --recipe {bed.recipe}")
+    return _train(cfg, note), f"short {bed.recipe} ({short['epochs']} epochs on {short['subset']} images)", False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,11 +156,12 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     speed = {**mode["speed"], "threads": args.threads}
 
-    ckpt, origin, full = reference(args.quick, args.threads)
+    bed = TESTBEDS[args.data]
+    ckpt, origin, full = reference(args.quick, args.threads, bed)
     t_ref = time.perf_counter() - t0
     ref = ev.load_reference(ckpt)
     ev.log(f"reference: {ckpt} ({origin}), ready after {t_ref:.0f} s")
-    n_test = args.subset or (mode["subset"] if full else mode["short_subset"])
+    n_test = args.subset or (mode.get("subset", bed.subset) if full else mode["short_subset"])
     data = ev.load_data(ref, download=True, subset=n_test)
     data_info = data.info
 
