@@ -251,3 +251,25 @@ def test_export_command_dynamic_batch(tmp_path, capsys):
     sess = session(out)
     for b in (1, 3):
         assert run_session(sess, torch.randn(b, 3, 32, 32)).shape == (b, 5)
+
+
+def test_an_exporter_limit_is_a_user_error_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
+    from torch.onnx.errors import UnsupportedOperatorError
+
+    from tokenreduce.bench import export as ex
+
+    model = make_host("deit").eval()
+    tr.apply(model, "topk(keep=0.5, locs=(1,))")
+
+    def limit(*args):
+        raise UnsupportedOperatorError("aten::fancy", 17, "")
+
+    def bug(*args):
+        raise KeyError("a bug in the traced code")
+
+    monkeypatch.setitem(ex._EXPORT, "dynamo", limit)
+    with pytest.raises(TokenReduceError, match="ONNX export failed"):
+        export_onnx(model, tmp_path / "m.onnx")
+    monkeypatch.setitem(ex._EXPORT, "dynamo", bug)
+    with pytest.raises(KeyError, match="a bug"):
+        export_onnx(model, tmp_path / "m.onnx")

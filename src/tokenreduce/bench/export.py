@@ -58,6 +58,25 @@ def require(module: str) -> Any:
         raise TokenReduceError(f"{module} is not installed; {INSTALL_HINT}") from None
 
 
+def _exporter_errors() -> tuple[type[BaseException], ...]:
+    """The exception types by which torch's exporters say a graph is beyond them (an operator without
+    an ONNX translation, a construct torch.export cannot capture). A Python error of another kind
+    raised while exporting is a bug in the traced code and keeps its traceback."""
+    import importlib
+
+    found: list[type[BaseException]] = []
+    for module, names in (("torch.onnx.errors", ("OnnxExporterError", "UnsupportedOperatorError",
+                                                 "SymbolicValueError")),
+                          ("torch._dynamo.exc", ("Unsupported", "UserError", "TorchRuntimeError")),
+                          ("torch._export.error", ("ExportError",))):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [t for t in (getattr(mod, n, None) for n in names) if isinstance(t, type)]
+    return tuple(found)
+
+
 @dataclass
 class ExportResult:
     """What :func:`export_onnx` wrote and how it compared with the eager model."""
@@ -211,7 +230,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, batch: int = 1, im
             written = _EXPORT[exporter](model, x, out, dynamic_batch, opset)
     except TokenReduceError:
         raise
-    except Exception as e:  # the exporters raise many kinds; the first line names the operator
+    except _exporter_errors() as e:  # what the exporter cannot translate; anything else is a bug and propagates
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         hint = "; the dynamo exporter (exporter='dynamo') may export it" if exporter == "classic" else ""
         raise TokenReduceError(f"ONNX export failed ({exporter} exporter): {type(e).__name__}: {first}{hint}") from e
