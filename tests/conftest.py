@@ -9,7 +9,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 TINY = dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2, num_classes=10)
 
-#: The host matrix of DESIGN.md: each entry builds a tiny model of one timm ViT variant.
+#: The host matrix (README, "Tests"): each entry builds a tiny model of one timm ViT variant.
 HOSTS = {
     "deit": lambda: VisionTransformer(**TINY),
     "distilled": lambda: VisionTransformerDistilled(**TINY),

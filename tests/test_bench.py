@@ -107,7 +107,7 @@ def test_scoring_side_products_are_counted():
 
 
 def test_published_deit_small_macs():
-    """DeiT-S: 4.6 G unpatched, EViT 0.7 3.0 G, ToMe r=13 2.7 G, CTP 2.5 G (methods.md, Sec. 5)."""
+    """DeiT-S: 4.6 G unpatched, EViT 0.7 3.0 G, ToMe r=13 2.7 G, CTP 2.5 G (docs/methods.md, section "Conventions")."""
     model = timm.create_model("deit_small_patch16_224").eval()
     g = {}
     for spec in [None, "evit(keep=0.7, locs=(3, 6, 9))", "tome(r=13)", "ctp()"]:

@@ -1,4 +1,5 @@
-"""The layers of DESIGN.md, read from the source with ``ast`` (nothing is imported but tokenreduce):
+"""The layers of the architecture (README, "Architecture"), read from the source with ``ast`` (nothing is
+imported but tokenreduce):
 
     cli/commands -> bench/train/experiments -> tasks/data/models -> adapters -> methods -> core
 
@@ -27,7 +28,7 @@ LAYERS = {
     "bench": 4, "train": 4, "experiments": 4, "visualize": 4,
     "commands": 5, "cli": 5,
 }
-#: What the issue asks above all: these never import train/, bench/, commands/ or the cli.
+#: Above all: these never import train/, bench/, commands/ or the cli.
 LOW = ("core", "methods", "data", "adapters", "models", "tasks")
 HIGH = ("train", "bench", "commands", "cli")
 

@@ -1,8 +1,8 @@
 """``tome`` is the published algorithm: the official pairing (A/B alternate over sequence positions,
 prefix tokens protected where they fall), ToMe's clip of r, its output order.
 
-The reference below is written from the description of the official code (shared/methods.md,
-Sec. 5; github.com/facebookresearch/ToMe, tome/merge.py and tome/patch/timm.py), one image at a
+The reference below is written from the description of the official code (docs/methods.md,
+section "ToMe"; github.com/facebookresearch/ToMe, tome/merge.py and tome/patch/timm.py), one image at a
 time with Python lists, sharing nothing with ``core/ops.py`` but timm's own sub-modules.
 """
 

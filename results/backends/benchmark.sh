@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11 (baselines): every method's speed-up against the unreduced model and against its matched
+# Baselines: every method's speed-up against the unreduced model and against its matched
 # random pruner, on each backend (eager, torch.compile, onnxruntime), one `tokenreduce bench` run per
 # model x backend (batch 32 for img/s and batch 1 for latency in the same run; the unreduced model and
 # the zero-reduction control run on the same backend as the specs).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# BSPF (issue 10), one resumable command: re-running it skips finished runs and resumes interrupted ones.
+# BSPF, one resumable command: re-running it skips finished runs and resumes interrupted ones.
 #
 #   train     the apples-to-apples comparison on Fashion-MNIST: the same short fine-tune (recipe fmnist-bspf:
 #             1 epoch on a fixed 20 000 training images, AdamW 3e-4, from the cached reference) of

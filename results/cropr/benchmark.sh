@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Token Cropr (issue 9) on Fashion-MNIST, one resumable script: every training run is
+# Token Cropr on Fashion-MNIST, one resumable script: every training run is
 # `tokenreduce train --resume` (a finished run is reused, an interrupted one continues from its last
 # checkpoint) and writes its own results JSON; the diagnostics and the bench skip a results file
 # that exists (delete it to redo).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# EET on Fashion-MNIST (issue 7), one resumable script: re-running it skips finished runs and resumes
+# EET on Fashion-MNIST, one resumable script: re-running it skips finished runs and resumes
 # interrupted ones. Every run starts from the cached fmnist-vit reference (tokenreduce train --recipe
 # fmnist-vit) with the fmnist-eet recipe (SGD momentum 0.9, lr 0.01, warm-up + cosine, batch 64, 1 epoch
 # on a fixed 10 000 training images, FISH per-image targets):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ImagePiece (issue 8): the stem / re-tokenization controls, the baselines with the same stem, ImagePiece in
+# ImagePiece: the stem / re-tokenization controls, the baselines with the same stem, ImagePiece in
 # front of them, and the hyper-speed regime - one resumable script.
 #
 #   train  every arm below x seeds 0 1 2 from scratch with the SAME short recipe (fmnist-vit-short: the

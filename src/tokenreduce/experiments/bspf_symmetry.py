@@ -123,7 +123,8 @@ class BSPFSymmetry(Experiment):
     claim = ("With W_q = W_k the attention is symmetric, so scoring the upper triangle of each attention block "
              "and mirroring it gives the same pruning as scoring the full block.")
     source = ("BSPF-ViT, arXiv 2507.12125 (symmetric pruning with shared query/key weights); reviewers' objection 1 "
-              "(row-wise softmax breaks symmetry; a 3x3 kernel keeps it only if symmetric), methods.md Sec. 4")
+              "(row-wise softmax breaks symmetry; a 3x3 kernel keeps it only if symmetric); "
+              "docs/methods.md, section 'BSPF-ViT'")
     Config = SymmetryConfig
     smoke = {"tiny": True, "images": 8, "batch": 4}
 

@@ -1,5 +1,5 @@
 """``cropr_diagnostics``: does Cropr's inference score rank tokens as its training objective does?
-(the reviewer's falsifier of Token Cropr on dense tasks, ../shared/methods.md section 3).
+(the reviewer's falsifier of Token Cropr on dense tasks, docs/methods.md, section "Token Cropr").
 
 At inference a Cropr module scores token j by the sum of its raw router logits over the Nq queries,
 s_j = sum_n Q_n . x_j = x_j . q (one mat-vec). Training optimises something else: each query's
@@ -158,7 +158,7 @@ class CroprDiagnostics(Experiment):
              "optimises (sum over queries of per-query softmax weights). Falsifier, on a dense task with one query "
              "per output patch: their rank agreement and kept-set overlap per module, the mIoU with each, and a "
              "fixed random scorer at the same schedule with LLF.")
-    source = "review of Token Cropr (arXiv 2412.00965, CVPR 2025); ../shared/methods.md section 3"
+    source = "review of Token Cropr (arXiv 2412.00965, CVPR 2025); docs/methods.md, section 'Token Cropr'"
     smoke = {"tiny": True, "images": 8, "seeds": (0, 1), "batch": 4}
 
     def run(self, ctx: RunContext) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Paper: "Block-based Symmetric Pruning and Fusion for Efficient Vision Transformers", Hsieh et al.,
 2025, arXiv 2507.12125 (BSPF-ViT). No official code. As written, the paper's fusion transfers
-nothing and its symmetry shortcut is not exact (methods.md, Sec. 4), so this module implements one
+nothing and its symmetry shortcut is not exact (docs/methods.md, section "BSPF-ViT"), so this module implements one
 coherent reading; every choice is listed under "Decisions" and "Deviations".
 
 Attention runs in chunks of c patch tokens (as ``chunked(size=c)``, core.attention.attend): the patch

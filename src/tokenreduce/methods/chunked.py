@@ -3,7 +3,7 @@
 Paper: "Block-based Symmetric Pruning and Fusion for Efficient Vision Transformers", Hsieh et al.,
 2025, arXiv 2507.12125 (BSPF-ViT), which runs its pruning on chunk attention. No official code.
 This is the honest baseline for BSPF: the reviewers note that chunk attention alone reaches most of
-the paper's gain (methods.md, Sec. 4), so it is a method of its own, with the chunk size a parameter.
+the paper's gain (docs/methods.md, section "BSPF-ViT"), so it is a method of its own, with the chunk size a parameter.
 
 The M patch tokens are cut into contiguous chunks of ``size`` tokens in their current order (the
 last chunk may be shorter); with q, k, v (B, H, N, d) and p prefix tokens:

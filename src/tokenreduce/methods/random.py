@@ -1,6 +1,6 @@
 """random: drop tokens at random, the practical speed limit of any pruning schedule.
 
-No paper; the honest floor every method is compared against (shared/methods.md, Sec. 5). A random
+No paper; the honest floor every method is compared against (docs/methods.md, section "Random and top-k"). A random
 pruner at the same per-block token counts as a method has the same shapes and no scoring cost.
 
 The kept set is a fixed function of (seed, block): drawn once at ``bind`` and shared by every image

@@ -69,7 +69,7 @@ def _check_norm(norm: str) -> None:
 class ConvStem(nn.Module):
     """ImagePiece's local-coherence stem: four 3x3 convolutions (BN + ReLU) and a 1x1 to D.
 
-    ImagePiece (Kim et al., "ImagePiece: Content-aware Re-tokenization for Efficient Image
+    ImagePiece (Yoa et al., "ImagePiece: Content-aware Re-tokenization for Efficient Image
     Recognition", arXiv 2412.16491, AAAI 2025) replaces the 16x16 patchify convolution with
     "four 3x3 convolutions and one 1x1 convolution" so that neighbouring tokens see overlapping
     pixels (local coherence). Strides, channels and normalisation are not published; we follow

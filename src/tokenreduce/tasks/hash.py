@@ -46,7 +46,7 @@ PR curves ``pr_<p>`` (fractions) per protocol p; also ``top1`` of the logits, ``
 says so).
 
 Deviations from EET: per-class random targets by default (EET solves per-image FISH targets,
-built in the EET issue on :meth:`set_image_codes`); a deterministic tie rule (EET sorts unstably);
+which the ``eet`` task fills with :meth:`set_image_codes`); a deterministic tie rule (EET sorts unstably);
 queries without a relevant database item are left out of the mean (EET counts them as 0).
 """
 

@@ -1,0 +1,104 @@
+"""The project documents itself: no pointer leaves the repository, and docs/methods.md covers every method.
+
+Scanned: the text files of the repository (``git ls-files`` where git is available, else a walk) under
+src/, tests/, docs/, results/ and README.md. A pointer outside is a path into the team's private
+notes folder, a bare notes file name, or an issue number. The patterns are assembled from pieces
+so that this file does not match them itself (it is scanned like every other).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import tokenreduce as tr
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs/methods.md"
+SCANNED = ("README.md", "pyproject.toml", "src", "tests", "docs", "results")
+TEXT = {".py", ".md", ".sh", ".json", ".txt", ".toml", ".csv", ".log", ".cfg", ".yaml", ".yml", ".rst"}
+SKIP_DIRS = {"__pycache__", ".venv", ".pytest_cache", ".ruff_cache"}
+
+_NOTES = "sha" + "red"
+_ISSUE = "iss" + "ue"
+#: (what it is, pattern): each a pointer to something a reader of the repository cannot open.
+FORBIDDEN = [
+    ("the private notes folder", re.compile(r"\.\./" + _NOTES + r"\b")),
+    ("a private notes file", re.compile(_NOTES + r"/(?:methods|DESIGN)\.md")),
+    ("a notes file outside docs/", re.compile(r"(?<![\w/])" + "meth" + r"ods\.md")),
+    ("the design notes", re.compile(r"\b" + "DES" + r"IGN\.md")),
+    ("an issue number", re.compile(r"\b" + _ISSUE + r"s?\s*#?\s*\d+", re.IGNORECASE)),
+]
+#: A pointer into the methods page: the page's path, a comma, the word section and a quoted heading text.
+SECTION_REF = re.compile(r"docs/methods\.md, section [\"']([^\"']+)[\"']")
+
+
+def text_files() -> list[Path]:
+    """The repository's text files in SCANNED: those git does not ignore if git knows the tree, else all on disk."""
+    try:
+        cmd = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *SCANNED]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, check=True).stdout.decode()
+        paths = [ROOT / p for p in out.split("\0") if p]
+    except (OSError, subprocess.CalledProcessError):
+        paths = []
+    if not paths:  # no git (e.g. a copied tree): walk it
+        for top in SCANNED:
+            p = ROOT / top
+            paths += [p] if p.is_file() else [f for f in p.rglob("*") if not SKIP_DIRS & set(f.parts)]
+    return sorted(p for p in paths if p.is_file() and (p.suffix in TEXT or p.name == "README.md"))
+
+
+def headings() -> list[str]:
+    assert DOC.is_file(), "docs/methods.md is missing"
+    return [line for line in DOC.read_text().splitlines() if line.startswith("#")]
+
+
+def test_the_patterns_catch_what_they_should_and_not_themselves():
+    bad = ["see ../" + _NOTES + "/x", _NOTES + "/methods.md", "(meth" + "ods.md, Sec. 4)",
+           "DES" + "IGN.md", "(" + _ISSUE + " 7)", _ISSUE.capitalize() + " 11", _ISSUE + " #3"]
+    good = ["docs/methods.md", "a shared VM", "shared by every image", "the tissue 3", "issues with speed"]
+    for s in bad:
+        assert any(p.search(s) for _, p in FORBIDDEN), s
+    for s in good:
+        assert not any(p.search(s) for _, p in FORBIDDEN), s
+    assert not any(p.search(Path(__file__).read_text()) for _, p in FORBIDDEN)
+
+
+def test_no_pointer_leaves_the_repository():
+    files = text_files()
+    assert ROOT / "README.md" in files and Path(__file__).resolve() in files
+    hits = []
+    for path in files:
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            hits += [f"{path.relative_to(ROOT)}:{n}: {what}: {m.group(0)!r}"
+                     for what, p in FORBIDDEN for m in p.finditer(line)]
+    assert not hits, "pointers outside the repository (point at docs/methods.md instead):\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("paper", ["EET", "ImagePiece", "Token Cropr", "BSPF", "Baselines"])
+def test_the_methods_page_has_a_section_per_paper(paper):
+    assert any(paper in h for h in headings()), f"docs/methods.md has no section on {paper}"
+
+
+@pytest.mark.parametrize("method", tr.list_methods())
+def test_the_methods_page_has_a_section_per_registered_method(method):
+    spelled = re.compile(r"`" + re.escape(method) + r"(\(.*?\))?`")
+    assert any(spelled.search(h) for h in headings()), f"no heading of docs/methods.md names `{method}`"
+
+
+def test_section_pointers_name_existing_sections():
+    refs = [(path, m.group(1)) for path in text_files() for m in SECTION_REF.finditer(path.read_text(errors="replace"))]
+    assert refs, "no file points into docs/methods.md by section"
+    missing = [f"{path.relative_to(ROOT)}: {name!r}" for path, name in refs if not any(name in h for h in headings())]
+    assert not missing, "pointers to sections docs/methods.md does not have:\n" + "\n".join(missing)
+
+
+def test_relative_links_of_the_methods_page_resolve():
+    links = re.findall(r"\]\(([^)\s]+)\)", DOC.read_text())
+    local = [t.split("#")[0] for t in links if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+    assert local
+    broken = [t for t in local if not (DOC.parent / t).exists()]
+    assert not broken, f"docs/methods.md links to files that do not exist: {broken}"
