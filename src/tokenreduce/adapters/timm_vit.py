@@ -1,7 +1,8 @@
 """Patch a timm VisionTransformer in place, reversibly, to run a token reducer.
 
-The patch replaces ``model.forward_features`` (an instance attribute; ``remove`` deletes it) with a
-loop that calls timm's own sub-modules by name: patch_embed, _pos_embed, patch_drop, norm_pre,
+The patch replaces ``model.forward_features`` (an instance attribute; ``remove`` deletes it) with the
+block loop every host shares (adapters/common.py, each block a :class:`TimmBlock` view) that calls
+timm's own sub-modules by name: patch_embed, _pos_embed, patch_drop, norm_pre,
 and per block norm1, attn.qkv, attn.q_norm, attn.k_norm, attn.norm, attn.proj, attn.proj_drop,
 ls1, drop_path1, norm2, mlp, ls2, drop_path2, then norm. Attention is
 :func:`tokenreduce.core.attention.attend` with the contributions declared for the block: the
@@ -18,33 +19,18 @@ A reducer with parameters or buffers (a deployed Cropr's q) is attached as ``mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from ..core.attention import attend
 from ..core.errors import TokenReduceError, UnsupportedModelError
-from ..core.method import AttnInfo, Host, Reducer, build_reducer
-from ..core.ops import cls_attention
-from ..core.schedule import Schedule
+from ..core.method import AttnInfo, Host, Reducer
 from ..core.state import TokenState
+from .common import ATTR as _ATTR
+from .common import AttentionView, BlockView, HostParts, attach, attend_view, contributions, detach, run_blocks
+from .common import get_patch as get_patch
 
-_ATTR = "_tokenreduce_patch"
-
-
-@dataclass
-class Patch:
-    """What ``apply`` left on a model: the reducer, its compiled schedule and the last forward."""
-
-    reducer: Reducer
-    schedule: Schedule
-    host: Host
-    trace: bool
-    dense: bool = False
-    last: TokenState | None = field(default=None, repr=False)
+#: What the host registry (adapters/hosts.py) says this adapter patches.
+DESCRIPTION = "timm VisionTransformer models (vit_*, deit_*, ...)"
 
 
 def _timm_classes():
@@ -52,6 +38,11 @@ def _timm_classes():
     from timm.models.vision_transformer import Block, VisionTransformer
 
     return VisionTransformer, Block, Attention
+
+
+def accepts(model: nn.Module) -> bool:
+    """Whether ``model`` is for this adapter (a timm VisionTransformer; ``check_host`` says the rest)."""
+    return isinstance(model, _timm_classes()[0])
 
 
 def check_host(model: nn.Module) -> Host:
@@ -92,22 +83,7 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     in the original order (pruned tokens restored, merged ones copied to every position they
     hold: ``TokenState.dense``), for dense tasks.
     """
-    host = check_host(model)
-    reducer = build_reducer(spec)
-    if reducer.needs_class_token and not host.has_class_token:
-        raise UnsupportedModelError(
-            f"{reducer.name} scores tokens by class-token attention but this model has no class "
-            "token; use a model with one, or a method that needs none (random, tome)"
-        )
-    schedule = reducer.bind(host)
-    if hasattr(model, _ATTR):  # only now: a failed apply leaves the previous patch in place
-        remove(model)
-    ref = next(model.parameters())
-    reducer.to(device=ref.device, dtype=ref.dtype)
-    reducer.train(model.training)  # later model.train()/eval() calls reach it as a submodule
-    if next(reducer.parameters(), None) is not None or next(reducer.buffers(), None) is not None:
-        model.tokenreduce = reducer
-    setattr(model, _ATTR, Patch(reducer, schedule, host, trace, dense))
+    attach(model, spec, check_host(model), trace=trace, dense=dense)
     model.forward_features = _forward_features.__get__(model)
     return model
 
@@ -116,17 +92,9 @@ def remove(model: nn.Module) -> nn.Module:
     """Undo ``apply``: the model is again exactly timm's. Raises if it was not patched."""
     if not hasattr(model, _ATTR):
         raise TokenReduceError("this model is not patched by tokenreduce; nothing to remove")
-    delattr(model, _ATTR)
+    detach(model)
     del model.forward_features  # falls back to the class method
-    if "tokenreduce" in model._modules:
-        del model._modules["tokenreduce"]
     return model
-
-
-def get_patch(model: nn.Module) -> Patch:
-    if not hasattr(model, _ATTR):
-        raise TokenReduceError("this model is not patched by tokenreduce; call tokenreduce.apply first")
-    return getattr(model, _ATTR)
 
 
 def _check_input(model: nn.Module, x: Tensor, host: Host) -> None:
@@ -157,107 +125,70 @@ def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = Non
     x = self._pos_embed(x)
     x = self.patch_drop(x)
     x = self.norm_pre(x)
-    reducer, schedule = patch.reducer, patch.schedule
-    state = TokenState.start(
-        x, patch.host.num_prefix, trace=patch.trace, prop_attn=reducer.proportional,
-        keep_pruned=reducer.keep_pruned, dense=patch.dense,
-    )
     # timm's set_grad_checkpointing() sets this flag; its own forward_features is not called here
     ckpt = bool(getattr(self, "grad_checkpointing", False)) and torch.is_grad_enabled()
-    for i, blk in enumerate(self.blocks):
-        state.block = i
-        x = _run_block(blk, x, state, reducer, schedule, ckpt)
-    patch.last = state
-    if patch.dense:
-        # (B, p + N0, C), one token per original position: the values of state.dense(x), without
-        # restoring the state's fields, so get_info still describes the tokens the last block made
-        x = state.unmerge(x)
+    # dense: (B, p + N0, C), one token per original position (common.run_blocks)
+    x = run_blocks([TimmBlock(blk) for blk in self.blocks], x, patch, ckpt)
     return self.norm(x)
 
 
-def _contributions(state: TokenState, reducer: Reducer | None) -> dict[str, Any]:
-    """The attention contributions declared for the current block: the log-size bias plus the
-    reducer's bias, the keep policy, the chunk size, as keyword arguments of :func:`attend`."""
-    bias = state.attn_bias()  # (B, 1, 1, N) or None
-    chunk = None
-    if reducer is not None:
-        extra = reducer.attn_bias(state, state.block)
-        if extra is not None:
-            bias = extra if bias is None else bias + extra
-        chunk = reducer.attention_chunk(state.block)
-    return dict(bias=bias, policy=state.keep_mask, chunk=chunk, num_prefix=state.num_prefix)
+class TimmAttention(AttentionView):
+    """timm's Attention: the fused qkv projection, q_norm, k_norm, then norm, gate, proj, proj_drop."""
+
+    def __init__(self, attn: nn.Module) -> None:
+        self.m = attn
+        self.num_heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scale
+        self.inputs, self.output = (attn.qkv,), attn.proj
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn, (B, N, _) = self.m, x.shape
+        qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, H, N, d) each
+        return attn.q_norm(q), attn.k_norm(k), v
+
+    def out(self, o: Tensor, x: Tensor) -> Tensor:
+        attn, (B, _, N, _) = self.m, o.shape
+        out = attn.norm(o.transpose(1, 2).reshape(B, N, attn.attn_dim))
+        if getattr(attn, "gate", None) is not None:
+            out = out * attn.gate(x).sigmoid()
+        return attn.proj_drop(attn.proj(out))
+
+    def dropout_p(self) -> float:
+        return self.m.attn_drop.p if self.m.training else 0.0
 
 
-def _run_block(blk: nn.Module, x: Tensor, state: TokenState, reducer: Reducer, schedule: Schedule,
-               ckpt: bool = False) -> Tensor:
-    """One timm Block with the reducer at the points the schedule names (``Schedule.point_counts``:
-    after attention + residual, after the MLP, or both for a composite). x (B, N, C)."""
-    at_attn, at_block = schedule.point_counts(state.block, x.shape[1] - state.num_prefix)
-    active = at_attn is not None or at_block is not None
-    contrib = _contributions(state, reducer)
-    watch = reducer.observes(state.block)  # side products read without reducing (Reducer.observes)
-    if not active and not watch:  # the plain block: a pure function of x and the contributions
-        if ckpt:
-            x = checkpoint(_plain_block, blk, x, use_reentrant=False, **contrib)
-        else:
-            x = _plain_block(blk, x, **contrib)
-        state.record(state.block, x.shape[1], False)
-        return x
-    needs = (reducer.needs_at(state.block) if active else frozenset()) | watch
-    attn_out, info = _attend(blk.attn, blk.norm1(x), needs, **contrib)
-    if watch:
-        reducer.observe(state, info)
-    x = x + blk.drop_path1(blk.ls1(attn_out))
-    if at_attn is not None:
-        state.point = "attn"
-        x = reducer.reduce(x, state, info, at_attn)
-    x = x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
-    if at_block is not None:
-        state.point = "block"
-        x = reducer.reduce(x, state, info, at_block)
-    state.record(state.block, x.shape[1], active)
-    return x
+class TimmBlock(BlockView):
+    """timm's Block: norm1, attn, ls1, drop_path1, then norm2, mlp, ls2, drop_path2."""
+
+    def __init__(self, blk: nn.Module) -> None:
+        self.m, self.attn, self.mlp = blk, TimmAttention(blk.attn), blk.mlp
+
+    def norm1(self, x: Tensor) -> Tensor:
+        return self.m.norm1(x)
+
+    def attn_branch(self, a: Tensor) -> Tensor:
+        return self.m.drop_path1(self.m.ls1(a))
+
+    def mlp_branch(self, x: Tensor) -> Tensor:
+        return self.m.drop_path2(self.m.ls2(self.m.mlp(self.m.norm2(x))))
 
 
-def _plain_block(blk: nn.Module, x: Tensor, **contrib: Any) -> Tensor:
-    """timm's Block.forward with the attention contributions, nothing asked of it. x (B, N, C)."""
-    x = x + blk.drop_path1(blk.ls1(_attend(blk.attn, blk.norm1(x), frozenset(), **contrib)[0]))
-    return x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
+def parts(model: nn.Module) -> HostParts:
+    """The model's sub-modules under host-neutral names (bench/macs.py, inspect)."""
+    check_host(model)
+    pe = model.patch_embed
+    proj = getattr(pe, "proj", None)
+    prefix = (("cls", int(model.cls_token is not None)), ("dist", int(getattr(model, "dist_token", None) is not None)),
+              ("registers", int(getattr(model, "num_reg_tokens", 0) or 0)))
+    return HostParts(
+        stem=pe, stem_proj=proj, in_chans=getattr(proj, "in_channels", 3), img_size=tuple(pe.img_size),
+        blocks=tuple(TimmBlock(b) for b in model.blocks),
+        heads=tuple(h for h in (model.head, getattr(model, "head_dist", None)) if h is not None),
+        prefix=tuple((kind, n) for kind, n in prefix if n),
+    )
 
 
 def _attention(attn: nn.Module, x: Tensor, state: TokenState, needs: frozenset[str],
                reducer: Reducer | None = None) -> tuple[Tensor, AttnInfo]:
     """timm Attention with the contributions ``state`` and ``reducer`` declare for the current block."""
-    return _attend(attn, x, needs, **_contributions(state, reducer))
-
-
-def _attend(attn: nn.Module, x: Tensor, needs: frozenset[str], *, bias: Tensor | None,
-            policy: Tensor | None, chunk: int | None, num_prefix: int) -> tuple[Tensor, AttnInfo]:
-    """timm Attention through :func:`attend`, plus the side products in ``needs``. x (B, N, C)."""
-    B, N, _ = x.shape
-    qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)  # (B, H, N, d) each
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    if bias is not None:
-        bias = bias.to(q.dtype)
-    o, probs = attend(
-        q, k, v, scale=attn.scale, bias=bias, policy=policy, chunk=chunk, num_prefix=num_prefix,
-        dropout_p=attn.attn_drop.p if attn.training else 0.0,
-        # the CLS row under a keep policy is the first row of the explicit probabilities
-        need_probs="probs" in needs or ("cls_attn" in needs and policy is not None),
-    )  # o (B, H, N, d), probs (B, H, N, N) or None
-    info = AttnInfo()
-    if "cls_attn" in needs:
-        # prefix tokens attend to every token, with chunks too: this is the full row
-        row_bias = bias if bias is None or bias.shape[-2] == 1 else bias[:, :, :1]  # a key bias is already a row
-        info.cls_attn = cls_attention(q, k, attn.scale, row_bias) if probs is None else probs[:, :, 0]
-    if "keys" in needs:
-        info.keys = k
-    if "head_norms" in needs:
-        info.head_norms = o.norm(dim=-1)  # (B, H, N)
-    if "probs" in needs:
-        info.probs = probs
-    out = attn.norm(o.transpose(1, 2).reshape(B, N, attn.attn_dim))
-    if getattr(attn, "gate", None) is not None:
-        out = out * attn.gate(x).sigmoid()
-    return attn.proj_drop(attn.proj(out)), info
+    return attend_view(TimmAttention(attn), x, needs, **contributions(state, reducer))

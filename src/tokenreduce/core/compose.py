@@ -38,8 +38,8 @@ Interface (what a stage author needs to know):
   (their side products were never computed): SpecError.
 - Declarations: ``needs`` the union; ``keep_pruned``, ``learned``, ``needs_class_token``,
   ``dynamic_schedule`` and ``proportional`` if any stage; ``conserves_patches`` and ``exportable``
-  if all; ``scoring_macs`` the side products once plus each acting stage's own scoring for the
-  tokens that reach it; ``attn_bias`` the sum;
+  if all; ``hosts`` the host families every stage runs on; ``scoring_macs`` the side products
+  once plus each acting stage's own scoring for the tokens that reach it; ``attn_bias`` the sum;
   ``attention_chunk`` the stages' common value (SpecError if two differ); ``observes`` the union.
   ``replay_spec``: the registered replayer's spec (the random pruner) for a schedule acting at
   one point and never growing, else None. ``budget_family``: [] - a composite is not a candidate
@@ -138,6 +138,8 @@ class Compose(Reducer):
         self.learned = any(s.learned for s in flat)
         self.dynamic_schedule = any(s.dynamic_schedule for s in flat)
         self.exportable = all(s.exportable for s in flat)
+        limited = [s.hosts for s in flat if s.hosts is not None]
+        self.hosts = frozenset.intersection(*limited) if limited else None
         self._plan: dict[int, tuple[Step, ...]] = {}
 
     # ----- declarations -------------------------------------------------------------------------

@@ -53,6 +53,8 @@ class Host:
     num_patches: int
     grid: tuple[int, int]
     has_class_token: bool
+    #: the model library the adapter drives ('timm', 'transformers'), read by ``Reducer.hosts``
+    family: str = "timm"
 
 
 #: MACs of each attention side product in ``NEEDS``, per token entering the attention, in units
@@ -119,6 +121,11 @@ class Reducer(nn.Module):
     dynamic_schedule: ClassVar[bool] = False
     #: can be exported to ONNX (bench/export.py refuses a method that declares False, naming it)
     exportable: ClassVar[bool] = True
+    #: the host families (``Host.family``: 'timm', 'transformers') the method runs on, or None for
+    #: every host; ``apply`` refuses any other host, saying so (UnsupportedModelError). A method
+    #: that reaches past the host-neutral interface (AttnInfo, TokenState) into one library's
+    #: modules declares that library here.
+    hosts: ClassVar[frozenset[str] | None] = None
     #: where the reducer runs unless its config has a ``where`` field: 'attn' (after attention +
     #: residual, before the MLP) or 'block' (after the MLP). Read it through ``where``.
     default_where: ClassVar[str] = "attn"
