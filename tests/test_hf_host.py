@@ -342,3 +342,5 @@ def test_inspect_and_bench_take_a_transformers_config(tmp_path, capsys):
     assert "dinov2-tiny  32x32" in capsys.readouterr().out
     assert main(["bench", "--hf-config", "nope", "--quick"]) == 2
     assert "built-in: vit-tiny" in capsys.readouterr().err
+    assert main([*bench, "--backend", "onnxruntime"]) == 2
+    assert "exports timm models only" in capsys.readouterr().err

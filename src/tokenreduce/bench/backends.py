@@ -162,6 +162,9 @@ class OnnxRuntime(Backend):
         from .export import require
 
         require("onnxruntime")
+        if hosts.check_host(model).family != "timm":
+            raise TokenReduceError("the onnxruntime backend exports timm models only (bench/export.py); time a "
+                                   "transformers model with --backend eager or compile")
         ref = next(model.parameters())
         if ref.device.type != "cpu" or ref.dtype != torch.float32:
             raise TokenReduceError(f"the onnxruntime backend runs float32 on the CPU (CPUExecutionProvider); "
