@@ -243,6 +243,10 @@ def test_unsupported_transformers_classes_are_refused_by_name():
         tr.apply(bert, "tome(r=4)")
     with pytest.raises(tr.UnsupportedModelError, match="timm VisionTransformer models .* and transformers ViT"):
         tr.apply(torch.nn.Linear(2, 2), "tome(r=4)")
+    other_layout = make("dinov2")
+    del other_layout.dinov2.encoder.layer[1].layer_scale1  # as if another transformers version
+    with pytest.raises(tr.UnsupportedModelError, match="has no layer_scale1 in layer 1: transformers .* >= 5"):
+        tr.apply(other_layout, "tome(r=4)")
 
 
 def test_a_method_declared_for_other_hosts_is_refused_with_the_reason(images):

@@ -37,7 +37,18 @@ from torch import Tensor, nn
 
 from ..core.errors import TokenReduceError, UnsupportedModelError
 from ..core.method import Host, Reducer
-from .common import ATTR, AttentionView, BlockView, HostParts, attach, detach, heads_view, run_blocks, split_heads
+from .common import (
+    ATTR,
+    AttentionView,
+    BlockView,
+    HostParts,
+    Patch,
+    attach,
+    detach,
+    heads_view,
+    run_blocks,
+    split_heads,
+)
 from .common import get_patch as get_patch
 
 DESCRIPTION = "transformers ViT, DeiT, DINOv2 and CLIP vision models"
@@ -283,20 +294,13 @@ def _prefix(base: nn.Module) -> tuple[tuple[str, int], ...]:
 def check_host(model: nn.Module) -> Host:
     """Raise UnsupportedModelError unless ``model`` is a transformers vision encoder this adapter drives."""
     base, family, _ = _resolve(model)
-    try:
-        layers = family.layers(base)
-    except AttributeError:
-        layers = None
-    for i, layer in enumerate(layers if layers is not None else [None]):
-        missing = [] if layer is None else [p for p in family.layer_parts if not _has(layer, p)]
-        if layer is None or missing:
-            import transformers
-
-            raise UnsupportedModelError(
-                f"{type(base).__name__} in transformers {transformers.__version__} is laid out differently from the "
-                f"layout tokenreduce drives (no {family.layers_path if layer is None else missing[0]} in layer {i}); "
-                "use transformers >= 5"
-            )
+    if not _has(base, family.layers_path):
+        raise _layout_error(base, family.layers_path)
+    layers = family.layers(base)
+    for i, layer in enumerate(layers):
+        missing = [p for p in family.layer_parts if not _has(layer, p)]
+        if missing:
+            raise _layout_error(base, f"{missing[0]} in layer {i}")
         if type(layer).__name__ not in family.layer_classes:
             raise UnsupportedModelError(
                 f"layer {i} is a {type(layer).__name__}; supported: {', '.join(family.layer_classes)}"
@@ -309,6 +313,13 @@ def check_host(model: nn.Module) -> Host:
         num_prefix=sum(n for _, n in _prefix(base)), num_patches=grid[0] * grid[1], grid=grid,
         has_class_token=True, family="transformers",
     )
+
+
+def _layout_error(base: nn.Module, missing: str) -> UnsupportedModelError:
+    """The refusal of a base model whose layout is not the one the views call (another transformers version)."""
+    version = getattr(require_transformers(), "__version__", "?")
+    return UnsupportedModelError(f"{type(base).__name__} has no {missing}: transformers {version} lays it out "
+                                 "differently from the layout tokenreduce drives; use transformers >= 5")
 
 
 def _has(module: nn.Module, path: str) -> bool:
@@ -373,7 +384,7 @@ def _check_input(base: nn.Module, x: Tensor, host: Host) -> None:
         )
 
 
-def _forward(base: nn.Module, family: Family, patch: Any, pixel_values: Tensor | None = None, **kwargs: Any) -> Any:
+def _forward(base: nn.Module, family: Family, patch: Patch, pixel_values: Tensor | None = None, **kwargs: Any) -> Any:
     """The base model's forward with the reducer: embeddings, the shared block loop, final norm and pooling."""
     if kwargs.pop("attention_mask", None) is not None:
         raise TokenReduceError("attention masks are not supported with token reduction")
