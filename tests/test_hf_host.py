@@ -9,6 +9,7 @@ through the key map (adapters/hf_keys.py). Skipped when transformers is not inst
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -174,6 +175,21 @@ def test_macs_are_the_hosts_real_shapes(host):
     assert report.tokens_per_block == tr.get_info(model).schedule.tokens_per_block(PREFIX[host])
     measured = flop_counter_macs(model) - (report.total - report.scoring)
     assert abs(report.scoring - measured) <= 0.01 * measured
+
+
+def test_reapply_replaces_and_copies_are_independent(images):
+    model = make("vit")
+    with torch.no_grad():
+        ref = head(model(images))
+        tr.apply(model, "tome(r=4)")
+        tr.apply(model, "evit(keep=0.5, locs=(1, 2))")
+        assert tr.get_info(model).spec.startswith("evit")
+        twin = copy.deepcopy(model)
+        tr.remove(twin)
+        assert torch.equal(head(twin(images)), ref)
+        assert tr.get_info(model).spec.startswith("evit") and tr.get_info(model).tokens_per_block[-1] < 65
+        assert not torch.allclose(head(model(images)), ref)
+    assert not hosts.is_patched(twin) and all("forward" not in vars(m) for m in twin.modules())
 
 
 # ----- attention path: fused SDPA wherever nothing needs the probabilities --------------------------
