@@ -217,7 +217,7 @@ def test_mirrored_scoring_costs_less():
 
 
 @pytest.mark.parametrize("spec,match", [
-    ("bspf(path='upper')", "unknown path 'upper'; valid: 'exact', 'mirrored'"),
+    ("bspf(path='upper')", "path='upper' is invalid; path takes 'exact' or 'mirrored'"),
     ("bspf(kernel=(1, 2))", "9 numbers"),
     ("bspf(entries=0)", "entries"),
     ("bspf(size=0)", "positive int"),

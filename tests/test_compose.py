@@ -227,6 +227,10 @@ def test_realign_follows_tokens_by_index():
     ("topk(keep=0.5, locs=(0,)) + llf(at=1) + topk(keep=0.5, locs=(1,), where='block')",
      "brought tokens back there"),
     ("topk(keep=0.5, locs=(1,)) + evit(keep=0.5, locs=(5,))", "beyond the model's depth"),
+    # a restoring stage that would bring nothing back
+    ("llf() + llf()", "no stage acts before block 2"),
+    ("llf(at=0) + topk(keep=0.5, locs=(1,))", "no stage acts before block 0"),
+    ("topk(keep=0.5, locs=(1,)) + llf() + llf()", "already brought every pruned token back at block 2"),
 ])
 def test_clear_errors(spec, match):
     with pytest.raises(tr.SpecError, match=match):

@@ -215,7 +215,7 @@ def test_bad_specs_are_clear() -> None:
         "cropr(r=4, classes=10, heads=3)": "heads=3 does not divide",
         "cropr(r=30, classes=10)": "prunes all 64 patch tokens",
         "cropr(r=4, inference=True, score='softmax')": "score='softmax' needs the training form",
-        "cropr(r=4, classes=10, score='mean')": "choose from 'logits', 'softmax'",
+        "cropr(r=4, classes=10, score='mean')": "score='mean' is invalid; score takes 'logits' or 'softmax'",
         "cropr(r=-1, classes=10)": "r=-1 must be an int >= 0",
         "cropr(r=2, classes=10, locs=(5,))": "beyond the model's depth",
     }
@@ -240,3 +240,19 @@ def test_diagnostic_scores_rank_alike_with_one_query_and_measures_are_right() ->
     # one query: the softmax is monotone in the logit, so the two scores rank tokens identically
     torch.testing.assert_close(spearman(s, t), torch.ones(4, dtype=torch.float64), rtol=0, atol=1e-12)
     assert torch.equal(kept_overlap(s, t, 20), torch.ones(4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("depth", [4, 6])
+def test_default_placement_with_llf_is_the_official_count(depth: int) -> None:
+    """The official model (github.com/benbergner/cropr, cls/vision_transformer.py) builds n_blk - 2
+    modules with Last Layer Fusion (after blocks 0 .. n_blk - 3) and n_blk - 1 without."""
+    torch.manual_seed(0)
+    host = VisionTransformer(img_size=32, patch_size=4, embed_dim=64, depth=depth, num_heads=2, num_classes=10)
+    model = tr.apply(host, "cropr(r=2, classes=10) + llf()")
+    cropr = _reducer(model).stages[0]
+    assert len(cropr.stages) == depth - 2
+    pruned = [64 - 3 - 2 * i for i in range(depth - 2)]  # r + first at the first module, r after
+    assert tr.get_info(model).schedule.counts == (*pruned, 64, 64)
+    tr.remove(model)
+    alone = tr.apply(host, "cropr(r=2, classes=10)")
+    assert len(_reducer(alone).stages) == depth - 1

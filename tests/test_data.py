@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
+from torch.utils.data import Dataset
 
 from tokenreduce import TokenReduceError
 from tokenreduce.data import DataError, FashionMNIST, Seeded, build_dataset, data_config_from_model, subset
@@ -128,3 +129,72 @@ def test_subset_is_fixed(fmnist_dir: Path) -> None:
     a, b = subset(ds, 10), subset(ds, 10)
     assert len(a) == 10 and a.indices == b.indices and a.classes == ds.classes
     assert subset(ds, None) is ds
+
+
+# ----------------------------------------------------------------------------- one class list
+
+
+def _folders(root: Path, splits: dict[str, tuple[str, ...]]) -> str:
+    """Image folders with two images per class; a class's images have its own brightness everywhere."""
+    from PIL import Image
+
+    shade = {c: 30 * i for i, c in enumerate(sorted({c for cs in splits.values() for c in cs}))}
+    for split, classes in splits.items():
+        for cls in classes:
+            (root / split / cls).mkdir(parents=True)
+            for k in range(2):
+                Image.fromarray(np.full((8, 8), shade[cls], np.uint8)).save(root / split / cls / f"{k}.png")
+    return str(root)
+
+
+def test_a_split_is_labelled_by_the_training_classes_by_name(tmp_path: Path) -> None:
+    root = _folders(tmp_path, {"train": ("cat", "dog", "fox"), "val": ("cat", "fox")})
+    train = build_dataset(root, "train", img_size=8)
+    assert train.classes == ["cat", "dog", "fox"] and train.targets.tolist() == [0, 0, 1, 1, 2, 2]
+    val = build_dataset(root, "test", img_size=8, classes=train.classes)  # it lacks dog: fox stays 2
+    assert val.classes == ["cat", "dog", "fox"] and val.targets.tolist() == [0, 0, 2, 2]
+    other = build_dataset(root, "test", img_size=8, classes=["fox", "dog", "cat"])  # another order: by name
+    assert other.targets.tolist() == [2, 2, 0, 0]
+
+
+def test_a_split_with_classes_the_model_does_not_know_is_refused(tmp_path: Path, fmnist_dir: Path) -> None:
+    root = _folders(tmp_path / "f", {"train": ("cat", "dog"), "val": ("cat", "cow", "emu")})
+    with pytest.raises(DataError, match="2 classes the model does not know: cow, emu; it was trained on 2 classes"):
+        build_dataset(root, "test", img_size=8, classes=["cat", "dog"])
+    with pytest.raises(DataError, match="dataset 'fashion_mnist' has 10 classes the model does not know"):
+        build_dataset("fashion_mnist", "test", data_dir=fmnist_dir, classes=["cat", "dog"])
+    fmnist = build_dataset("fashion_mnist", "test", data_dir=fmnist_dir)
+    with pytest.raises(DataError, match="in another order"):
+        build_dataset("fashion_mnist", "test", data_dir=fmnist_dir, classes=fmnist.classes[::-1])
+    assert build_dataset("fashion_mnist", "test", data_dir=fmnist_dir, classes=fmnist.classes).classes == fmnist.classes
+
+
+TINY = {"name": "vit_tiny_patch16_224", "kwargs": {"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1,
+                                                   "num_heads": 2, "in_chans": 1, "num_classes": 3}}
+
+
+def test_training_and_evaluation_label_every_split_by_the_training_classes(tmp_path: Path, monkeypatch) -> None:
+    from tokenreduce.bench.evaluation import finetuned_cases, load_data, load_reference
+    from tokenreduce.models import read_meta, save_checkpoint
+    from tokenreduce.tasks import Task
+    from tokenreduce.train.loop import TrainConfig, train
+
+    root = _folders(tmp_path / "data", {"train": ("cat", "dog", "fox"), "val": ("cat", "fox")})
+    built: dict[str, Dataset] = {}
+    dataset = Task.dataset
+
+    def spy(self, name, split, *, train, **kw):
+        built[f"{split}{'-aug' if train else ''}"] = ds = dataset(self, name, split, train=train, **kw)
+        return ds
+
+    monkeypatch.setattr(Task, "dataset", spy)
+    out = tmp_path / "run"
+    train(TrainConfig(model=TINY, data=root, epochs=1, batch_size=3, out=str(out), threads=1, quiet=True))
+    assert built["test"].targets.tolist() == [0, 0, 2, 2]  # the loop's evaluation: fox is class 2, not 1
+    assert read_meta(out)["classes"] == ["cat", "dog", "fox"]
+    ref = load_reference(out)
+    assert load_data(ref, data=root).test.tensors[1].tolist() == [0, 0, 2, 2]  # tokenreduce eval
+    other = tmp_path / "other.safetensors"
+    save_checkpoint(other, ref.model, meta={**read_meta(out), "classes": ["fox", "dog", "cat"]})
+    with pytest.raises(TokenReduceError, match="same classes in another order"):
+        finetuned_cases([str(other)], ref)

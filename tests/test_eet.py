@@ -174,8 +174,8 @@ def test_flags_give_the_arms(spec, losses, teacher):
         == teacher
 
 
-@pytest.mark.parametrize(("spec", "match"), [("eet(w=0)", "w "), ("eet(mask='rows')", "choose from grid, official"),
-                                             ("eet(teacher='big')", "choose from joint, frozen"),
+@pytest.mark.parametrize(("spec", "match"), [("eet(w=0)", "w "), ("eet(mask='rows')", "takes 'grid' or 'official'"),
+                                             ("eet(teacher='big')", "teacher takes 'joint' or 'frozen'"),
                                              ("eet(bits=1)", "bits must be"), ("eet(dkt=1)", "True or False"),
                                              ("eet(targets='class')", "unknown parameter")])
 def test_bad_specs_are_clear_errors(spec, match):

@@ -3,7 +3,8 @@ agree, the graph holds the reduced token counts, and what cannot be exported is 
 
 Exporting takes 5 to 15 s per model on 2 busy CPU cores, so the default run exports two methods,
 one that merges (its sort-based matching) and one that prunes, plus the trained-checkpoint path;
-``-m slow`` exports every exportable registered method (chosen by declaration, no name).
+``-m slow`` exports every exportable registered method (chosen by declaration, no name), with a
+dynamic batch and with torch's classic exporter too (where the method declares it can).
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def exportable_examples() -> list[str]:
     return out
 
 
+def training_free_examples() -> list[str]:
+    return [s for s in exportable_examples() if not tr.build_reducer(s).learned]
+
+
+def check_batches(model: torch.nn.Module, path, batches=(1, 3)) -> None:
+    """The ONNX file at ``path`` matches the eager model on fresh images at every batch size given."""
+    sess = session(path)
+    for b in batches:
+        x = torch.randn(b, 3, 32, 32, generator=torch.Generator().manual_seed(10 + b))
+        with torch.no_grad():
+            torch.testing.assert_close(run_session(sess, x), model(x), rtol=1e-4, atol=1e-4)
+
+
 def check_three_ways(spec: str, tmp_path, compile_backend: str) -> None:
     model = tr.apply(make_host("deit"), spec).eval()
     res = export_onnx(model, tmp_path / "m.onnx", batch=2)
@@ -75,6 +89,72 @@ def test_eager_compiled_and_onnxruntime_agree(spec: str, tmp_path):
 @pytest.mark.parametrize("spec", exportable_examples())
 def test_every_exportable_method_agrees(spec: str, tmp_path):
     check_three_ways(spec, tmp_path, "inductor")
+
+
+def test_one_file_with_a_dynamic_batch_runs_every_batch_size(tmp_path):
+    model = tr.apply(make_host("deit"), FAST[0]).eval()  # the merge; every method: the slow test below
+    res = export_onnx(model, tmp_path / "m.onnx", dynamic_batch=True)  # exported once
+    check_batches(model, res.path)
+    assert res.dynamic_batch and res.max_abs_diff < 1e-4 and res.input_shape == (2, 3, 32, 32)
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    counts = tr.get_info(model).tokens_per_block
+    assert counts == res.tokens_per_block and set(counts) <= set(res.graph_tokens) and counts[-1] < 65
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", training_free_examples())
+def test_every_training_free_method_exports_a_dynamic_batch(spec, tmp_path):
+    model = tr.apply(make_host("deit"), spec).eval()
+    check_batches(model, export_onnx(model, tmp_path / "m.onnx", dynamic_batch=True).path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", exportable_examples())
+def test_the_classic_exporter_is_right_or_refused_by_declaration(spec, tmp_path):
+    """What a method declares for the classic exporter holds: at the lowest opset it allows (and
+    never above the classic default), the graph matches at two batch sizes, or it is refused."""
+    model = tr.apply(make_host("deit"), spec).eval()
+    reducer = tr.build_reducer(spec)
+    if not reducer.classic_onnx:
+        with pytest.raises(TokenReduceError, match="classic ONNX exporter.*dynamo"):
+            export_onnx(model, tmp_path / "m.onnx", exporter="classic")
+        return
+    res = export_onnx(model, tmp_path / "m.onnx", exporter="classic", dynamic_batch=True,
+                      opset=max(14, reducer.min_onnx_opset))  # 14: fused attention
+    check_batches(model, res.path)
+
+
+def test_the_classic_exporter_below_a_merges_opset_is_refused(tmp_path):
+    """Below opset 16 torch's classic exporter writes ToMe's summing scatter without its reduction
+    (of several merged tokens only one survives): refused by export_onnx and by the patched forward
+    itself when torch.onnx.export(dynamo=False) traces it; at 16 it is right, at every batch size."""
+    model = tr.apply(make_host("deit"), "tome(r=(8, 0, 8, 0))").eval()
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(TokenReduceError, match="needs ONNX opset >= 16"):  # torch's own entry point
+        torch.onnx.export(model, (x,), str(tmp_path / "b.onnx"), dynamo=False, opset_version=15)
+    with pytest.raises(TokenReduceError, match=r"tome\(r=\(8, 0, 8, 0\).*needs ONNX opset >= 16.*got opset 14"):
+        export_onnx(model, tmp_path / "a.onnx", exporter="classic", opset=14)
+    assert not list(tmp_path.iterdir())
+    res = export_onnx(model, tmp_path / "c.onnx", exporter="classic", opset=16, dynamic_batch=True)
+    assert res.opset == 16 and res.exporter == "classic" and res.max_abs_diff < 1e-4
+    check_batches(model, res.path)
+    with torch.no_grad():  # a plain torch.jit.trace is no ONNX export: not refused
+        torch.testing.assert_close(torch.jit.trace(model, x, check_trace=False)(x), model(x))
+    with pytest.raises(TokenReduceError, match="unknown ONNX exporter 'torchscript'; choose one of dynamo, classic"):
+        export_onnx(model, tmp_path / "d.onnx", exporter="torchscript")
+
+
+def test_the_classic_exporter_refuses_what_it_cannot_export_and_names_dynamo(tmp_path):
+    spec = next(s for s in exportable_examples() if not tr.build_reducer(s).classic_onnx
+                and tr.build_reducer(s).min_onnx_opset)  # a merge the classic exporter cannot translate
+    model = tr.apply(make_host("deit"), spec).eval()
+    with pytest.raises(TokenReduceError, match=r"classic ONNX exporter.*use the dynamo exporter.*export_onnx"):
+        export_onnx(model, tmp_path / "a.onnx", exporter="classic")
+    with pytest.raises(TokenReduceError, match=r"classic ONNX exporter.*dynamo=True"):
+        torch.onnx.export(model, (torch.randn(1, 3, 32, 32),), str(tmp_path / "b.onnx"), dynamo=False)
+    composite = tr.build_reducer(f"{spec} + tome(r=2)")
+    assert not composite.classic_onnx and composite.min_onnx_opset == 16
 
 
 def test_a_stable_sort_exports_with_its_ties_in_order(tmp_path):
@@ -146,9 +226,28 @@ def test_export_command_exports_a_trained_checkpoint(tmp_path, capsys):
     (["--checkpoint", "x.safetensors", "--model", "test_vit"], "leave out --model"),
     (["--model", "test_vit", "--batch", "0"], "--batch must be >= 1"),
     (["--model", "test_vit", "--spec", "nosuch(r=1)"], "unknown method"),
+    (["--model", "test_vit", "--spec", "tome(r=1)", "--exporter", "classic", "--opset", "13"],
+     "needs ONNX opset >= 16"),
 ])
 def test_export_command_errors_are_one_line(capsys, tmp_path, argv, match):
     assert main(["export", "--onnx", str(tmp_path / "x.onnx"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("tokenreduce export: error: ") and match in err[-1], err
     assert not any("Traceback" in line for line in err)
+
+
+def test_export_command_dynamic_batch(tmp_path, capsys):
+    from tokenreduce.models import build_model, save_checkpoint
+
+    cfg = {"name": "vit_tiny_patch16_224",
+           "kwargs": {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 5}}
+    ckpt, out = tmp_path / "model.safetensors", tmp_path / "model.onnx"
+    save_checkpoint(ckpt, build_model(cfg), meta={"model": cfg})
+    argv = ["export", "--checkpoint", str(ckpt), "--spec", "tome(r=4)", "--onnx", str(out), "--dynamic-batch"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "input (batch, 3, 32, 32)" in printed and "same 2 and 1 random image(s)" in printed
+    assert "(static): 13 9" in printed
+    sess = session(out)
+    for b in (1, 3):
+        assert run_session(sess, torch.randn(b, 3, 32, 32)).shape == (b, 5)

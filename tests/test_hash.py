@@ -72,8 +72,8 @@ def test_class_codes_are_balanced_distinct_and_seeded():
 
 
 @pytest.mark.parametrize("spec,match", [("hash(bits=1)", "bits must be an integer >= 2"),
-                                        ("hash(targets='pixel')", "choose from class, image"),
-                                        ("hash(protocol='x')", "choose from both, asym, sym"),
+                                        ("hash(targets='pixel')", "targets takes 'class' or 'image'"),
+                                        ("hash(protocol='x')", "protocol takes 'both', 'asym' or 'sym'"),
                                         ("hash(hash_weight=0, ce_weight=0)", "not both 0"),
                                         ("hash(db_subset=0)", "db_subset")])
 def test_bad_specs_are_clear_errors(spec, match):

@@ -56,11 +56,11 @@ def test_registries() -> None:
         build_stem("convv", _vit())
     with pytest.raises(SpecError, match="unknown parameter 'width'; valid parameters: norm"):
         build_stem("conv(width=3)", _vit())
-    with pytest.raises(SpecError, match="unknown norm 'ln'; valid: 'bn', 'none'"):
+    with pytest.raises(SpecError, match="norm='ln' is invalid; norm takes 'bn' or 'none'"):
         build_stem("conv(norm='ln')", _vit())
     with pytest.raises(SpecError, match="unknown transform 'tie_qv'; valid transforms: .*tie_qk"):
         apply_transform("tie_qv", _vit())
-    with pytest.raises(SpecError, match="unknown init 'v'; valid: 'q', 'k', 'mean'"):
+    with pytest.raises(SpecError, match="init='v' is invalid; init takes 'q', 'k' or 'mean'"):
         apply_transform("tie_qk(init='v')", _vit())
 
 

@@ -54,8 +54,9 @@ BUDGETS: dict[str, int | tuple[int, ...]] = {
     # padded with +inf (1), top-k, sort, gathers of x (3) and the index (1)
     "cropr(r=8, inference=True)": 13,
     # plus keeping the pruned tokens aside (8: the complement by a stable sort (4), their x (3) and index
-    # (1)); the last block point restores them in place (7 more: 2 cats, argsort of the index, 2 gathers)
-    "cropr(r=8, inference=True) + llf()": (21, 21, 28),
+    # (1)); with llf the modules stop before the penultimate block, whose block point restores them in
+    # place (7: 2 cats, argsort of the index, 2 gathers)
+    "cropr(r=8, inference=True) + llf()": (21, 21, 7),
     "topk(keep=0.5, locs=(1,)) + llf()": (24, 7),
 }
 #: extra operators of a block where nothing is reduced, once sizes exist, for a method with

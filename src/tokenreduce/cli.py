@@ -38,11 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # Only the user-error family becomes a one-line message: anything else is a bug of ours and keeps
+    # its traceback, so that it is reported rather than taken for bad input.
     try:
         return int(args.func(args) or 0)
     except TokenReduceError as e:
         print(f"tokenreduce {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"tokenreduce {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

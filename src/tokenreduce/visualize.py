@@ -59,13 +59,14 @@ def _to_display(image: Tensor) -> np.ndarray:
 
 @torch.no_grad()
 def visualize(model: nn.Module, spec: str | Reducer, images: Tensor, out_dir: str | Path,
-              titles: list[str] | None = None) -> list[Path]:
+              titles: list[str] | None = None, outlines: Tensor | None = None) -> list[Path]:
     """Write one PNG per image: the input, then the token grid after every reduction block.
 
     Args:
         model: a timm VisionTransformer (patched or not; it is re-patched with ``spec`` and trace).
         spec: a spec string, or a Reducer (e.g. a trained one, which keeps its weights).
         images: (B, C, H, W) model inputs.
+        outlines: (B, H, W) bool object masks, drawn as a red contour on every panel (the scenes).
     Returns:
         the PNG paths written.
     """
@@ -96,6 +97,8 @@ def visualize(model: nn.Module, spec: str | Reducer, images: Tensor, out_dir: st
             kept = int((groups >= 0).sum())
             ax.set_title(f"after block {block}\n{source.shape[0] - p} tokens, {kept} patches live", fontsize=8)
         for ax in axes[0]:
+            if outlines is not None and bool(outlines[i].any()):
+                ax.contour(outlines[i].float().numpy(), levels=[0.5], colors="red", linewidths=0.8)
             ax.axis("off")
         fig.suptitle(info.spec, fontsize=9)
         fig.tight_layout()
@@ -109,26 +112,27 @@ def slug(spec: str) -> str:
 
 
 def draw(model: nn.Module, specs: Sequence[str | Reducer], images: Tensor, titles: list[str],
-         out: str | Path) -> list[Path]:
+         out: str | Path, outlines: Tensor | None = None) -> list[Path]:
     """:func:`visualize` each spec (a string, or a Reducer such as a trained one) into ``out/<slug>/``;
     ``model`` is left unpatched."""
     paths = []
     for spec in specs:
         name = spec if isinstance(spec, str) else spec.spec()
         try:
-            paths += visualize(model, spec, images, Path(out) / slug(name), titles)
+            paths += visualize(model, spec, images, Path(out) / slug(name), titles, outlines)
         finally:
             if hasattr(model, timm_vit._ATTR):  # visualize may fail before it patches
                 remove(model)
     return paths
 
 
-def dataset_images(model: nn.Module, data: str, data_dir: str | None,
-                   indices: Sequence[int]) -> tuple[Tensor, list[str]]:
-    """(images (n, C, H, W) as ``model`` takes them, titles '#i class') of test images ``indices``."""
+def dataset_images(model: nn.Module, data: str, data_dir: str | None, indices: Sequence[int],
+                   classes: Sequence[str] | None = None) -> tuple[Tensor, list[str]]:
+    """(images (n, C, H, W) as ``model`` takes them, titles '#i class') of test images ``indices``;
+    ``classes``: the model's class list (a checkpoint's), by which the data is mapped."""
     from .data import build_dataset, data_config_from_model
 
-    ds = build_dataset(data, "test", data_dir=data_dir, **data_config_from_model(model))
+    ds = build_dataset(data, "test", data_dir=data_dir, classes=classes, **data_config_from_model(model))
     bad = [i for i in indices if not 0 <= i < len(ds)]
     if bad:
         raise TokenReduceError(f"image index {bad[0]} is outside the test set (0..{len(ds) - 1})")

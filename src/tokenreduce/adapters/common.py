@@ -13,23 +13,33 @@ This module runs those views: :func:`run_blocks` carries a fresh ``TokenState`` 
 one forward, computes the attention contributions declared for each block (log-size bias, the
 reducer's bias, keep policy, chunk), asks the attention only for the side products the reducer
 needs there (fused SDPA wherever nothing needs the probabilities) and calls the reducer at the
-points the schedule names. :func:`attach` / :func:`detach` are the host-neutral halves of
-``apply`` / ``remove``: the reducer built, checked against the host and bound, the record left on
-the model. :class:`HostParts` names a host's sub-modules for what counts their cost (bench/macs.py).
+points the schedule names; it can also hand back the tokens after chosen blocks and stop early
+(timm's ``forward_intermediates``). :func:`guard_forward` is what every patched forward refuses
+first (torch.fx symbolic tracing; the classic ONNX exporter where the method declares it cannot be
+exported by it). :func:`attach` / :func:`detach` are the host-neutral halves of ``apply`` /
+``remove``: the reducer built, checked against the host and bound, the record left on the model;
+:class:`RefuseScript` is the ``__prepare_scriptable__`` an adapter installs so that
+``torch.jit.script`` refuses a patched model. What an adapter stores on a model must pickle
+(module-level functions bound with functools.partial, no bound methods or closures), so pickle,
+``torch.save(model)`` and deepcopy give a patched model again; the last forward's record
+(``Patch.last``) is not copied. :class:`HostParts` names a host's sub-modules for what counts their
+cost (bench/macs.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..core.attention import attend
 from ..core.errors import TokenReduceError, UnsupportedModelError
 from ..core.method import AttnInfo, Host, Reducer, build_reducer
+from ..core.onnx import check_onnx, classic_export_opset
 from ..core.ops import cls_attention
 from ..core.schedule import Schedule
 from ..core.state import TokenState
@@ -48,6 +58,11 @@ class Patch:
     trace: bool
     dense: bool = False
     last: TokenState | None = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the last forward's record stays behind: a copy or a saved model has run no forward, and
+        # the record may hold tensors of a training graph (deepcopy refuses non-leaf tensors)
+        return {**self.__dict__, "last": None}
 
 
 class AttentionView:
@@ -173,28 +188,66 @@ def get_patch(model: nn.Module) -> Patch:
     return getattr(model, ATTR)
 
 
+class RefuseScript:
+    """A patched module's ``__prepare_scriptable__``: ``torch.jit.script`` calls it first (on every
+    submodule too), and TorchScript compiles the class's methods, so it would script the unpatched
+    model. Picklable (a plain object holding the spec)."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+
+    def __call__(self) -> nn.Module:
+        raise UnsupportedModelError(
+            f"torch.jit.script cannot compile a model patched with {self.spec}: TorchScript compiles the class's "
+            "own forward, the unreduced model; use torch.compile, torch.jit.trace or an ONNX export (tokenreduce "
+            "export), or tokenreduce.remove(model) to script the unpatched one"
+        )
+
+
+def guard_forward(patch: Patch, x: Any) -> None:
+    """What every patched forward refuses before it looks at its input: torch.fx symbolic tracing,
+    and a classic ONNX export (``torch.onnx.export(dynamo=False)``) the method cannot take."""
+    if isinstance(x, torch.fx.Proxy):  # symbolic_trace passes proxies for every argument, masks too
+        raise TokenReduceError(
+            "torch.fx symbolic tracing (symbolic_trace, create_feature_extractor) cannot follow a token-reduced "
+            "forward: it checks the input's shape and chooses tokens by their values, Python decisions on "
+            "numbers a symbolic trace does not have; use torch.compile or torch.export (tokenreduce export for ONNX)"
+        )
+    opset = classic_export_opset()
+    if opset is not None:  # torch.onnx.export(dynamo=False) is tracing this forward
+        check_onnx(patch.reducer, exporter="classic", opset=opset)
+
+
 # ----- one forward through the blocks ---------------------------------------------------------------
 
 
-def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, ckpt: bool = False) -> Tensor:
-    """x (B, p + N0, C), the embedded tokens, through every block with ``patch``'s reducer; records
-    the forward as ``patch.last``. With ``patch.dense`` returns one token per original position
-    (B, p + N0, C) (``TokenState.unmerge``), else the reduced tokens. ``ckpt``: run the blocks where
-    the reducer does not act through torch.utils.checkpoint."""
+def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, ckpt: bool = False, *,
+               take: Collection[int] = (), dense_taken: bool = False,
+               stop: int | None = None) -> tuple[Tensor, list[Tensor]]:
+    """x (B, p + N0, C), the embedded tokens, through the blocks (the first ``stop``) with ``patch``'s
+    reducer; records the forward as ``patch.last``. Returns the last block's tokens, one per
+    original position (B, p + N0, C) with ``patch.dense`` (``TokenState.unmerge``), else the reduced
+    ones, and the tokens leaving each block in ``take``, in block order: one per original position
+    with ``patch.dense`` or ``dense_taken``, else as reduced. ``ckpt``: run the blocks where the
+    reducer does not act through torch.utils.checkpoint."""
     reducer, schedule = patch.reducer, patch.schedule
+    dense = patch.dense or dense_taken
     state = TokenState.start(
         x, patch.host.num_prefix, trace=patch.trace, prop_attn=reducer.proportional,
-        keep_pruned=reducer.keep_pruned, dense=patch.dense,
+        keep_pruned=reducer.keep_pruned, dense=dense,
     )
-    for i, blk in enumerate(blocks):
+    taken = []
+    for i, blk in enumerate(blocks[:stop] if stop is not None else blocks):
         state.block = i
         x = run_block(blk, x, state, reducer, schedule, ckpt)
+        if i in take:
+            taken.append(state.unmerge(x) if dense else x)
     patch.last = state
     if patch.dense:
         # the values of state.dense(x), without restoring the state's fields, so get_info still
         # describes the tokens the last block made
         x = state.unmerge(x)
-    return x
+    return x, taken
 
 
 def contributions(state: TokenState, reducer: Reducer | None) -> dict[str, Any]:

@@ -21,9 +21,12 @@ every host shares (adapters/common.py): attention is ``core.attention.attend``, 
 SDPA (the kernel transformers' ``sdpa`` implementation calls) wherever nothing needs the
 probabilities, explicit (``eager``) only in the blocks where the method asks for them.
 
-Not available on a patched model: attention masks, ``output_attentions`` and
+Not available on a patched model, each refused by name: attention masks, ``output_attentions`` and
 ``output_hidden_states`` (the token count changes between layers; ``tokenreduce.get_info`` says
-what each layer kept). Nothing here imports transformers until a transformers model is given.
+what each layer kept), ``torch.jit.script`` (TorchScript would compile the class's unreduced
+forward), torch.fx symbolic tracing, and a classic ONNX export (``torch.onnx.export(dynamo=False)``)
+of a method that declares it cannot take one. A patched model pickles: pickle, ``torch.save(model)``
+and deepcopy give it back patched. Nothing here imports transformers until a transformers model is given.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ from .common import (
     BlockView,
     HostParts,
     Patch,
+    RefuseScript,
     attach,
     detach,
+    guard_forward,
     heads_view,
     run_blocks,
     split_heads,
@@ -52,6 +57,8 @@ from .common import (
 from .common import get_patch as get_patch
 
 DESCRIPTION = "transformers ViT, DeiT, DINOv2 and CLIP vision models"
+#: The base model's instance attributes ``apply`` sets and ``remove`` deletes.
+_PATCHED_ATTRS = ("forward", "__prepare_scriptable__")
 INSTALL_HINT = "pip install 'tokenreduce[hf]'"
 
 
@@ -342,7 +349,9 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
         raise TokenReduceError(f"the {type(base).__name__} in this model is already patched through another "
                                "module; call tokenreduce.remove on that one first")
     patch = attach(model, spec, host, trace=trace, dense=dense)
-    base.forward = functools.partial(_forward, base, family, patch)  # an instance attribute: per model
+    # instance attributes (per model), picklable: a partial of a module-level function, a plain object
+    base.forward = functools.partial(_forward, base, family, patch)
+    base.__prepare_scriptable__ = RefuseScript(patch.reducer.spec())
     return model
 
 
@@ -352,7 +361,8 @@ def remove(model: nn.Module) -> nn.Module:
         raise TokenReduceError("this model is not patched by tokenreduce; nothing to remove")
     base, _, _ = _resolve(model)
     detach(model)
-    del base.forward  # falls back to the class method
+    for name in _PATCHED_ATTRS:  # the class's own methods again
+        base.__dict__.pop(name, None)
     return model
 
 
@@ -386,6 +396,7 @@ def _check_input(base: nn.Module, x: Tensor, host: Host) -> None:
 
 def _forward(base: nn.Module, family: Family, patch: Patch, pixel_values: Tensor | None = None, **kwargs: Any) -> Any:
     """The base model's forward with the reducer: embeddings, the shared block loop, final norm and pooling."""
+    guard_forward(patch, pixel_values)  # first: under torch.fx every argument is a proxy
     if kwargs.pop("attention_mask", None) is not None:
         raise TokenReduceError("attention masks are not supported with token reduction")
     for flag in ("output_attentions", "output_hidden_states"):
@@ -400,6 +411,6 @@ def _forward(base: nn.Module, family: Family, patch: Patch, pixel_values: Tensor
     layers = family.layers(base)
     # transformers' gradient_checkpointing_enable() sets this flag on every layer
     ckpt = torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) and m.training for m in layers)
-    x = run_blocks([family.view(layer) for layer in layers], x, patch, ckpt)
+    x, _ = run_blocks([family.view(layer) for layer in layers], x, patch, ckpt)
     out = family.finish(base, x)
     return out.to_tuple() if return_dict is False else out

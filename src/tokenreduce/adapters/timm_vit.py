@@ -15,9 +15,21 @@ torch.utils.checkpoint (their attention contributions are computed first and pas
 recomputation in the backward pass sees the same ones).
 A reducer with parameters or buffers (a deployed Cropr's q) is attached as ``model.tokenreduce``
 (its own state_dict keys); a training-free one adds no keys.
+
+timm's other ways into the blocks run the same reduced loop or refuse, never the unreduced blocks:
+``forward_intermediates`` is replaced too (``get_intermediate_layers`` and a features_only
+``FeatureGetterNet`` call it; :func:`_forward_intermediates` says what it returns), a
+FeatureGetterNet itself is refused at apply time (apply to its ``.model``), and
+``torch.jit.script`` of a patched model raises (``__prepare_scriptable__``): TorchScript would
+compile the class's own forward_features, the unpatched model. What is stored on the model is
+picklable (module-level functions bound with functools.partial, no bound methods or closures), so
+``torch.save(model)`` / pickle / deepcopy give a patched model again.
 """
 
 from __future__ import annotations
+
+from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -26,11 +38,25 @@ from ..core.errors import TokenReduceError, UnsupportedModelError
 from ..core.method import AttnInfo, Host, Reducer
 from ..core.state import TokenState
 from .common import ATTR as _ATTR
-from .common import AttentionView, BlockView, HostParts, attach, attend_view, contributions, detach, run_blocks
+from .common import (
+    AttentionView,
+    BlockView,
+    HostParts,
+    Patch,
+    RefuseScript,
+    attach,
+    attend_view,
+    contributions,
+    detach,
+    guard_forward,
+    run_blocks,
+)
 from .common import get_patch as get_patch
 
 #: What the host registry (adapters/hosts.py) says this adapter patches.
 DESCRIPTION = "timm VisionTransformer models (vit_*, deit_*, ...)"
+#: The instance attributes ``apply`` sets, beside the Patch, and ``remove`` deletes.
+_PATCHED_ATTRS = ("forward_features", "forward_intermediates", "__prepare_scriptable__")
 
 
 def _timm_classes():
@@ -41,13 +67,25 @@ def _timm_classes():
 
 
 def accepts(model: nn.Module) -> bool:
-    """Whether ``model`` is for this adapter (a timm VisionTransformer; ``check_host`` says the rest)."""
-    return isinstance(model, _timm_classes()[0])
+    """Whether ``model`` is for this adapter: a timm VisionTransformer, or a features_only wrapper of
+    one (``check_host`` refuses that, naming its ``.model``, and says the rest)."""
+    from timm.models._features import FeatureGetterNet
+
+    VisionTransformer = _timm_classes()[0]
+    return isinstance(model, VisionTransformer) or (
+        isinstance(model, FeatureGetterNet) and isinstance(model.model, VisionTransformer))
 
 
 def check_host(model: nn.Module) -> Host:
     """Raise UnsupportedModelError unless ``model`` is a timm ViT this adapter can drive."""
+    from timm.models._features import FeatureGetterNet
+
     VisionTransformer, Block, Attention = _timm_classes()
+    if isinstance(model, FeatureGetterNet) and isinstance(model.model, VisionTransformer):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} (timm features_only) wraps a VisionTransformer: apply tokenreduce to its .model "
+            "(tokenreduce.apply(net.model, spec)); net(x) then returns the reduced forward's intermediates"
+        )
     if not isinstance(model, VisionTransformer):
         raise UnsupportedModelError(
             f"tokenreduce patches timm VisionTransformer models (vit_*, deit_*, ...); got "
@@ -83,8 +121,11 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     in the original order (pruned tokens restored, merged ones copied to every position they
     hold: ``TokenState.dense``), for dense tasks.
     """
-    attach(model, spec, check_host(model), trace=trace, dense=dense)
-    model.forward_features = _forward_features.__get__(model)
+    patch = attach(model, spec, check_host(model), trace=trace, dense=dense)
+    # partial, not a bound method: a bound method pickles as getattr(model, '_forward_features')
+    model.forward_features = partial(_forward_features, model)
+    model.forward_intermediates = partial(_forward_intermediates, model)
+    model.__prepare_scriptable__ = RefuseScript(patch.reducer.spec())
     return model
 
 
@@ -93,7 +134,8 @@ def remove(model: nn.Module) -> nn.Module:
     if not hasattr(model, _ATTR):
         raise TokenReduceError("this model is not patched by tokenreduce; nothing to remove")
     detach(model)
-    del model.forward_features  # falls back to the class method
+    for name in _PATCHED_ATTRS:  # the class's own methods again
+        model.__dict__.pop(name, None)
     return model
 
 
@@ -117,19 +159,82 @@ def _check_input(model: nn.Module, x: Tensor, host: Host) -> None:
 
 def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = None,
                       is_causal: bool = False) -> Tensor:
+    patch = getattr(self, _ATTR)
+    x = _embed(self, patch, x, attn_mask, is_causal)
+    # dense: (B, p + N0, C), one token per original position (common.run_blocks)
+    x, _ = run_blocks(_views(self), x, patch, _checkpointing(self))
+    return self.norm(x)
+
+
+def _forward_intermediates(
+    self: nn.Module, x: Tensor, indices: int | list[int] | None = None, return_prefix_tokens: bool = False,
+    norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False,
+    output_dict: bool = False, attn_mask: Tensor | None = None, is_causal: bool = False,
+) -> Any:
+    """timm's ``VisionTransformer.forward_intermediates`` (same arguments, same return forms: a list,
+    (final, list) or a dict) through the reduced forward. The intermediate after block i:
+
+    - ``output_fmt='NCHW'`` (timm's default, a features_only model's): one token per original
+      position (``TokenState.unmerge``: a merged token copied to every position it stands for, a
+      pruned one as it was when pruned), (B, C, H, W) as without reduction;
+    - ``output_fmt='NLC'``: the tokens leaving block i as the reduced forward has them, patch
+      tokens (B, N_i - p, C) with N_i = ``get_info(model).tokens_per_block[i]`` (merged tokens
+      where their destination was), different per block; with ``apply(..., dense=True)`` one per
+      position, (B, N0 - p, C), as for NCHW.
+
+    Prefix tokens (B, p, C) are split off as timm does; ``norm`` applies the final norm to each.
+    The final features are ``forward_features``'s (up to the last index with ``stop_early``).
+    """
+    from timm.models._features import feature_take_indices
+
+    if output_fmt not in ("NCHW", "NLC"):
+        raise TokenReduceError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+    patch = getattr(self, _ATTR)
+    reshape = output_fmt == "NCHW"
+    B, _, height, width = x.shape
+    take, max_index = feature_take_indices(len(self.blocks), indices)
+    x = _embed(self, patch, x, attn_mask, is_causal)
+    x, taken = run_blocks(_views(self), x, patch, _checkpointing(self), take=frozenset(take), dense_taken=reshape,
+                          stop=max_index + 1 if stop_early else None)
+    p = self.num_prefix_tokens
+    taken = [self.norm(y) if norm else y for y in taken]
+    prefix = [y[:, :p] for y in taken] if p else None
+    out = [y[:, p:] for y in taken]
+    if reshape:
+        H, W = self.patch_embed.dynamic_feat_size((height, width))
+        out = [y.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous() for y in out]  # (B, C, H, W)
+    final = None if intermediates_only else self.norm(x)  # one per position with patch.dense (run_blocks)
+    if output_dict:
+        result: dict[str, Any] = {"image_intermediates": out}
+        if prefix is not None and return_prefix_tokens:
+            result["image_intermediates_prefix"] = prefix
+        if final is not None:
+            result["image_features"] = final
+        return result
+    if return_prefix_tokens and prefix is not None:
+        out = list(zip(out, prefix, strict=True))
+    return out if final is None else (final, out)
+
+
+def _embed(self: nn.Module, patch: Patch, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+    """The checks and timm's embedding: images (B, C, H, W) -> tokens (B, p + N0, C)."""
+    guard_forward(patch, x)  # first: under torch.fx attn_mask is a proxy too
     if attn_mask is not None or is_causal:
         raise TokenReduceError("attention masks are not supported with token reduction")
-    patch = getattr(self, _ATTR)
     _check_input(self, x, patch.host)
     x = self.patch_embed(x)
     x = self._pos_embed(x)
     x = self.patch_drop(x)
-    x = self.norm_pre(x)
+    return self.norm_pre(x)
+
+
+def _views(self: nn.Module) -> list[BlockView]:
+    return [TimmBlock(blk) for blk in self.blocks]
+
+
+def _checkpointing(self: nn.Module) -> bool:
     # timm's set_grad_checkpointing() sets this flag; its own forward_features is not called here
-    ckpt = bool(getattr(self, "grad_checkpointing", False)) and torch.is_grad_enabled()
-    # dense: (B, p + N0, C), one token per original position (common.run_blocks)
-    x = run_blocks([TimmBlock(blk) for blk in self.blocks], x, patch, ckpt)
-    return self.norm(x)
+    return bool(getattr(self, "grad_checkpointing", False)) and torch.is_grad_enabled()
 
 
 class TimmAttention(AttentionView):

@@ -58,6 +58,8 @@ class EvalCase:
         spec: reducer spec; None for the unpatched model.
         kind: 'unpatched', 'training-free' or 'fine-tuned'.
         budget: the target speed-up the spec was chosen for, if any.
+        budget_speedup: the speed-up the budget rule expected of the spec (what tables show: a pick
+            may fall short of its target).
         checkpoints: for 'fine-tuned': the checkpoints to evaluate (one run each).
     """
 
@@ -66,6 +68,7 @@ class EvalCase:
     kind: str = "training-free"
     budget: float | None = None
     checkpoints: tuple[str, ...] = ()
+    budget_speedup: float | None = None
 
     @property
     def method(self) -> str:
@@ -257,6 +260,7 @@ def _finish(row: _Row, task: Task, speed: dict, base: _Row) -> dict[str, Any]:
              and all(_numeric(r.get(k)) for r in row.runs)]
     out = {
         "label": c.label, "method": c.method, "kind": c.kind, "spec": c.spec, "budget": c.budget,
+        "budget_speedup": c.budget_speedup,
         "task": task.spec(), "metric": m, "value": value, "value_std": std, "drop": drop,
         m: value, f"{m}_std": std, f"{m}_drop": drop,
         "metrics": {k: statistics.fmean(r[k] for r in row.runs) for k in names},

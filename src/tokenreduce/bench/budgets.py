@@ -19,8 +19,10 @@ The rule, for a target t (e.g. 1.5 or 2.0) and one method:
                      rise with the MACs ratio (b <= 0) falls back to rule 'macs'.
 Ties go to the milder spec. Both rules pick monotonically in t (nearest point on an increasing
 axis). A pick whose expected speed-up is more than 15% away from its target (e.g. beyond the
-family's strongest spec) is marked ``reached=False``. Candidates with the same per-block token
-counts as a milder one are kept once.
+family's strongest spec) is marked ``reached=False``; tables show a pick's expected speed-up, never
+the target it was asked for. A target more than 15% beyond the strongest candidate of every method
+(by MACs, before any timing) is refused: no method can reach it. Candidates with the same per-block
+token counts as a milder one are kept once.
 
 The default family (core.method): a config with ``keep`` and ``locs`` gets keep = 0.95, 0.90, ...,
 0.20 at blocks (3, 6, 9) of 12 scaled to the depth (floor(l * depth / 12)); one with ``r`` gets
@@ -117,6 +119,29 @@ def candidates(model: nn.Module, name: str, img_size: int | None = None) -> list
     return sorted(out, key=lambda c: c.macs_speedup)
 
 
+def check_targets(targets: Sequence[float]) -> list[float]:
+    """``targets`` as a list after checking that there is one and each is a finite speed-up > 1."""
+    bad = [t for t in targets if not (t > 1.0 and math.isfinite(t))]
+    if not targets or bad:
+        got = ", ".join(f"{t:g}" for t in targets) or "none"
+        raise TokenReduceError(f"budget targets (--budgets) must be > 1 (speed-ups such as 1.5,2); got {got}")
+    return list(targets)
+
+
+def _check_reach(cands: dict[str, list[Candidate]], targets: Sequence[float]) -> None:
+    """Refuse targets beyond reach of every method: more than REACH_TOLERANCE past the strongest
+    candidate's MACs speed-up (measured speed-ups stay below the MACs ratio in practice)."""
+    strongest = max((c for cs in cands.values() for c in cs), key=lambda c: c.macs_speedup)
+    reach = strongest.macs_speedup * REACH_TOLERANCE
+    far = [t for t in targets if t > reach]
+    if far:
+        raise TokenReduceError(
+            f"no training-free method reaches {', '.join(f'{t:g}x' for t in far)} on this model: the strongest "
+            f"candidate, {strongest.spec}, cuts the MACs {strongest.macs_speedup:.2f}x; choose --budgets up to "
+            f"{math.floor(reach * 100) / 100:g}"
+        )
+
+
 def nearest(values: Sequence[float], target: float) -> int:
     """Index of the value closest to ``target`` in log scale; the first one on ties."""
     if not values:
@@ -190,13 +215,14 @@ def find_budgets(
     """
     if rule not in ("macs", "measured"):
         raise TokenReduceError(f"budget rule must be 'macs' or 'measured', got {rule!r}")
-    if not targets or any(not t > 1.0 for t in targets):
-        raise TokenReduceError(f"target speed-ups must be > 1, got {list(targets)}")
+    targets = check_targets(targets)
     cands = {}
     for name in methods:
         cands[name] = candidates(model, name, img_size)
         if not cands[name]:
             raise TokenReduceError(f"{name}: no candidate spec is valid on this model")
+    if cands:
+        _check_reach(cands, targets)
     estimate = {name: [c.macs_speedup for c in cs] for name, cs in cands.items()}
     measured: dict[str, float] = {}
     if rule == "measured":

@@ -90,11 +90,13 @@ def load_reference(path: str | Path) -> Reference:
 class EvalData:
     """``test``: the evaluation items as tensors (:func:`accuracy.materialize`); ``database``: the
     training split, built on first use (``data.OnDemand``: only a retrieval task reads it);
-    ``info``: their description for the results."""
+    ``info``: their description for the results; ``masks``: the evaluation items' object masks
+    (bool (n, H, W), aligned with ``test``) where the dataset has them (the scenes), else None."""
 
     test: TensorDataset
     database: Dataset
     info: dict[str, Any]
+    masks: Tensor | None = None
 
 
 def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None = None, download: bool = False,
@@ -102,14 +104,20 @@ def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None =
     """The reference task's test set (and training split as the database) for the reference's input.
 
     ``data``: a dataset name or directory (default: the checkpoint's); ``subset``: a fixed random
-    ``subset`` of the test items (torch.randperm, seed 0).
+    ``subset`` of the test items (torch.randperm, seed 0). Labels index the reference's classes
+    (``models.classes_of``): an image folder is mapped by class name, one with a class the model
+    does not know is refused.
     """
+    from torch import Tensor
+
     from ..data import OnDemand, data_config_from_model
     from ..data import subset as take
+    from ..models import classes_of
     from .accuracy import materialize
 
     name = data or (ref.meta.get("data") or {}).get("name") or "fashion_mnist"
-    kw = {"data_dir": data_dir, "download": download, **data_config_from_model(ref.model)}
+    kw = {"data_dir": data_dir, "download": download, "classes": classes_of(ref.meta),
+          **data_config_from_model(ref.model)}
     full = ref.task.dataset(name, "test", train=False, **kw)
     ds = take(full, subset, seed=0)
     if subset and subset < len(full):
@@ -119,7 +127,10 @@ def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None =
     log(f"data: {name}, {which}")
     info = {"name": name, "split": "test", "n": len(ds), "of": len(full), "subset_seed": 0, "which": which}
     database = OnDemand(lambda: ref.task.dataset(name, "train", train=False, **kw))
-    return EvalData(materialize(ds), database, info)
+    masks = getattr(full, "masks", None)
+    if isinstance(masks, Tensor):
+        masks = masks[list(getattr(ds, "indices", range(len(full))))]
+    return EvalData(materialize(ds), database, info, masks if isinstance(masks, Tensor) else None)
 
 
 def first_images(data: TensorDataset, n: int, classes: Sequence[str]) -> tuple[Tensor, list[str]]:
@@ -155,15 +166,17 @@ def budget_cases(model: nn.Module, targets: Sequence[float], methods: Sequence[s
         flag = "" if p.reached else "  (not reached)"
         log(f"budget {p.target:g}x {p.method}: {p.spec}  (expected {p.expected_speedup:.2f}x, MACs "
             f"{p.macs_speedup:.2f}x){flag}")
-    cases = [EvalCase(p.spec, p.spec, "training-free", budget=p.target) for p in picks]
+    cases = [EvalCase(p.spec, p.spec, "training-free", budget=p.target, budget_speedup=p.expected_speedup)
+             for p in picks]
     return cases, [p.as_dict() for p in picks], skipped
 
 
 def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
     """One EvalCase per spec among the fine-tuned checkpoints ``paths``; each must hold the
-    reference's model and have been trained for the reference's task."""
+    reference's model, have been trained for the reference's task and on its classes, in its order
+    (the labels of the evaluation data index the reference's)."""
     from ..core.method import build_reducer
-    from ..models import read_meta, resolve
+    from ..models import classes_of, read_meta, resolve
     from ..tasks import build_task
     from .accuracy import DEFAULT_TASK, EvalCase
 
@@ -173,6 +186,12 @@ def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
         if meta.get("model") != ref.meta.get("model"):
             raise TokenReduceError(f"{path} holds model {meta.get('model')}, the reference holds "
                                    f"{ref.meta.get('model')}; fine-tuned checkpoints must share the reference's model")
+        mine, theirs = classes_of(meta), classes_of(ref.meta)
+        if mine and theirs and mine != theirs:
+            other = sorted(set(mine) ^ set(theirs))
+            why = f"classes the other lacks: {', '.join(other)}" if other else "the same classes in another order"
+            raise TokenReduceError(f"{path} was trained on other classes than the reference {ref.path} ({why}); "
+                                   "its outputs would be scored against the wrong labels")
         task = build_task(meta.get("task") or DEFAULT_TASK).spec()
         if task != ref.task.spec():
             raise TokenReduceError(f"{path} was trained for the task {task}, the reference for {ref.task.spec()}; "
@@ -203,7 +222,7 @@ def _scaled(factor: float, fmt: str) -> Callable[[Any], str]:
 def columns(metric: str) -> list[tuple]:
     """Columns of the results table for rows whose primary metric is ``metric``."""
     return [
-        ("label", "case"), ("budget", "target", "{:g}x"), ("value", metric, "{:.2f}"),
+        ("label", "case"), ("budget_speedup", "budget", "{:.2f}x"), ("value", metric, "{:.2f}"),
         ("value_std", "± std", "{:.2f}"), ("drop", "drop", "{:+.2f}"), ("macs", "MMACs", _scaled(1e6, "{:.1f}")),
         ("macs_speedup", "MACs x", "{:.2f}"), ("img_per_s", "img/s", "{:.0f}"), ("latency_ms", "lat ms", "{:.2f}"),
         ("speedup", "speedup", "{:.2f}"), ("latency_speedup", "lat x", "{:.2f}"), ("tokens_per_block", "tokens"),
@@ -215,7 +234,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     from .report import format_table
 
     metric = rows[0]["metric"] if rows else "value"
-    legend = (f"{metric}: mean over seeds (stochastic methods) or checkpoints (fine-tuned), ± sample std; "
+    legend = ("budget: the speed-up the budget rule expected of a --budgets pick (its target is in results.json); "
+              f"{metric}: mean over seeds (stochastic methods) or checkpoints (fine-tuned), ± sample std; "
               f"drop = unpatched {metric} - {metric} (> 0: worse; sign flipped for a lower-is-better metric); "
               "MACs x = analytic MACs ratio; speedup = img/s ratio at the throughput batch, lat x = latency ratio "
               "at batch 1, both measured in one interleaved run; tokens leaving each block, prefix tokens included")

@@ -1,11 +1,19 @@
 """ONNX export of a timm ViT, patched or not, with static token counts, checked with onnxruntime.
 
-A fixed schedule gives every tensor of the forward a static shape: the exported graph holds the
-reduced token counts as constants (``graph_token_counts`` reads them back), for one batch size.
+A fixed schedule gives every token count of the forward a static value: the exported graph holds
+the reduced token counts as constants (``graph_token_counts`` reads them back), for one batch size
+or, with ``dynamic_batch=True``, one file for every batch size (the batch axis symbolic).
 The export goes through ``torch.onnx.export(dynamo=True)`` (torch.export, then ONNX Script):
 
     model (eval) --torch.export--> ExportedProgram --onnxscript--> model.onnx
     check: onnxruntime(model.onnx)(x) vs model(x) on the same inputs -> max |difference|
+
+``exporter='classic'`` uses torch's older TorchScript-tracing exporter (``dynamo=False``) instead,
+for tools that need it. A method declares what either needs (core/onnx.py): below
+``Reducer.min_onnx_opset`` (16 for a merge, a scatter that sums tokens) the export is refused,
+since the classic exporter would write a graph in which of several merged tokens only one
+survives; a method that declares ``classic_onnx = False`` (ImagePiece's stable sort) is refused
+by the classic exporter with the dynamo path named.
 
 What cannot be exported raises a TokenReduceError naming it: a model in training mode (a learned
 reducer's soft policy keeps every token and draws noise there), ``apply(..., trace=True)`` (a
@@ -34,6 +42,7 @@ from torch import Tensor, nn
 
 from ..adapters import timm_vit
 from ..core.errors import TokenReduceError
+from ..core.onnx import EXPORTERS, check_onnx
 from .macs import input_shape
 
 INSTALL_HINT = "pip install 'tokenreduce[export]' (onnx, onnxruntime, onnxscript)"
@@ -61,6 +70,8 @@ class ExportResult:
     max_abs_diff: float | None
     opset: int | None
     size_bytes: int = 0
+    dynamic_batch: bool = False
+    exporter: str = "dynamo"
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "path": str(self.path), "input_shape": list(self.input_shape)}
@@ -125,21 +136,26 @@ def run_session(sess: Any, x: Tensor) -> Tensor:
     return torch.from_numpy(out)
 
 
-def graph_token_counts(path: str | os.PathLike, batch: int, width: int) -> list[int]:
+def graph_token_counts(path: str | os.PathLike, batch: int | None, width: int) -> list[int]:
     """Distinct token counts N of the (batch, N, width) values in the ONNX graph at ``path``
-    (shapes inferred by onnx): the token counts the exported forward runs with, ascending."""
+    (shapes inferred by onnx): the token counts the exported forward runs with, ascending.
+    ``batch=None``: a graph with a symbolic batch axis (``dynamic_batch``): the values batched by it."""
     onnx = require("onnx")
     graph = onnx.shape_inference.infer_shapes(onnx.load(str(path))).graph
     counts = set()
     for value in (*graph.value_info, *graph.output):
         dims = value.type.tensor_type.shape.dim
-        if len(dims) == 3 and dims[0].dim_value == batch and dims[2].dim_value == width:
+        if len(dims) != 3 or dims[2].dim_value != width:
+            continue
+        if (dims[0].dim_param != "") if batch is None else (dims[0].dim_value == batch):
             counts.add(dims[1].dim_value)
+    counts.discard(0)  # a symbolic token axis (none in a reduced forward: its counts are static)
     return sorted(counts)
 
 
 def export_onnx(model: nn.Module, path: str | os.PathLike, *, batch: int = 1, img_size: int | None = None,
-                seed: int = 0, check: bool = True) -> ExportResult:
+                seed: int = 0, check: bool = True, dynamic_batch: bool = False, exporter: str = "dynamo",
+                opset: int | None = None) -> ExportResult:
     """Export ``model`` (a timm ViT, patched or not, in eval mode) to ONNX at ``path``.
 
     Args:
@@ -148,57 +164,100 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, batch: int = 1, im
         path: the .onnx file to write (weights inside it).
         seed: seed of the random images used to trace and to check.
         check: run the file with onnxruntime on the same images and report max |ORT - eager|.
+        dynamic_batch: a symbolic batch axis, one file for every batch size (the token counts stay
+            static). torch.export specialises a size of 1, so the graph is traced at
+            max(batch, 2) images; the check runs it at that batch and at batch 1.
+        exporter: 'dynamo' (``torch.onnx.export(dynamo=True)`` with :func:`translations`; every
+            method) or 'classic' (``dynamo=False``, the TorchScript-tracing exporter; refused for a
+            method that declares ``classic_onnx = False``, e.g. ImagePiece: use 'dynamo').
+        opset: the ONNX opset (None: the exporter's default, which every method's
+            ``min_onnx_opset`` allows); one below the method's ``min_onnx_opset`` is refused, not
+            moved. The dynamo exporter writes at least opset 18 (torch converts older opsets
+            only where it can): ``ExportResult.opset`` is the one written.
     Returns:
-        ExportResult: the path, the input shape, the per-block token counts of the eager forward,
-        the token counts found in the graph, the max abs difference (None without ``check``).
+        ExportResult: the path, the input shape traced, the per-block token counts of the eager
+        forward, the token counts found in the graph, the max abs difference (None without ``check``).
     Raises:
-        TokenReduceError: for what cannot be exported (:func:`check_exportable`), or when the
-        exporter fails (its first line), or an export dependency is missing.
+        TokenReduceError: for what cannot be exported (:func:`check_exportable`,
+        ``core.onnx.check_onnx``), or when the exporter fails (its first line), or an export
+        dependency is missing.
     """
-    require("onnxscript")
-    if "custom_translation_table" not in inspect.signature(torch.onnx.export).parameters:
+    if exporter not in EXPORTERS:
+        raise TokenReduceError(f"unknown ONNX exporter {exporter!r}; choose one of {', '.join(EXPORTERS)}")
+    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset < 1):
+        raise TokenReduceError(f"opset must be a positive integer (an ONNX opset version), got {opset!r}")
+    require("onnxscript" if exporter == "dynamo" else "onnx")
+    if exporter == "dynamo" and "custom_translation_table" not in inspect.signature(torch.onnx.export).parameters:
         raise TokenReduceError(f"torch {torch.__version__} has no dynamo-based ONNX exporter with custom "
                                "translations (torch.onnx.export(dynamo=True, custom_translation_table=...)); "
                                "upgrade torch to export")
     check_exportable(model)
     patch = getattr(model, timm_vit._ATTR, None)
+    if patch is not None:
+        check_onnx(patch.reducer, exporter=exporter, opset=opset)
     ref = next(model.parameters())
-    shape = (batch, *input_shape(model, img_size))
+    shape = (max(batch, 2) if dynamic_batch else batch, *input_shape(model, img_size))
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(ref.device, ref.dtype)
+    checks = [x, x[:1]] if dynamic_batch else [x]  # a dynamic batch is checked at a second size
     with torch.no_grad():
-        want = model(x)
+        wants = [model(c) for c in reversed(checks)][::-1]  # x last: its record is the one kept
     tokens = list(patch.last.tokens_per_block) if patch is not None else None
     last = patch.last if patch is not None else None
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the exporter's deprecation and tracing chatter
-            program = torch.onnx.export(model, (x,), dynamo=True, verbose=False,
-                                        custom_translation_table=translations())
+            written = _EXPORT[exporter](model, x, out, dynamic_batch, opset)
     except TokenReduceError:
         raise
-    except Exception as e:  # the exporter raises many kinds; its first line names the operator
+    except Exception as e:  # the exporters raise many kinds; the first line names the operator
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TokenReduceError(f"ONNX export failed: {type(e).__name__}: {first}") from e
+        hint = "; the dynamo exporter (exporter='dynamo') may export it" if exporter == "classic" else ""
+        raise TokenReduceError(f"ONNX export failed ({exporter} exporter): {type(e).__name__}: {first}{hint}") from e
     finally:
         if patch is not None:
             patch.last = last  # tracing ran the forward on fake tensors; keep the eager record
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    program.save(str(out))
     if tokens is None:
         n = model.patch_embed.num_patches + model.num_prefix_tokens
         tokens = [n] * len(model.blocks)
     diff = None
     if check:
-        diff = float((run_session(session(out), x).to(torch.float64) - want.detach().cpu().to(torch.float64))
-                     .abs().max())
-    opsets = {o.domain: o.version for o in program.model_proto.opset_import} if hasattr(program, "model_proto") else {}
+        sess = session(out)
+        diff = max(float((run_session(sess, c).to(torch.float64) - w.detach().cpu().to(torch.float64)).abs().max())
+                   for c, w in zip(checks, wants, strict=True))
+    opsets = {o.domain: o.version for o in written.opset_import}
     return ExportResult(
         path=out, input_shape=shape, spec=patch.reducer.spec() if patch is not None else None,
-        tokens_per_block=tokens, graph_tokens=graph_token_counts(out, batch, model.embed_dim),
-        max_abs_diff=diff, opset=opsets.get(""),
-        size_bytes=out.stat().st_size,
+        tokens_per_block=tokens, graph_tokens=graph_token_counts(out, None if dynamic_batch else shape[0],
+                                                                 model.embed_dim),
+        max_abs_diff=diff, opset=opsets.get(""), size_bytes=out.stat().st_size,
+        dynamic_batch=dynamic_batch, exporter=exporter,
     )
+
+
+def _export_dynamo(model: nn.Module, x: Tensor, out: Path, dynamic_batch: bool, opset: int | None) -> Any:
+    """torch.onnx.export(dynamo=True) with the package's translations; returns the ModelProto written."""
+    kwargs: dict[str, Any] = {} if opset is None else {"opset_version": opset}
+    if dynamic_batch:
+        kwargs["dynamic_shapes"] = ({0: torch.export.Dim("batch")},)
+    program = torch.onnx.export(model, (x,), dynamo=True, verbose=False, custom_translation_table=translations(),
+                                **kwargs)
+    program.save(str(out))
+    return program.model_proto
+
+
+def _export_classic(model: nn.Module, x: Tensor, out: Path, dynamic_batch: bool, opset: int | None) -> Any:
+    """torch.onnx.export(dynamo=False), the TorchScript-tracing exporter; returns the ModelProto written.
+    The patched forward checks the method against the opset while it is traced (core/onnx.py)."""
+    axes = {"images": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
+    torch.onnx.export(model, (x,), str(out), dynamo=False, opset_version=opset, input_names=["images"],
+                      output_names=["logits"], dynamic_axes=axes)
+    return require("onnx").load(str(out), load_external_data=False)
+
+
+#: The exporters by name (``core.onnx.EXPORTERS``).
+_EXPORT = {"dynamo": _export_dynamo, "classic": _export_classic}
 
 
 def load_for_export(*, model: str | None = None, checkpoint: str | None = None, spec: str | None = None,

@@ -5,6 +5,7 @@ strictly (``models.load_weights``)."""
 from __future__ import annotations
 
 import difflib
+import pickle
 from pathlib import Path
 
 from torch import nn
@@ -31,7 +32,10 @@ def create_model(name: str, *, img_size: int | None = None, pretrained: bool = F
     config = {"name": name, "kwargs": {} if img_size is None else {"img_size": img_size}, "pretrained": pretrained}
     try:
         model = build_model(config)
-    except Exception as e:  # timm/hub raise many kinds; only the message matters to the user
+    # what the user's name and network cause: build_model's own error for a model timm cannot build, the hub's
+    # (OSError: offline, not found, gated) and timm's RuntimeError for missing pretrained weights; a bug of
+    # ours raises anything else, with its traceback
+    except (TokenReduceError, OSError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if pretrained:
             raise TokenReduceError(
@@ -70,6 +74,8 @@ def load_state_dict_file(model: nn.Module, path: str) -> None:
     file = Path(path)
     if not file.is_file():
         raise TokenReduceError(f"checkpoint {path} does not exist")
+    from safetensors import SafetensorError
+
     try:
         if file.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -77,7 +83,8 @@ def load_state_dict_file(model: nn.Module, path: str) -> None:
             sd = load_file(str(file))
         else:
             sd = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:  # corrupt file, pickled objects, wrong format
+    # a corrupt or truncated file, pickled objects weights_only refuses, another format
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError, SafetensorError) as e:
         raise TokenReduceError(f"could not read checkpoint {path}: {type(e).__name__}: {e}") from None
     for key in ("state_dict", "model"):
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):

@@ -142,8 +142,10 @@ def write_figure(fig: Any, path: str | os.PathLike, dpi: int = 120) -> Path:
 
 
 def no_nan(v: Any) -> Any:
-    """``v`` with every float NaN (in nested dicts, lists and tuples) replaced by None: JSON has no NaN."""
-    if isinstance(v, float) and math.isnan(v):
+    """``v`` with every non-finite float (NaN, +-inf; in nested dicts, lists and tuples) replaced by None:
+    JSON has no NaN or infinity, and a value that is not a number (a speed with no valid round) is
+    missing, not a number to compute with."""
+    if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
         return {k: no_nan(x) for k, x in v.items()}
@@ -153,5 +155,6 @@ def no_nan(v: Any) -> Any:
 
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Write ``data`` as indented JSON (NaN written as null), atomically (:func:`write_text`)."""
+    """Write ``data`` as indented, strict JSON (NaN and infinities written as null), atomically
+    (:func:`write_text`)."""
     return write_text(path, json.dumps(no_nan(data), indent=2, allow_nan=False) + "\n")

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, help=f"untimed rounds (default {DEFAULTS['warmup']})")
     p.add_argument("--repeats", type=int, help=f"timed rounds (default {DEFAULTS['repeats']})")
     add_backend_arg(p)
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda[:i] or mps (default: %(default)s)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--out", metavar="PATH", help="write the results as JSON")
@@ -95,12 +95,18 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
     from ..api import remove
     from ..bench.evaluation import log
     from ..models import load_model
-    from ..train.recipes import reference_checkpoint
+    from ..train.recipes import RECIPES, reference_checkpoint
 
     if args.checkpoint or args.pretrained or args.img_size or args.model != DEFAULT_MODEL or args.hf_config:
         raise TokenReduceError("--reference brings its own model; leave out --model, --hf-config, --checkpoint, "
                                "--pretrained and --img-size")
-    path = args.reference if Path(args.reference).exists() else reference_checkpoint(args.reference)
+    if Path(args.reference).exists():
+        path = args.reference
+    elif args.reference in RECIPES:
+        path = reference_checkpoint(args.reference)
+    else:
+        raise TokenReduceError(f"--reference {args.reference}: no such file or directory, and not a recipe name "
+                               f"(recipes: {', '.join(sorted(RECIPES))})")
     model, meta = load_model(path)
     if meta.get("spec"):
         log(f"note: {path} carries the reducer {meta['spec']}; its unpatched model is timed")
@@ -124,12 +130,15 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.macs import input_shape
     from ..bench.report import format_table, provenance, write_json
     from ..core.method import build_reducer
+    from . import checks
 
     settings = _settings(args)
     for spec in [args.control, *args.spec]:  # a malformed spec fails before the model is built
         build_reducer(spec)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise TokenReduceError("--device cuda asked for, but torch sees no CUDA device")
+    checks.threads(args.threads)
+    checks.device(args.device)
+    if args.out:
+        checks.writable_file(args.out)
     torch.manual_seed(args.seed)
     if args.reference:
         model, args.model = _reference(args)

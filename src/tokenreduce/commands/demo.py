@@ -105,23 +105,24 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench import evaluation as ev
     from ..bench.accuracy import evaluate_cases
+    from ..bench.budgets import check_targets
     from ..bench.report import provenance
     from ..visualize import draw
+    from . import checks
 
     t0 = time.perf_counter()
     mode = QUICK if args.quick else FULL
-    targets = ev.parse_list(args.budgets or mode["budgets"], "--budgets")
+    targets = check_targets(ev.parse_list(args.budgets or mode["budgets"], "--budgets"))
     seeds = ev.parse_list(args.seeds or mode["seeds"], "--seeds", int)
-    if not targets or not seeds:
-        raise TokenReduceError("give at least one budget and one seed")
+    if not seeds:
+        raise TokenReduceError("give at least one seed")
+    checks.threads(args.threads)
+    out = checks.writable_dir(args.out)
     if args.threads is None:
         args.threads = default_threads()
         ev.log(f"using {args.threads} threads (torch's default; --threads N overrides)")
-    if args.threads < 1:
-        raise TokenReduceError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     speed = {**mode["speed"], "threads": args.threads}
-    out = Path(args.out)
 
     ckpt, origin, full = reference(args.quick, args.threads)
     t_ref = time.perf_counter() - t0
@@ -158,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
     images, titles = ev.first_images(data.test, mode["images"], ref.meta.get("classes") or [])
     specs = ev.one_per_method(picks, sorted(targets)[len(targets) // 2])
     ev.log(f"visualising {len(titles)} test images for {', '.join(specs)}")
-    paths = draw(ref.model, specs, images, titles, out / "visualize")
+    outlines = data.masks[: len(titles)] if data.masks is not None else None
+    paths = draw(ref.model, specs, images, titles, out / "visualize", outlines)
     ev.log(f"wrote {len(paths)} visualisations under {out / 'visualize'}")
     print(f"done in {time.perf_counter() - t0:.0f} s (reference ready after {t_ref:.0f} s); results in {out}/",
           flush=True)

@@ -68,14 +68,21 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import evaluation as ev
     from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
     from ..bench.backends import get_backend
+    from ..bench.budgets import check_targets
     from ..bench.report import provenance
     from ..core.method import build_reducer
+    from . import checks
 
     t0 = time.perf_counter()
     seeds = ev.parse_list(args.seeds, "--seeds", int)
     # the default budgets only where nothing else was asked for: fine-tuned checkpoints are a question
-    targets = ev.parse_list(args.budgets, "--budgets") or ([] if args.spec or args.checkpoint[1:] else [1.5, 2.0])
+    if args.budgets is not None:
+        targets = check_targets(ev.parse_list(args.budgets, "--budgets"))
+    else:
+        targets = [] if args.spec or args.checkpoint[1:] else [1.5, 2.0]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    checks.threads(args.threads)
+    checks.writable_dir(args.out)
     for spec in args.spec:  # a malformed spec fails before anything is loaded
         build_reducer(spec)
     speed = ev.speed_settings(batch=args.batch, warmup=args.warmup, repeats=args.repeats, threads=args.threads,

@@ -45,11 +45,16 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.report import provenance, write_json
     from ..experiments import RunContext
+    from . import checks
 
     exp = build_experiment(args.spec, smoke=args.smoke)
+    checks.threads(args.threads)
+    checks.device(args.device)
+    if args.results:
+        checks.writable_file(args.results, "--results")
     threads = args.threads if args.threads is not None else torch.get_num_threads()
     torch.set_num_threads(threads)
-    out_dir = Path(args.out) if args.out else Path("runs/experiments") / exp.name
+    out_dir = checks.writable_dir(args.out) if args.out else Path("runs/experiments") / exp.name
     _log(f"experiment {exp.spec()}{' (smoke)' if args.smoke else ''}: {threads} threads, {args.device}")
     result = exp.run(RunContext(threads=threads, device=args.device, out_dir=out_dir, smoke=args.smoke, log=_log))
     print(exp.report(result))

@@ -1,11 +1,13 @@
-"""``tokenreduce export``: a model with its method as an ONNX file with static token counts,
-checked against the eager model with onnxruntime on the same inputs (bench/export.py)."""
+"""``tokenreduce export``: a model with its method as an ONNX file with static token counts (for one
+batch size, or every one with ``--dynamic-batch``), checked against the eager model with
+onnxruntime on the same inputs (bench/export.py)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..core.errors import TokenReduceError
+from ..core.onnx import EXPORTERS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,8 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export", help="export a model and its method to ONNX (static token counts), checked with onnxruntime",
         description="Export a timm ViT (random or pretrained weights, or a trained tokenreduce checkpoint) with "
         "a method applied to ONNX. Every token count is static (the method's schedule), the batch size is "
-        "fixed (--batch). The file is run with onnxruntime on the same random images as the eager model "
-        "and the largest difference is reported; above --atol the command fails. "
+        "fixed (--batch) unless --dynamic-batch. The file is run with onnxruntime on the same random images "
+        "as the eager model and the largest difference is reported; above --atol the command fails. "
         "Needs: pip install 'tokenreduce[export]'.",
     )
     p.add_argument("--model", help="timm model name (default: deit_small_patch16_224; not with --checkpoint)")
@@ -26,6 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--img-size", type=int, metavar="N", help="input resolution (default: the model's)")
     p.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (needs the Hugging Face hub)")
     p.add_argument("--batch", type=int, default=1, help="batch size of the exported graph (default: %(default)s)")
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help="one file for every batch size (a symbolic batch axis; traced at max(--batch, 2) images "
+                   "and checked at that batch and at 1)")
+    p.add_argument("--exporter", choices=EXPORTERS, default="dynamo",
+                   help="torch's exporter: dynamo (torch.onnx.export(dynamo=True), every method) or classic "
+                   "(dynamo=False, TorchScript tracing; refused for a method it cannot export) (default: %(default)s)")
+    p.add_argument("--opset", type=int, metavar="N",
+                   help="ONNX opset (default: the exporter's); refused below what the method needs (a merge: 16)")
     p.add_argument("--atol", type=float, default=1e-3,
                    help="largest allowed |onnxruntime - eager| on the check inputs (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random check images (default: %(default)s)")
@@ -35,17 +45,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench.evaluation import log
     from ..bench.export import export_onnx, load_for_export
+    from . import checks
 
     if args.batch < 1:
         raise TokenReduceError(f"--batch must be >= 1, got {args.batch}")
+    checks.writable_file(args.onnx, "--onnx")
     model, what = load_for_export(model=args.model, checkpoint=args.checkpoint, spec=args.spec,
                                   img_size=args.img_size, pretrained=args.pretrained)
     log(f"exporting {what} to {args.onnx}")
-    res = export_onnx(model, args.onnx, batch=args.batch, seed=args.seed)
-    print(f"wrote {res.path} ({res.size_bytes / 1e6:.1f} MB, ONNX opset {res.opset}): {what}")
-    print(f"input {tuple(res.input_shape)}; tokens leaving each block (static): "
+    res = export_onnx(model, args.onnx, batch=args.batch, seed=args.seed, dynamic_batch=args.dynamic_batch,
+                      exporter=args.exporter, opset=args.opset)
+    print(f"wrote {res.path} ({res.size_bytes / 1e6:.1f} MB, ONNX opset {res.opset}, {res.exporter} exporter): {what}")
+    shape = ("batch", *res.input_shape[1:]) if res.dynamic_batch else tuple(res.input_shape)
+    print(f"input ({', '.join(map(str, shape))}); tokens leaving each block (static): "
           f"{' '.join(map(str, res.tokens_per_block))}")
-    print(f"onnxruntime vs eager on the same {args.batch} random image(s): max |difference| {res.max_abs_diff:.3g}")
+    checked = f"{res.input_shape[0]} and 1" if res.dynamic_batch else f"{res.input_shape[0]}"
+    print(f"onnxruntime vs eager on the same {checked} random image(s): max |difference| {res.max_abs_diff:.3g}")
     if not res.max_abs_diff <= args.atol:  # also catches NaN
         raise TokenReduceError(f"the exported model differs from the eager one by {res.max_abs_diff:.3g} > "
                                f"--atol {args.atol:g}; {res.path} was written but does not match")

@@ -1,13 +1,15 @@
 """``tokenreduce train``: train a ViT from scratch, or fine-tune a (reduced) model, for a task.
 
-Settings come from, in increasing priority: TrainConfig defaults, ``--recipe NAME``, the flags
-given. Multi-process: ``torchrun --nproc_per_node N -m tokenreduce.cli train ...``.
+Settings come from, in increasing priority: TrainConfig defaults (with ``--resume``: the settings the
+run in ``--out`` was started with), ``--recipe NAME``, the flags given. Multi-process:
+``torchrun --nproc_per_node N -m tokenreduce.cli train ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +91,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--amp", choices=("bf16",), help="bf16 autocast")
     r = p.add_argument_group("run")
     r.add_argument("--out", metavar="DIR", help="output directory (default for a recipe: $TOKENREDUCE_CACHE/<recipe>)")
-    r.add_argument("--resume", action="store_true", default=None, help="continue the run in --out")
+    r.add_argument("--resume", action="store_true", default=None,
+                   help="continue the run in --out with its own settings (flags that contradict them are refused; "
+                   "runtime ones such as --threads, --device, --workers may change)")
     r.add_argument("--force", action="store_true", default=None, help="overwrite a run in --out")
     r.add_argument("--ckpt-every", type=int, metavar="STEPS")
     r.add_argument("--eval-every", type=int, metavar="EPOCHS")
     r.add_argument("--seed", type=int)
     r.add_argument("--deterministic", action="store_true", default=None)
     r.add_argument("--threads", type=int, help="torch CPU threads")
-    r.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda if available)")
+    r.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: cuda if available)")
     r.add_argument("--workers", dest="num_workers", type=int, help="data loader workers (default 0)")
     r.add_argument("--quiet", action="store_true", default=None, help="no progress output")
     r.add_argument("--results", metavar="PATH", help="also write a results JSON (metrics, command, versions)")
@@ -126,7 +130,8 @@ def config_from_args(args: argparse.Namespace):
     from ..train.loop import TrainConfig
     from ..train.recipes import default_out, get_recipe
 
-    fields: dict[str, Any] = get_recipe(args.recipe) if args.recipe else {}
+    fields: dict[str, Any] = {**(_started_with(args) if args.resume else {}),
+                              **(get_recipe(args.recipe) if args.recipe else {})}
     model = dict(fields.get("model") or {})
     kwargs = dict(model.get("kwargs") or {})
     if args.model:
@@ -162,6 +167,19 @@ def config_from_args(args: argparse.Namespace):
     return TrainConfig.from_dict(fields)
 
 
+def _started_with(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings (runtime fields left out) of the run ``--resume`` continues, so that the flags given
+    add to them: ``tokenreduce train --out DIR --resume`` alone continues the run in DIR."""
+    from ..train.loop import RUNTIME_FIELDS, saved_config
+    from ..train.recipes import default_out
+
+    out = args.out or (default_out(args.recipe) if args.recipe else None)
+    saved = saved_config(out) if out else None
+    if saved is None:
+        return {}
+    return {k: v for k, v in saved.to_dict().items() if k not in RUNTIME_FIELDS}
+
+
 def with_bits(task: str, bits: int) -> str:
     """The task spec ``task`` with its ``bits`` parameter set to ``bits`` (``--bits``); a clear error
     for a task that has no such parameter."""
@@ -184,9 +202,17 @@ def with_bits(task: str, bits: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..train.loop import train
+    from . import checks
 
     cfg = config_from_args(args)
-    metrics = train(cfg)
+    if args.results:
+        checks.writable_file(args.results, "--results")
+    try:
+        metrics = train(cfg)
+    except KeyboardInterrupt as e:
+        print(f"tokenreduce train: {interrupted(e, cfg)}; continue with: {resume_command(args, cfg)}",
+              file=sys.stderr)
+        return 130
     if "checkpoint" not in metrics:  # not the main process
         return 0
     extra = " (reused; --force retrains)" if metrics.get("reused") else ""
@@ -197,6 +223,25 @@ def run(args: argparse.Namespace) -> int:
     if args.results:
         write_results(Path(args.results), command_line(args), cfg, metrics)
     return 0
+
+
+def interrupted(e: KeyboardInterrupt, cfg) -> str:
+    """What a Ctrl-C left behind: the checkpoint the loop saved at the step it stopped, or the last one."""
+    from ..train.loop import TrainingInterrupted
+
+    if isinstance(e, TrainingInterrupted) and e.checkpoint is not None:
+        return f"interrupted after step {e.step}, saved in {e.checkpoint}"
+    last = Path(cfg.out) / "last.safetensors"
+    if last.is_file():
+        from ..models import read_meta
+
+        return f"interrupted; the last checkpoint is {last} (step {read_meta(last).get('step')})"
+    return "interrupted before the first checkpoint"
+
+
+def resume_command(args: argparse.Namespace, cfg) -> str:
+    """The command that continues this run: the one given, with --resume and the output directory, no --force."""
+    return command_line(argparse.Namespace(**{**vars(args), "resume": True, "force": None, "out": cfg.out}))
 
 
 def write_results(path: Path, command: str, cfg, metrics: dict[str, Any]) -> None:

@@ -34,14 +34,16 @@ def run(args: argparse.Namespace) -> int:
     from ..adapters.timm_vit import get_patch
     from ..bench.evaluation import log, parse_list
     from ..core.method import build_reducer
-    from ..models import load_model
+    from ..models import classes_of, load_model
     from ..visualize import dataset_images, draw
+    from . import checks
 
     for spec in args.spec:
         build_reducer(spec)
     indices = parse_list(args.index, "--index", int) if args.index else list(range(args.images))
     if not indices:
         raise TokenReduceError("give --images N >= 1 or --index I,J")
+    checks.writable_dir(args.out)
     model, meta = load_model(args.checkpoint)
     specs: list = list(args.spec)
     if meta.get("spec"):
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if not specs:
         raise TokenReduceError(f"{args.checkpoint} carries no reducer; give --spec, e.g. --spec 'tome(r=4)'")
     data = args.data or (meta.get("data") or {}).get("name") or "fashion_mnist"
-    images, titles = dataset_images(model, data, args.data_dir, indices)
+    images, titles = dataset_images(model, data, args.data_dir, indices, classes_of(meta))
     for path in draw(model, specs, images, titles, Path(args.out)):
         print(path)
     return 0

@@ -26,8 +26,12 @@ Interface (what a stage author needs to know):
 - A stage that GROWS the count declares it in ``compose_step``: Last Layer Fusion returns
   ``(entering + aside, 0)`` (every pruned token back), so ``'topk(keep=0.7) + llf()'`` and
   ``'cropr(...) + llf()'`` compile exactly, whatever the pruner and its point. It must also set
-  ``keep_pruned`` (the composite keeps pruned tokens aside if any stage asks). A stage that merges
-  and prunes overrides ``compose_step`` to count only the pruned ones as aside (ImagePiece).
+  ``keep_pruned`` (the composite keeps pruned tokens aside if any stage asks), and ``restores``:
+  the stages before it are then bound with ``Host.restore_at`` (the first block where a later stage
+  brings the tokens back; a pruner's default placement ends before it, as Cropr's official schedule
+  with LLF), and it is refused where no stage acts before it since the start or since the last
+  restoring stage (``'llf() + llf()'`` brings nothing back). A stage that merges and prunes
+  overrides ``compose_step`` to count only the pruned ones as aside (ImagePiece).
 - A stage that needs BOTH points is simply two stages, or one stage whose ``where`` is one point:
   the composite is what spans both points of a block.
 - Attention side products (``AttnInfo``) are computed once per block, for the tokens entering it
@@ -37,9 +41,10 @@ Interface (what a stage author needs to know):
   that needs side products cannot follow, in the same block, a stage that brings tokens back
   (their side products were never computed): SpecError.
 - Declarations: ``needs`` the union; ``keep_pruned``, ``learned``, ``needs_class_token``,
-  ``dynamic_schedule`` and ``proportional`` if any stage; ``conserves_patches`` and ``exportable``
-  if all; ``hosts`` the host families every stage runs on; ``scoring_macs`` the side products
-  once plus each acting stage's own scoring for the tokens that reach it; ``attn_bias`` the sum;
+  ``dynamic_schedule`` and ``proportional`` if any stage; ``conserves_patches``, ``exportable`` and
+  ``classic_onnx`` if all; ``min_onnx_opset`` the highest; ``hosts`` the host families every
+  stage runs on; ``scoring_macs`` the side products once plus each acting stage's own scoring for
+  the tokens that reach it; ``attn_bias`` the sum;
   ``attention_chunk`` the stages' common value (SpecError if two differ); ``observes`` the union.
   ``replay_spec``: the registered replayer's spec (the random pruner) for a schedule acting at
   one point and never growing, else None. ``budget_family``: [] - a composite is not a candidate
@@ -56,6 +61,7 @@ Interface (what a stage author needs to know):
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -140,6 +146,8 @@ class Compose(Reducer):
         self.exportable = all(s.exportable for s in flat)
         limited = [s.hosts for s in flat if s.hosts is not None]
         self.hosts = frozenset.intersection(*limited) if limited else None
+        self.min_onnx_opset = max(s.min_onnx_opset for s in flat)
+        self.classic_onnx = all(s.classic_onnx for s in flat)
         self._plan: dict[int, tuple[Step, ...]] = {}
 
     # ----- declarations -------------------------------------------------------------------------
@@ -219,18 +227,37 @@ class Compose(Reducer):
 
     # ----- schedule -------------------------------------------------------------------------------
 
+    def _bind_stages(self, host: Host) -> list[Schedule]:
+        """Each stage bound alone; a stage before one that ``restores`` pruned tokens is bound with
+        ``host.restore_at`` = the first block where a later stage brings them back, so that its default
+        placement ends before it ('cropr(...) + llf()': Cropr's modules after blocks 0 .. depth - 3, as
+        the official model with Last Layer Fusion)."""
+        alone: dict[int, Schedule] = {i: s.bind(host) for i, s in enumerate(self.stages) if s.restores}
+        for i, stage in enumerate(self.stages):
+            if i not in alone:
+                back = [alone[j].locs[0] for j in alone if j > i and alone[j].locs]
+                alone[i] = stage.bind(dataclasses.replace(host, restore_at=min(back)) if back else host)
+        return [alone[i] for i in range(len(self.stages))]
+
     def bind(self, host: Host) -> Schedule:
-        alone = [s.bind(host) for s in self.stages]
+        alone = self._bind_stages(host)
         n = host.num_patches
         cur, aside = n, 0
         counts: list[int] = []
         mid: list[int] = []
         plan: dict[int, list[Step]] = {}
+        acted = False  # a stage acted since the start or since the last restoring stage
+        last_restore: tuple[str, int] | None = None
         for block in range(host.depth):
             for point in POINTS:
                 for i, (stage, sched) in enumerate(zip(self.stages, alone, strict=True)):
                     if stage.where != point or block not in sched.locs:
                         continue
+                    if stage.restores:
+                        self._check_restore(stage, block, acted, last_restore)
+                        acted, last_restore = False, (stage.name, block)
+                    else:
+                        acted = True
                     new, new_aside = stage.compose_step(block, cur, aside, sched)
                     if not 1 <= new <= n:
                         raise SpecError(
@@ -247,6 +274,17 @@ class Compose(Reducer):
         where = self.where
         return Schedule(n, tuple(counts), tuple(sorted(self._plan)), where,
                         tuple(mid) if where == "both" else None)
+
+    def _check_restore(self, stage: Reducer, block: int, acted: bool, last: tuple[str, int] | None) -> None:
+        """Refuse a stage that brings pruned tokens back where no stage acted before it: it would do
+        nothing (``'llf() + llf()'``, or a restoring stage at a block before every pruner's)."""
+        if acted:
+            return
+        if last is None:
+            raise SpecError(f"{self.spec()}: {stage.name} brings back the tokens that earlier stages pruned, but "
+                            f"no stage acts before block {block}, where it runs; put a pruning stage before it")
+        raise SpecError(f"{self.spec()}: {stage.name} at block {block} would bring nothing back: {last[0]} already "
+                        f"brought every pruned token back at block {last[1]} and no stage acts in between; drop one")
 
     def _check_reads(self, block: int, steps: list[Step]) -> tuple[Step, ...]:
         """Mark the steps after which the side products must follow the tokens; refuse a stage that

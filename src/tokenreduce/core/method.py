@@ -44,7 +44,9 @@ class AttnInfo:
 
 @dataclass(frozen=True)
 class Host:
-    """What a method may know about the model it is applied to."""
+    """What a method may know about the model it is applied to. ``restore_at``: set by a composite
+    (core/compose.py) for the stages before one that ``restores`` pruned tokens, the block after which
+    they come back (a pruner's default placement ends before it); None otherwise."""
 
     depth: int
     dim: int
@@ -53,6 +55,7 @@ class Host:
     num_patches: int
     grid: tuple[int, int]
     has_class_token: bool
+    restore_at: int | None = None
     #: the model library the adapter drives ('timm', 'transformers'), read by ``Reducer.hosts``
     family: str = "timm"
 
@@ -107,6 +110,10 @@ class Reducer(nn.Module):
     needs_class_token: ClassVar[bool] = False
     #: keep pruned tokens aside in the TokenState (for methods that bring them back, e.g. LLF)
     keep_pruned: ClassVar[bool] = False
+    #: brings back, at the blocks of its schedule, every token the earlier stages of a composite pruned
+    #: (Last Layer Fusion): a composite refuses it where no stage acts before it, and binds the stages
+    #: before it with ``Host.restore_at`` (their default placement ends before it)
+    restores: ClassVar[bool] = False
     #: acts only on what earlier stages of a composite did (Last Layer Fusion brings back what they
     #: pruned): alone it is the identity, so the contract tests check it alone for that and as a stage
     #: in compositions (tests/test_compose.py)
@@ -126,6 +133,16 @@ class Reducer(nn.Module):
     #: that reaches past the host-neutral interface (AttnInfo, TokenState) into one library's
     #: modules declares that library here.
     hosts: ClassVar[frozenset[str] | None] = None
+    #: the lowest ONNX opset whose operators compute the forward exactly (0: any). Summing several
+    #: tokens into one (``scatter_add_``, a merge) is a ScatterElements with a reduction, opset 16:
+    #: below it torch's classic exporter writes one without, and only one of the merged tokens
+    #: survives. core/onnx.py refuses an export below it
+    min_onnx_opset: ClassVar[int] = 0
+    #: torch's classic (TorchScript-tracing) ONNX exporter, ``torch.onnx.export(dynamo=False)``, can
+    #: export the forward; False where the forward uses what that exporter cannot trace or translate
+    #: (a stable sort, ``torch.sort(stable=True)``; Python arithmetic on a traced size): core/onnx.py
+    #: then refuses and names the dynamo exporter
+    classic_onnx: ClassVar[bool] = True
     #: where the reducer runs unless its config has a ``where`` field: 'attn' (after attention +
     #: residual, before the MLP) or 'block' (after the MLP). Read it through ``where``.
     default_where: ClassVar[str] = "attn"

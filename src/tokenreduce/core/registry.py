@@ -6,15 +6,27 @@ with the ast module's literal parsing (never eval); :func:`format_spec` writes i
 :class:`Registry` maps names to entries (a class or a function) and their frozen dataclass
 ``Config``; :meth:`Registry.resolve` turns a spec into (name, entry, Config instance), with errors
 that name the problem and the valid choices.
+
+Every parameter is checked against the annotation of its Config field (:func:`check_params`), so a
+value is never read in a way the user did not mean: ``fuse='False'`` is not true, ``locs='39'`` is
+not blocks 3 and 9, ``r=1.5`` is not an int. The annotations are the declaration: ``bool``,
+``int`` (never a bool), ``float`` (an int is accepted and stored as a float), ``str``,
+``Literal[...]`` (the choices), ``tuple[X, ...]`` / ``Sequence[X]`` (a tuple or list of X, never a
+string; stored as a tuple), unions (``int | Sequence[int] | None``: whichever member fits first)
+and ``Any``. A field that takes several shapes says so in its annotation.
 """
 
 from __future__ import annotations
 
 import ast
+import collections.abc
 import dataclasses
+import functools
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, Union, get_args, get_origin
 
 from .errors import SpecError, TokenReduceError
 
@@ -54,7 +66,131 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         raise SpecError(f"malformed spec {spec!r}: expected name(key=value, ...), e.g. 'tome(r=13)'")
     if node.args or any(kw.arg is None for kw in node.keywords):
         raise SpecError(f"malformed spec {spec!r}: parameters must be named, e.g. 'tome(r=13)'")
+    names = [kw.arg for kw in node.keywords]
+    twice = sorted({k for k in names if names.count(k) > 1})
+    if twice:
+        raise SpecError(f"malformed spec {spec!r}: parameter {twice[0]!r} is given more than once; give it once")
     return node.func.id, {kw.arg: _literal(kw.value, spec) for kw in node.keywords}
+
+
+# ----------------------------------------------------------------------------- declared types
+
+
+class _Mismatch(Exception):
+    """A value that does not fit an annotation (internal to :func:`check_params`)."""
+
+
+_SEQUENCES = (tuple, list, collections.abc.Sequence)
+
+
+def _fit(value: Any, hint: Any) -> Any:
+    """``value`` as ``hint`` declares it (an int as a float, a list as a tuple), or _Mismatch."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return value
+    if hint is None or hint is type(None):
+        if value is None:
+            return None
+        raise _Mismatch
+    if origin is Union or origin is types.UnionType:
+        for member in args:
+            try:
+                return _fit(value, member)
+            except _Mismatch:
+                pass
+        raise _Mismatch
+    if origin is Literal:
+        if any(value == a and type(value) is type(a) for a in args):
+            return value
+        raise _Mismatch
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _Mismatch
+    if origin in _SEQUENCES:
+        if not isinstance(value, (tuple, list)):  # a string is never a tuple
+            raise _Mismatch
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(value) != len(args):
+                raise _Mismatch
+            return tuple(_fit(v, a) for v, a in zip(value, args, strict=True))
+        item = args[0] if args else Any
+        return tuple(_fit(v, item) for v in value)
+    if isinstance(hint, type) and hint in (str, bytes):
+        if isinstance(value, hint):
+            return value
+        raise _Mismatch
+    raise TypeError(f"spec parameters cannot be declared as {hint!r}; use bool, int, float, str, Literal, "
+                    "tuple[X, ...], Sequence[X], None or a union of them")
+
+
+_NAMES = {bool: ("True or False", "booleans"), int: ("an int", "ints"), float: ("a number", "numbers"),
+          str: ("a string", "strings"), type(None): ("None", "None")}
+
+
+def _either(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} or {parts[-1]}"
+
+
+def describe(hint: Any, plural: bool = False) -> str:
+    """What ``hint`` accepts, in words: ``'an int or a tuple of ints'``, ``"'attn' or 'block'"``."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is None or hint is type(None):
+        return "None"
+    if origin is Union or origin is types.UnionType:
+        return _either([describe(a, plural) for a in args])
+    if origin is Literal:
+        return _either([repr(a) for a in args])
+    if origin in _SEQUENCES:
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            return f"a tuple of {len(args)} ({', '.join(describe(a) for a in args)})"
+        item = describe(args[0], plural=True) if args else "values"
+        return f"tuples of {item}" if plural else f"a tuple of {item}"
+    if hint is Any:
+        return "any literal"
+    singular, many = _NAMES.get(hint, (getattr(hint, "__name__", str(hint)), str(hint)))
+    return many if plural else singular
+
+
+def _takes_strings(hint: Any) -> bool:
+    if get_origin(hint) in (Union, types.UnionType):
+        return any(_takes_strings(a) for a in get_args(hint))
+    return hint is str or hint is Any or get_origin(hint) is Literal
+
+
+@functools.cache
+def field_types(config: type) -> dict[str, Any]:
+    """The resolved annotation of each field of the dataclass ``config`` (``from __future__ import
+    annotations`` leaves them as strings: resolved once with typing.get_type_hints)."""
+    hints = typing.get_type_hints(config)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(config)}
+
+
+def check_params(what: str, config: type, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` checked against the field annotations of ``config``, converted as they declare (an
+    int given for a float, a list for a tuple); SpecError naming the parameter, the value and what
+    it takes. ``what`` names the entry in the message (``'method tome'``)."""
+    types_ = field_types(config)
+    out = {}
+    for key, value in params.items():
+        hint = types_.get(key, Any)
+        try:
+            out[key] = _fit(value, hint)
+        except _Mismatch:
+            hint_text = describe(hint)
+            if isinstance(value, str) and not _takes_strings(hint):
+                hint_text += ", unquoted" if "True or False" in hint_text else ""
+                hint_text += " (a string is not a tuple: write e.g. (3, 6, 9))" if "tuple" in hint_text else ""
+            raise SpecError(f"{what}: {key}={value!r} is invalid; {key} takes {hint_text}") from None
+    return out
 
 
 def format_spec(name: str, params: Mapping[str, Any] | None = None) -> str:
@@ -76,6 +212,10 @@ def config_spec(name: str, cfg: Any) -> str:
     return format_spec(name, {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
 
 
+#: Every registry made (methods, tasks, stems, transforms, experiments): the tests check them all.
+REGISTRIES: list[Registry] = []
+
+
 class Registry(Generic[T]):
     """Named entries of one kind (``'method'``, ``'task'``, ``'stem'``, ``'transform'``), each with
     a frozen dataclass Config. ``load`` (optional) is called before every lookup, to import the
@@ -85,6 +225,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._load = load
         self._entries: dict[str, tuple[T, type]] = {}
+        REGISTRIES.append(self)
 
     def add(self, name: str, entry: T, config: type) -> None:
         if not dataclasses.is_dataclass(config):
@@ -118,6 +259,11 @@ class Registry(Generic[T]):
             self._load()
         return sorted(self._entries)
 
+    def config(self, name: str) -> type:
+        """The Config dataclass of the entry registered under ``name``."""
+        self.get(name)
+        return self._entries[name][1]
+
     def get(self, name: str) -> T:
         """The entry registered under ``name``; SpecError naming the valid ones otherwise."""
         names = self.names()
@@ -135,6 +281,7 @@ class Registry(Generic[T]):
         unknown = sorted(set(params) - set(fields))
         if unknown:
             raise SpecError(f"{self.kind} {name}: unknown parameter {unknown[0]!r}; valid parameters: {valid}")
+        params = check_params(f"{self.kind} {name}", config, params)
         try:
             return name, entry, config(**params)
         except TokenReduceError:

@@ -14,8 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from .errors import SpecError
+
+#: Where a reducer runs in a block (a spec's ``where``): after attention + residual, or after the MLP.
+Where = Literal["attn", "block"]
+WHERES: tuple[str, ...] = get_args(Where)
 
 
 @dataclass(frozen=True)
@@ -180,7 +185,7 @@ def check_keep(keep: float, method: str) -> None:
 
 
 def check_where(where: str, method: str) -> None:
-    if where not in ("attn", "block"):
+    if where not in WHERES:
         raise SpecError(f"{method}: where={where!r} is invalid; choose 'attn' or 'block'")
 
 

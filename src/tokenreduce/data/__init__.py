@@ -4,9 +4,11 @@ from .build import OnDemand, Seeded, build_dataset, list_datasets, register_data
 from .fashion_mnist import DataError, FashionMNIST
 from .folder import ImageFolder
 from .mosaic import Mosaic, build_mosaic
+from .scenes import SceneMasks, Scenes
 from .transforms import DataConfig, data_config_from_model, make_data_config
 
 __all__ = [
-    "DataConfig", "DataError", "FashionMNIST", "ImageFolder", "Mosaic", "OnDemand", "Seeded", "build_dataset",
-    "build_mosaic", "data_config_from_model", "list_datasets", "make_data_config", "register_dataset", "subset",
+    "DataConfig", "DataError", "FashionMNIST", "ImageFolder", "Mosaic", "OnDemand", "SceneMasks", "Scenes", "Seeded",
+    "build_dataset", "build_mosaic", "data_config_from_model", "list_datasets", "make_data_config", "register_dataset",
+    "subset",
 ]

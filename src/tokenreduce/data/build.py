@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from ..core.errors import TokenReduceError
 from .fashion_mnist import DataError, FashionMNIST
-from .folder import ImageFolder, load_image
+from .folder import ImageFolder, check_classes, load_image
 from .transforms import AUGMENTS, DataConfig, TensorTransform, make_data_config, pil_transform
 
 Builder = Callable[..., Dataset]
@@ -65,8 +65,20 @@ def _fashion_mnist(split: str, cfg: DataConfig, *, train: bool, augment: str, da
     return FashionMNIST(split, TensorTransform(cfg, augment if train else "none"), data_dir=data_dir, download_to=dl)
 
 
-def _folder(root: str, split: str, cfg: DataConfig, *, train: bool, augment: str) -> Dataset:
-    return ImageFolder(root, split, pil_transform(cfg, train=train, augment=augment), in_chans=cfg.in_chans)
+def _folder(root: str, split: str, cfg: DataConfig, *, train: bool, augment: str,
+            classes: Sequence[str] | None) -> Dataset:
+    return ImageFolder(root, split, pil_transform(cfg, train=train, augment=augment), in_chans=cfg.in_chans,
+                       classes=classes)
+
+
+def _same_classes(ds: Dataset, classes: Sequence[str] | None, what: str) -> Dataset:
+    """``ds`` (a registered dataset, whose class list is fixed) if its classes are ``classes``."""
+    have = list(getattr(ds, "classes", []))
+    if classes is None or have == list(classes):
+        return ds
+    check_classes(have, classes, what)
+    raise DataError(f"{what} has the model's classes in another order ({', '.join(have)}); only an image folder "
+                    "is mapped by class name")
 
 
 def build_dataset(
@@ -83,6 +95,7 @@ def build_dataset(
     crop_pct: float = 1.0,
     augment: str | None = None,
     download: bool = False,
+    classes: Sequence[str] | None = None,
 ) -> Dataset:
     """The ``split`` ('train', 'val'/'test') of a registered dataset or of an image folder.
 
@@ -91,7 +104,10 @@ def build_dataset(
     the model (``data_config_from_model(model)`` gives them); unset size/channels fall back to the
     dataset's native ones. ``train=True`` adds the augmentation ``augment`` (default: the
     dataset's own; see ``transforms.AUGMENTS``). ``data_dir`` points a registered dataset at its
-    files; ``download`` lets it fetch them (torchvision, network).
+    files; ``download`` lets it fetch them (torchvision, network). ``classes``: the model's class
+    list (its training split's, a checkpoint's ``meta['classes']``): labels index it, an image folder
+    is mapped by class name (``folder.ImageFolder``), and a split with classes it lacks is a DataError
+    naming them; None: the split's own classes (the training split).
     """
     if augment is not None and augment not in AUGMENTS:
         raise TokenReduceError(f"unknown augment {augment!r}; choose from {', '.join(AUGMENTS)}")
@@ -105,13 +121,14 @@ def build_dataset(
         builder, native = _REGISTRY[name_or_dir]
         cfg = make_data_config(img_size or native["img_size"], in_chans or native["in_chans"], mean, std,
                                interpolation, crop_pct)
-        return builder(split, cfg, train=train, augment=augment or native["augment"], data_dir=data_dir,
-                       download=download)
+        ds = builder(split, cfg, train=train, augment=augment or native["augment"], data_dir=data_dir,
+                     download=download)
+        return _same_classes(ds, classes, f"dataset {name_or_dir!r}")
     if not os.path.exists(name_or_dir) and os.sep not in name_or_dir and not name_or_dir.startswith("."):
         raise DataError(f"unknown dataset {name_or_dir!r}: not a registered name ({', '.join(list_datasets())}) "
                         "and not an existing directory")
     cfg = make_data_config(img_size or 224, in_chans or 3, mean, std, interpolation, crop_pct)
-    return _folder(name_or_dir, split, cfg, train=train, augment=augment or "rrc_flip")
+    return _folder(name_or_dir, split, cfg, train=train, augment=augment or "rrc_flip", classes=classes)
 
 
 class Subset(Dataset):

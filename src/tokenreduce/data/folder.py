@@ -1,7 +1,12 @@
 """Images in class folders (the ImageNet layout): ``ROOT/<split>/<class>/<image>``.
 
-``ROOT/train`` and ``ROOT/val`` (``test`` is looked for as ``test``, then ``val``). Classes are
-the sorted sub-directory names of the split. Images are read with PIL; 8-bit modes (RGB, L, P,
+``ROOT/train`` and ``ROOT/val`` (``test`` is looked for as ``test``, then ``val``). A label is an
+index into ONE class list: the sorted sub-directory names of the training split, recorded in every
+checkpoint (``meta['classes']``) and passed as ``classes`` for every other split and every
+evaluation, which are mapped by class name: a split that lacks a class, or lists its folders in
+another order, gets the training indices; a folder the list does not hold is refused, named
+(its labels would mean nothing to the model). Without ``classes`` the split's own sorted folders
+are the list (the training split). Images are read with PIL; 8-bit modes (RGB, L, P,
 RGBA, CMYK, ...) are converted to what the model takes, 16-/32-bit and float modes are refused
 with an error naming the file (converting them would silently clip values).
 """
@@ -9,6 +14,7 @@ with an error naming the file (converting them would silently clip values).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -39,6 +45,18 @@ def split_dir(root: str | os.PathLike, split: str) -> Path:
                     f"ROOT/train/<class>/<image>, ROOT/val/<class>/<image>")
 
 
+def check_classes(found: Sequence[str], known: Sequence[str], what: str) -> None:
+    """DataError naming the classes of ``what`` (a split, a dataset) that ``known`` (the model's class
+    list, its training split's) does not hold."""
+    known_set = set(known)
+    unknown = [c for c in found if c not in known_set]
+    if unknown:
+        shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+        raise DataError(f"{what} has {len(unknown)} class{'es' if len(unknown) > 1 else ''} the model does not know: "
+                        f"{', '.join(unknown)}; it was trained on {len(known)} classes ({shown}); remove them or "
+                        "evaluate a model trained with them")
+
+
 def load_image(path: Path, mode: str):
     """PIL image converted to ``mode`` ('RGB' or 'L'); DataError for unreadable files or wide modes."""
     from PIL import Image, UnidentifiedImageError
@@ -57,21 +75,27 @@ def load_image(path: Path, mode: str):
 
 
 class ImageFolder(Dataset):
-    """Items ``(transform(PIL image), class index)``; ``classes`` are the folder names."""
+    """Items ``(transform(PIL image), class index)``: the index of the folder's name in ``classes``
+    (the model's class list, e.g. a checkpoint's ``meta['classes']``; default: the split's own sorted
+    folder names). A folder ``classes`` does not hold is a DataError naming it."""
 
     def __init__(self, root: str | os.PathLike, split: str, transform: Transform | None = None,
-                 in_chans: int = 3) -> None:
+                 in_chans: int = 3, classes: Sequence[str] | None = None) -> None:
         self.root = split_dir(root, split)
-        self.classes = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
-        if not self.classes:
+        found = sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        if not found:
             raise DataError(f"{self.root} holds no class folders; expected {self.root}/<class>/<image>")
+        if classes is not None:
+            check_classes(found, classes, f"image folder {self.root}")
+        self.classes = list(found if classes is None else classes)
+        label_of = {name: i for i, name in enumerate(self.classes)}
         self.samples: list[tuple[Path, int]] = []
-        for label, name in enumerate(self.classes):
+        for name in found:
             files = sorted(p for p in (self.root / name).rglob("*") if p.suffix.lower() in EXTENSIONS)
-            self.samples += [(p, label) for p in files]
+            self.samples += [(p, label_of[name]) for p in files]
         if not self.samples:
             raise DataError(f"{self.root} holds no images (looked for {', '.join(EXTENSIONS)} in "
-                            f"{len(self.classes)} class folders)")
+                            f"{len(found)} class folders)")
         self.targets = torch.tensor([label for _, label in self.samples])
         self.transform = transform
         self.mode = "L" if in_chans == 1 else "RGB"

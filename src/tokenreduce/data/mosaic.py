@@ -29,6 +29,7 @@ reproducible.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -102,7 +103,7 @@ class Mosaic(Dataset):
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         img, mask = self.raw(i)
         if self.augment == "crop_flip":
-            img, mask = _joint_crop_flip(img, mask, self.pad, self.background)
+            img, mask = joint_crop_flip(img, mask, self.pad, self.background)
         x = self.transform(img[None])  # (C, H, W)
         if tuple(mask.shape) != tuple(x.shape[-2:]):
             mask = F.interpolate(mask[None, None].float(), size=x.shape[-2:], mode="nearest")[0, 0].long()
@@ -118,7 +119,7 @@ def _tile(t: Tensor) -> Tensor:
     return torch.cat([torch.cat([t[0], t[1]], 1), torch.cat([t[2], t[3]], 1)], 0)
 
 
-def _joint_crop_flip(img: Tensor, mask: Tensor, pad: int, background: int) -> tuple[Tensor, Tensor]:
+def joint_crop_flip(img: Tensor, mask: Tensor, pad: int, background: int) -> tuple[Tensor, Tensor]:
     """The same random padded crop and horizontal flip for img (H, W) uint8 and mask (H, W)."""
     H, W = img.shape
     img = F.pad(img, (pad, pad, pad, pad))  # raw 0: black, which the threshold calls background
@@ -147,14 +148,16 @@ def build_mosaic(
     size: int | None = None,
     seed: int = SEED,
     threshold: int = THRESHOLD,
+    classes: Sequence[str] | None = None,
 ) -> Mosaic:
     """Mosaics of the ``split`` of dataset ``name_or_dir`` (as ``build_dataset`` finds it; a mosaic
     name is accepted too and means Fashion-MNIST). Model settings (``img_size`` default 2x the
     tile side, ``in_chans`` default 1, mean/std, interpolation) as in ``build_dataset``;
-    ``train=True`` turns on ``augment`` (default ``'crop_flip'``). A missing base dataset raises
+    ``train=True`` turns on ``augment`` (default ``'crop_flip'``); ``classes``: the model's class list
+    (as ``build_dataset``'s, checked against the base dataset's). A missing base dataset raises
     the base's DataError (which says how to get the files)."""
     base_name = "fashion_mnist" if str(name_or_dir) in NAMES else name_or_dir
-    base = build_dataset(base_name, split, data_dir=data_dir, download=download)
+    base = build_dataset(base_name, split, data_dir=data_dir, download=download, classes=classes)
     images = getattr(base, "images", None)
     if not isinstance(images, Tensor):
         raise DataError(f"mosaics are built from Fashion-MNIST-like idx datasets; {name_or_dir!r} is a "

@@ -243,8 +243,9 @@ def _check_paths(spec: str) -> None:
 def _test_images(model: nn.Module, meta: dict[str, Any], n: int) -> tuple[Tensor, Tensor]:
     """A fixed random ``n`` of the checkpoint's test images (torch.randperm, seed 0) and their labels."""
     from ..data import build_dataset, data_config_from_model, subset
+    from ..models import classes_of
 
     name = (meta.get("data") or {}).get("name") or "fashion_mnist"
-    ds = subset(build_dataset(name, "test", **data_config_from_model(model)), n, seed=0)
+    ds = subset(build_dataset(name, "test", classes=classes_of(meta), **data_config_from_model(model)), n, seed=0)
     items = [ds[i] for i in range(len(ds))]
     return torch.stack([im for im, _ in items]), torch.tensor([int(t) for _, t in items])

@@ -58,7 +58,7 @@ class DiagnosticsConfig:
     checkpoint: str | None = None
     data_dir: str | None = None
     images: int | None = None
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: int | tuple[int, ...] = (0, 1, 2)
     batch: int = 250
     spec: str | None = None
     tiny: bool = False
@@ -209,7 +209,7 @@ class CroprDiagnostics(Experiment):
     def _setup(self, ctx: RunContext) -> tuple[nn.Module, Any, Dataset, str]:
         """(patched model in eval mode, bound task with its trained head, test data, where they came from)."""
         from ..data import data_config_from_model, subset
-        from ..models import read_checkpoint, task_weights
+        from ..models import classes_of, read_checkpoint, task_weights
         from ..tasks import TaskContext, build_task
 
         cfg = self.cfg
@@ -228,7 +228,8 @@ class CroprDiagnostics(Experiment):
         task.load_owned_state_dict(task_weights(ckpt))
         task.to(ctx.device)
         data_name = meta.get("data", {}).get("name", "fashion_mnist")
-        data = task.dataset(data_name, "test", train=False, data_dir=cfg.data_dir, **data_config_from_model(model))
+        data = task.dataset(data_name, "test", train=False, data_dir=cfg.data_dir, classes=classes_of(meta),
+                            **data_config_from_model(model))
         return model.eval(), task, subset(data, cfg.images), str(ckpt.path)
 
     def _tiny(self, ctx: RunContext) -> tuple[nn.Module, Any, Dataset]:

@@ -5,9 +5,11 @@ test: on images whose object is known pixel by pixel, measure at every reducing 
 of the kept patch tokens that lie on the object (recall@kept), next to a random pruner and an
 oracle that keep exactly as many tokens at the same blocks.
 
-Definitions (Fashion-MNIST: one garment on a black background):
-    foreground pixel   raw uint8 value > ``threshold`` (default 51 = 0.2 x 255, the threshold
-                       data/mosaic.py uses for its segmentation masks), read from the raw test image;
+Definitions (Fashion-MNIST: one garment on a black background; scenes: one garment among clutter):
+    foreground pixel   on a test set with object masks (the scenes' ``masks``: the target garment's
+                       pixels, clutter excluded) a pixel of the mask; otherwise raw uint8 value >
+                       ``threshold`` (default 51 = 0.2 x 255, the threshold data/mosaic.py uses for
+                       its segmentation masks), read from the raw test image;
     foreground patch   at least half of its pixels are foreground: f_j >= 0.5, with f_j the fraction
                        of foreground pixels in patch j of the model's grid (the raw 28x28 image split
                        into the grid by adaptive average pooling, so a model with a larger input
@@ -60,7 +62,7 @@ class RecallConfig:
     data: str = "fashion_mnist"
     data_dir: str | None = None
     images: int | None = None
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: int | tuple[int, ...] = (0, 1, 2)
     threshold: int = THRESHOLD
     batch: int = 500
     tiny: bool = False
@@ -79,9 +81,9 @@ class RecallConfig:
 
 
 def patch_foreground(raw: Tensor, grid: tuple[int, int], threshold: int = THRESHOLD) -> Tensor:
-    """f (B, gh * gw): the fraction of foreground pixels (raw > threshold) of each patch, row-major;
-    raw (B, H, W) uint8 images."""
-    fg = (raw > threshold).float()[:, None]  # (B, 1, H, W)
+    """f (B, gh * gw): the fraction of foreground pixels of each patch, row-major; ``raw`` (B, H, W)
+    either uint8 images (foreground: raw > threshold) or bool object masks (foreground: True)."""
+    fg = (raw if raw.dtype == torch.bool else raw > threshold).float()[:, None]  # (B, 1, H, W)
     return F.adaptive_avg_pool2d(fg, grid).flatten(1)
 
 
@@ -109,7 +111,7 @@ class RecallAtKept(Experiment):
     claim = ("EET's content-based token pruning keeps the informative tokens. Falsifier: recall@kept, the "
              "fraction of kept tokens on the object (Fashion-MNIST foreground), compared with a random pruner "
              "and a foreground-first oracle at the same per-block counts.")
-    source = "review of EET (arXiv 2504.16691); ../shared/methods.md section 1"
+    source = "review of EET (arXiv 2504.16691)"
     smoke = {"tiny": True, "images": 24, "seeds": (0, 1), "batch": 8}
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
@@ -172,7 +174,8 @@ class RecallAtKept(Experiment):
         return load_model(path, ctx.device)[0], path
 
     def _images(self, ctx: RunContext, model: nn.Module) -> tuple[Tensor, Tensor]:
-        """(raw uint8 (n, H, W), model inputs (n, C, H', W')) of the test images."""
+        """(foreground (n, H, W): object masks (bool) where the test set has them, else raw uint8 images;
+        model inputs (n, C, H', W')) of the test images."""
         from ..data import build_dataset, data_config_from_model, subset
 
         cfg = self.cfg
@@ -183,10 +186,11 @@ class RecallAtKept(Experiment):
             n = cfg.images or 24
             data_dir = str(make_synthetic(ctx.out_dir / "data", n_train=10, n_test=n))
         ds = build_dataset(data, "test", data_dir=data_dir, **data_config_from_model(model))
-        raw_all = getattr(ds, "images", None)
-        if not isinstance(raw_all, Tensor) or raw_all.dtype != torch.uint8 or raw_all.dim() != 3:
-            raise TokenReduceError(f"recall_at_kept needs a test set with raw uint8 images (n, H, W) (Fashion-MNIST); "
-                                   f"{data!r} has none")
+        masks = getattr(ds, "masks", None)
+        raw_all = masks if isinstance(masks, Tensor) and masks.dtype == torch.bool else getattr(ds, "images", None)
+        if not isinstance(raw_all, Tensor) or raw_all.dim() != 3:
+            raise TokenReduceError(f"recall_at_kept needs a test set with object masks or raw uint8 images (n, H, W) "
+                                   f"(scenes, Fashion-MNIST); {data!r} has none")
         sub = subset(ds, cfg.images, seed=0)
         idx = list(getattr(sub, "indices", range(len(ds))))
         images = torch.stack([ds[i][0] for i in idx])

@@ -78,6 +78,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -154,7 +155,8 @@ class Path:
 
 
 #: The scoring paths, by name (the ``path`` parameter).
-PATHS: dict[str, Path] = {
+PathName = Literal["exact", "mirrored"]
+PATHS: dict[PathName, Path] = {
     "exact": Path(_exact, lambda c: c * c),
     "mirrored": Path(_mirrored, lambda c: c * (c + 1) // 2),
 }
@@ -279,8 +281,8 @@ class BSPFConfig:
     keep: float = 0.5
     locs: Sequence[int] = (3, 6, 9)
     entries: float = 0.5
-    path: str = "exact"
-    kernel: str | Sequence[float] = "average"
+    path: PathName = "exact"
+    kernel: Literal["average"] | Sequence[float] = "average"
     prop_attn: bool = False
 
     def __post_init__(self) -> None:
@@ -306,6 +308,8 @@ class BSPF(Reducer):
     Config = BSPFConfig
     needs = frozenset({"probs"})
     learned = True
+    min_onnx_opset = 16  # fusion sums the pruned tokens into the kept ones (scatter_add_)
+    classic_onnx = False  # chunked attention splits a traced size with divmod; a stable sort
     zero = {"size": 1_000_000, "keep": 1.0, "locs": (1,)}  # one chunk (full attention), nothing pruned
     example = {"size": 24, "keep": 0.5, "locs": (1, 2)}  # 64 patches: chunks 24, 24, 16 -> 12, 12, 8 -> 6, 6, 4
 

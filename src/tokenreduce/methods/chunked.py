@@ -45,6 +45,7 @@ class Chunked(Reducer):
     """Attention within chunks of ``size`` patch tokens at every block; x (B, N, C) keeps every token."""
 
     Config = ChunkedConfig
+    classic_onnx = False  # chunked attention splits a traced size with divmod
     zero = {"size": 1_000_000}  # one chunk holds every patch of any host: full attention
     example = {"size": 24}  # 64 patches: chunks of 24, 24 and 16 (a partial last chunk)
 

@@ -44,7 +44,8 @@ Spec parameters: ``r``, ``first``, ``queries`` (Nq), ``classes`` (K of the auxil
 the task's outputs, e.g. 10 for Fashion-MNIST, 11 for the mosaics with background; required by
 the training form: a head's size is part of the checkpoint, so it is stated in the spec, never
 guessed from the host's classifier, which a task may reset), ``locs`` (None = every block but
-the last), ``warmup_steps``, ``heads`` (router heads: the aggregator's softmax per head),
+the last; before ``llf()``, every block but the last two: :func:`default_modules`),
+``warmup_steps``, ``heads`` (router heads: the aggregator's softmax per head),
 ``mlp_ratio`` (0 = no MLP), ``score`` ('logits' = the official score; 'softmax' = the review's
 re-score, s_j = sum over heads and queries of P[:, n, j]: what the aggregator trains, for
 ``cropr_diagnostics``), ``inference`` (the deployed form).
@@ -66,6 +67,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -76,7 +78,8 @@ from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method
 from ..core.schedule import Schedule, compile_schedule
 from ..core.state import TokenState
 
-SCORES = ("logits", "softmax")
+Score = Literal["logits", "softmax"]
+SCORES: tuple[str, ...] = get_args(Score)
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class CroprConfig:
     warmup_steps: int = 0
     heads: int = 1
     mlp_ratio: float = 4.0
-    score: str = "logits"
+    score: Score = "logits"
     inference: bool = False
 
 
@@ -166,6 +169,14 @@ class Collapsed(nn.Module):
         return self.q
 
 
+def default_modules(host: Host) -> int:
+    """Cropr modules of the default placement (``locs=None``), after blocks 0 .. n - 1: every block but
+    the last (n = depth - 1); before Last Layer Fusion after block b (``host.restore_at``, set by the
+    composite), every block before b (n = b: depth - 2 with the default ``llf()``, the official count,
+    whose penultimate block is not pruned since "the pruned tokens would be concatenated next anyways")."""
+    return host.depth - 1 if host.restore_at is None else host.restore_at
+
+
 #: probe(block, x, state, keep): called by :meth:`Cropr.reduce` before it prunes (diagnostics).
 Probe = Callable[[int, Tensor, TokenState, int], None]
 
@@ -224,7 +235,7 @@ class Cropr(Reducer):
     def bind(self, host: Host) -> Schedule:
         c = self.cfg
         self._check(host)
-        locs = tuple(range(host.depth - 1)) if c.locs is None else tuple(c.locs)
+        locs = tuple(c.locs) if c.locs is not None else tuple(range(default_modules(host)))
         if not locs:
             raise SpecError(f"{self.name}: no block to prune after; a model of depth {host.depth} needs locs")
         counts, cur = [], host.num_patches
@@ -273,7 +284,7 @@ class Cropr(Reducer):
         """r = 1, 2, ... at the default locs, in the deployed form (the schedule and the inference
         cost do not depend on the training-only parameters; a budget picked here is trained with
         the same r and ``classes``)."""
-        most = max(0, (host.num_patches - 2) // max(1, host.depth - 1))
+        most = max(0, (host.num_patches - 2) // max(1, default_modules(host)))
         return [format_spec(cls.name, {"r": r, "inference": True}) for r in range(1, most + 1)]
 
     # ----- costs

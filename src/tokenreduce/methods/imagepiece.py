@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from torch import Tensor
 
@@ -60,7 +61,8 @@ from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method,
 from ..core.schedule import Schedule, check_keep, check_locs, from_counts
 from ..core.state import TokenState
 
-RESCORE = ("next", "same")
+Rescore = Literal["next", "same"]
+RESCORE: tuple[str, ...] = get_args(Rescore)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class ImagePieceConfig:
     bottom: float = 0.3
     merge: float = 0.08
     keep: float = 0.8
-    rescore: str = "next"
+    rescore: Rescore = "next"
     prop_attn: bool = True
 
 
@@ -85,6 +87,8 @@ class ImagePiece(Reducer):
     Config = ImagePieceConfig
     needs = frozenset({"cls_attn", "keys"})
     needs_class_token = True
+    min_onnx_opset = 16  # its merges sum tokens (scatter_add_)
+    classic_onnx = False  # the merge plan orders the survivors with a stable sort
     zero = {"locs": (1,), "merge": 0.0, "keep": 1.0}
     example = {"locs": (0, 1), "merge": 0.1, "keep": 0.7}
 

@@ -5,18 +5,19 @@ From "Token Cropr: Faster ViTs for Quite a Few Tasks", Bergner et al., CVPR 2025
 (cls/vision_transformer.py ``forward_cropr``, segm/segmenter.py ``forward_cropr``).
 
 A stage of a composite, after any pruning method: ``'topk(keep=0.7) + llf()'``,
-``'random(keep=0.5, locs=(2,)) + llf()'``, ``'cropr(r=8, classes=1000, locs=(0, 1, ..., 9)) + llf()'``
-(a 12-block model). After block ``at``
+``'random(keep=0.5, locs=(2,)) + llf()'``, ``'cropr(r=8, classes=1000) + llf()'``. After block ``at``
 (default -2, i.e. depth - 2) every token pruned since the start of the forward comes back,
 with the value it had when it was pruned, at its original position (``TokenState.restore``):
 
     X <- [prefix, every present or pruned patch token sorted by original position]   (B, p + N', C)
 
 so the blocks after ``at`` (by default only the final one) run on all tokens, and a dense task
-gets a complete grid with the final block's values everywhere. With the official schedule the
-pruner stops one block earlier: Cropr's modules sit after blocks 0 .. depth - 3
-(``locs=tuple(range(depth - 2))``), as its official ``forward_cropr`` leaves the penultimate block
-unpruned ("the pruned tokens would be concatenated next anyways").
+gets a complete grid with the final block's values everywhere. A pruner's default placement
+stops before ``at`` (the composite binds it with ``Host.restore_at``): Cropr's modules sit after
+blocks 0 .. depth - 3, the official count with Last Layer Fusion (depth - 2 modules), as its
+official ``forward_cropr`` leaves the penultimate block unpruned ("the pruned tokens would be
+concatenated next anyways"). In a composite it needs a stage acting before it: ``'llf() + llf()'``
+or an ``llf`` at a block before every pruner's would bring nothing back (SpecError).
 
 Schedule: alone, ``llf`` reduces nothing (the identity: nothing was pruned); in a composite it
 declares through ``compose_step`` that it leaves the tokens entering it plus every token kept
@@ -56,6 +57,8 @@ class LLF(Reducer):
 
     Config = LLFConfig
     keep_pruned = True
+    restores = True
+    classic_onnx = False  # setting pruned tokens aside finds them with a stable sort
     stage_only = True
     default_where = "block"
     zero: dict = {}

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method
-from ..core.schedule import Schedule, compile_schedule
+from ..core.schedule import Schedule, Where, compile_schedule
 from ..core.state import TokenState
 
 
@@ -29,7 +29,7 @@ class RandomConfig:
     r: int | Sequence[int] | None = None
     counts: Sequence[int] | None = None
     locs: Sequence[int] | None = None
-    where: str = "attn"
+    where: Where = "attn"
     seed: int = 0
 
 

@@ -52,6 +52,7 @@ class ToMe(Reducer):
     Config = ToMeConfig
     needs = frozenset({"keys"})
     zero = {"r": 0}
+    min_onnx_opset = 16  # the size-weighted merge sums tokens (scatter_add_)
     example = {"r": 8}
 
     @property

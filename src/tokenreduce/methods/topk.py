@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..core import ops
 from ..core.method import AttnInfo, Host, Reducer, register_method
-from ..core.schedule import Schedule, compile_schedule
+from ..core.schedule import Schedule, Where, compile_schedule
 from ..core.state import TokenState
 
 
@@ -24,7 +24,7 @@ class TopKConfig:
     keep: float | None = 0.7
     counts: Sequence[int] | None = None
     locs: Sequence[int] = (3, 6, 9)
-    where: str = "attn"
+    where: Where = "attn"
 
 
 @register_method("topk")

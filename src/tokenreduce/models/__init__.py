@@ -13,6 +13,7 @@ from .checkpoint import (
     Checkpoint,
     CheckpointError,
     atomic_write,
+    classes_of,
     load_weights,
     read_checkpoint,
     read_meta,
@@ -31,6 +32,7 @@ from .transforms import TiedQKV, apply_transform, list_transforms, register_tran
 
 __all__ = [
     "TASK_PREFIX", "Checkpoint", "CheckpointError", "ConvStem", "TiedQKV", "apply_transform", "atomic_write",
+    "classes_of",
     "build_model", "build_stem", "deploy", "export_inference", "list_stems", "list_transforms", "load_model",
     "load_weights", "model_config",
     "read_checkpoint", "read_meta", "register_stem", "register_transform", "resolve", "restore_training_state",

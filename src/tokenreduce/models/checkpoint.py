@@ -94,6 +94,14 @@ def resolve(path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------- models
 
 
+def classes_of(meta: dict[str, Any]) -> list[str] | None:
+    """The class names a checkpoint's labels index (``meta['classes']``: its training split's, in
+    order), or None for a checkpoint written without them. Every evaluation of it maps its data by
+    these names (``data.build_dataset(..., classes=...)``)."""
+    classes = meta.get("classes")
+    return list(classes) if classes else None
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The module inside a DistributedDataParallel / DataParallel wrapper."""
     return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
@@ -275,6 +283,7 @@ def save_checkpoint(
 
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read and verify a checkpoint (format, version, checksum). Raises CheckpointError."""
+    from safetensors import SafetensorError
     from safetensors.torch import load as st_load
 
     p = resolve(path)
@@ -283,7 +292,8 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         header_len = int.from_bytes(raw[:8], "little")
         meta_raw = json.loads(raw[8 : 8 + header_len]).get("__metadata__") or {}
         tensors = st_load(raw)
-    except Exception as e:  # safetensors raises its own error type for truncated/garbled files
+    # a missing or unreadable file, a garbled header (not JSON, not an object), safetensors' own error type
+    except (OSError, ValueError, AttributeError, SafetensorError) as e:
         raise CheckpointError(f"{p} is not a readable safetensors checkpoint (corrupted or truncated?): {e}") from e
     if _HEADER_KEY not in meta_raw:
         raise CheckpointError(f"{p} is a safetensors file without tokenreduce metadata; not a tokenreduce checkpoint")

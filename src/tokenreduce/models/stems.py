@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from torch import Tensor, nn
 
@@ -26,7 +27,8 @@ _STEMS: Registry[StemFn] = Registry("stem")
 #: Patch sizes the conv stem reaches: 1 to 4 stride-2 convolutions among its four 3x3 ones.
 CONV_PATCH_SIZES = (2, 4, 8, 16)
 #: Normalisation after each 3x3 convolution of the conv stem.
-_NORMS: dict[str, Callable[[int], nn.Module]] = {"bn": nn.BatchNorm2d, "none": lambda c: nn.Identity()}
+Norm = Literal["bn", "none"]
+_NORMS: dict[Norm, Callable[[int], nn.Module]] = {"bn": nn.BatchNorm2d, "none": lambda c: nn.Identity()}
 
 
 def register_stem(name: str, config: type = NoParams) -> Callable[[StemFn], StemFn]:
@@ -121,7 +123,7 @@ class ConvStem(nn.Module):
 class ConvConfig:
     """``norm``: normalisation after each 3x3 convolution, 'bn' (BatchNorm, Xiao et al.) or 'none'."""
 
-    norm: str = "bn"
+    norm: Norm = "bn"
 
     def __post_init__(self) -> None:
         _check_norm(self.norm)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,8 @@ def apply_transform(spec: str, model: nn.Module) -> nn.Module:
 # ----------------------------------------------------------------------------- tie_qk
 
 #: How the shared W of ``tie_qk`` starts: from W_q, from W_k, or their average.
-_INITS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+Init = Literal["q", "k", "mean"]
+_INITS: dict[Init, Callable[[Tensor, Tensor], Tensor]] = {
     "q": lambda q, k: q,
     "k": lambda q, k: k,
     "mean": lambda q, k: (q + k) / 2,
@@ -106,7 +108,7 @@ class TiedQKV(nn.Module):
 class TieQKConfig:
     """``init``: the shared W starts as W_q ('q'), W_k ('k') or (W_q + W_k) / 2 ('mean')."""
 
-    init: str = "mean"
+    init: Init = "mean"
 
     def __post_init__(self) -> None:
         if self.init not in _INITS:

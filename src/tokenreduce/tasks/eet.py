@@ -52,7 +52,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -68,10 +68,12 @@ from ..methods.ctp import importance as ctp_importance
 from .base import TaskContext, TaskOutput, register_task
 from .classify import _info
 from .fish import fish_codes
-from .hash import Hash, HashConfig, _labels_of, binarize
+from .hash import Hash, HashConfig, Protocol, _labels_of, binarize
 
-MASKS = ("grid", "official")
-TEACHERS = ("joint", "frozen")
+Mask = Literal["grid", "official"]
+MASKS: tuple[str, ...] = get_args(Mask)
+Teacher = Literal["joint", "frozen"]
+TEACHERS: tuple[str, ...] = get_args(Teacher)
 #: what the probe asks of the teacher's last block
 PROBE_NEEDS = frozenset({"cls_attn", "head_norms"})
 
@@ -87,15 +89,15 @@ class EETConfig:
     dkt: bool = True
     drg: bool = True
     w: int = 4
-    mask: str = "grid"
-    teacher: str = "joint"
+    mask: Mask = "grid"
+    teacher: Teacher = "joint"
     ce_weight: float = 0.1
     hash_weight: float = 1.0
     dkt_weight: float = 1.0
     code_seed: int | None = None
-    protocol: str = "both"
+    protocol: Protocol = "both"
     db_subset: int | None = None
-    ks: tuple[int, ...] = (1, 10, 100, 1000)
+    ks: int | tuple[int, ...] = (1, 10, 100, 1000)
     #: EET trains toward per-image codes (read by the hash task's machinery)
     targets: ClassVar[str] = "image"
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -67,8 +67,10 @@ from . import retrieval as R
 from .base import Task, TaskContext, TaskOutput, dataset_labels, register_task
 from .classify import _info
 
-TARGETS = ("class", "image")
-PROTOCOLS = ("both", "asym", "sym")
+Targets = Literal["class", "image"]
+TARGETS: tuple[str, ...] = get_args(Targets)
+Protocol = Literal["both", "asym", "sym"]
+PROTOCOLS: tuple[str, ...] = get_args(Protocol)
 CODE_DRAWS = 64  # candidate class-code sets drawn; the best separated one is kept
 
 
@@ -80,13 +82,13 @@ class HashConfig:
     database items (None: all); ``ks``: the k of precision@k."""
 
     bits: int = 32
-    targets: str = "class"
-    protocol: str = "both"
+    targets: Targets = "class"
+    protocol: Protocol = "both"
     hash_weight: float = 1.0
     ce_weight: float = 0.1
     code_seed: int | None = None
     db_subset: int | None = None
-    ks: tuple[int, ...] = (1, 10, 100, 1000)
+    ks: int | tuple[int, ...] = (1, 10, 100, 1000)
 
     def __post_init__(self) -> None:
         if not isinstance(self.bits, int) or isinstance(self.bits, bool) or self.bits < 2:

@@ -31,7 +31,7 @@ class), ``n`` (images).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,8 @@ from ..core.errors import SpecError, TokenReduceError
 from . import _dist
 from .base import Task, TaskContext, TaskOutput, register_task
 
-UPSAMPLE = ("bilinear", "nearest")
+Upsample = Literal["bilinear", "nearest"]
+UPSAMPLE: tuple[str, ...] = get_args(Upsample)
 
 
 # ----------------------------------------------------------------------------- metrics (pure)
@@ -90,7 +91,7 @@ class SegmentConfig:
     ignored. ``upsample``: how token-grid logits reach pixels, 'bilinear' or 'nearest'."""
 
     background: bool = True
-    upsample: str = "bilinear"
+    upsample: Upsample = "bilinear"
 
     def __post_init__(self) -> None:
         if not isinstance(self.background, bool):

@@ -83,6 +83,8 @@ class TrainConfig:
             (self.optimizer in OPTIMIZERS, f"unknown optimizer {self.optimizer!r}; choose from "
                                            f"{', '.join(OPTIMIZERS)}"),
             (0 <= self.momentum < 1, f"momentum must lie in [0, 1), got {self.momentum}"),
+            (self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
+            (self.num_workers >= 0, f"--workers must be >= 0, got {self.num_workers}"),
         ]
         for ok, message in checks:
             if not ok:

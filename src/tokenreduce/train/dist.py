@@ -50,15 +50,25 @@ class DistInfo:
 
 
 def resolve_device(device: str | None, local_rank: int = 0) -> torch.device:
-    """``device`` or, when None, cuda:<local_rank> if CUDA is available, else cpu."""
+    """``device`` (any torch device string: cpu, cuda, cuda:N, mps, ...) checked to exist here or, when
+    None, cuda:<local_rank> if CUDA is available, else cpu. A TokenReduceError for a string torch
+    does not know or a device this machine lacks."""
     if device in (None, "auto"):
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise TokenReduceError(f"device {device!r} requested but CUDA is not available")
-        if dev.index is None:
-            dev = torch.device(f"cuda:{local_rank}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise TokenReduceError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device(f"cuda:{local_rank}")
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
+    available = getattr(backend, "is_available", None)
+    if available is not None and not available():
+        raise TokenReduceError(f"device {device!r} requested but torch sees no {dev.type} device here; use cpu")
+    count = getattr(backend, "device_count", None)
+    if dev.index is not None and count is not None and dev.index >= count():
+        raise TokenReduceError(f"device {device!r} requested but torch sees {count()} {dev.type} device(s) "
+                               f"({', '.join(f'{dev.type}:{i}' for i in range(count()))})")
     return dev
 
 

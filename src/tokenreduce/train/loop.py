@@ -11,22 +11,32 @@ Output directory (``config.out``):
     last.safetensors / last.json    resumable state, every ``ckpt_every`` steps and each epoch
     model.safetensors / model.json  the final weights and metadata (``load_model(out)`` reads it)
     metrics.json                    per-epoch history and final metrics (plus the task's figures)
+    .lock                           held while a run works there: a second run into it is refused (lock.py)
 
 Checkpoints hold the model under its own keys, the task's own tensors under ``task.<key>`` and
 ``meta['task']`` (the canonical task spec). Exact resume: they also hold the optimizer, scheduler,
 RNG states, epoch, the batch reached in the epoch and the epoch's running sums; the sampler
 replays the epoch's permutation and skips consumed batches; augmentation is seeded per sample. A
 resumed run therefore ends with the same weights as an uninterrupted one (bit-identical in
-deterministic mode on the same machine and thread count).
+deterministic mode on the same machine and thread count). A resumed run keeps the settings it was
+started with: a config that contradicts them is refused, naming the settings (only the runtime
+fields, ``RUNTIME_FIELDS``, may change, and the run says which did).
+
+Ctrl-C (SIGINT, single process) stops a run after the step it is in, with a resumable checkpoint
+there, and raises :class:`TrainingInterrupted`; a second Ctrl-C interrupts at once. A non-finite loss
+or metric stops a run with a TokenReduceError naming it and where, before anything records it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -43,6 +53,7 @@ from ..models import (
     apply_transform,
     atomic_write,
     build_model,
+    classes_of,
     load_model,
     load_weights,
     model_config,
@@ -54,12 +65,13 @@ from ..models import (
     unwrap,
 )
 from ..tasks import Task, TaskContext, build_task, dataset_labels, get_task, list_tasks
-from . import dist
+from . import dist, lock
 from .config import RUNTIME_FIELDS, TrainConfig
 from .optim import WarmupCosine, build_optimizer
 from .progress import Progress
 
-__all__ = ["RUNTIME_FIELDS", "TrainConfig", "WarmupCosine", "fit", "make_model", "run_info", "seed_all", "train"]
+__all__ = ["RUNTIME_FIELDS", "TrainConfig", "TrainingInterrupted", "WarmupCosine", "fit", "make_model", "run_info",
+           "saved_config", "seed_all", "train"]
 
 
 # ----------------------------------------------------------------------------- set-up helpers
@@ -181,22 +193,49 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the loop
 
 
-def _resolve_resume(cfg: TrainConfig) -> tuple[TrainConfig, Any]:
-    """(config to run, checkpoint to resume from or None); guards an existing output directory."""
+def saved_config(out: str | os.PathLike) -> TrainConfig | None:
+    """The config of the run in ``out``: its finished model's, else its last checkpoint's; None if none."""
+    for name in ("model.safetensors", "last.safetensors"):
+        path = Path(out) / name
+        if path.is_file():
+            return TrainConfig.from_dict(read_meta(path)["config"])
+    return None
+
+
+def _differences(saved: TrainConfig, cfg: TrainConfig) -> str:
+    """The settings of ``cfg`` that contradict ``saved``, as flags: '--lr 0.5 (the run has 0.001), ...'."""
+    have, want = saved.identity(), cfg.identity()
+    return ", ".join(f"--{k.replace('_', '-')} {want.get(k)!r} (the run has {have[k]!r})"
+                     for k in have if have[k] != want.get(k))
+
+
+def _contradicted(saved: TrainConfig, cfg: TrainConfig) -> TokenReduceError:
+    """The error of a --resume whose settings contradict those the run in ``cfg.out`` was started with."""
+    return TokenReduceError(f"--resume continues the run in {cfg.out} with the settings it was started with, but "
+                            f"this command changes them: {_differences(saved, cfg)}; drop those flags to resume, "
+                            "or start a new run (--force or another --out)")
+
+
+def _resolve_resume(cfg: TrainConfig) -> tuple[TrainConfig, Any, list[str]]:
+    """(config to run, checkpoint to resume from or None, notes on changed runtime settings); guards an
+    existing output directory."""
     if cfg.out is None:
         if cfg.resume:
             raise TokenReduceError("--resume needs --out DIR (where the checkpoints are)")
-        return cfg, None
+        return cfg, None, []
     out = Path(cfg.out)
     last = out / "last.safetensors"
     if cfg.resume and last.is_file():
         ckpt = read_checkpoint(last)
         saved = TrainConfig.from_dict(ckpt.meta["config"])
-        runtime = {k: getattr(cfg, k) for k in RUNTIME_FIELDS}
-        return dataclasses.replace(saved, **runtime), ckpt
+        if saved.identity() != cfg.identity():
+            raise _contradicted(saved, cfg)
+        notes = [f"{k} {getattr(cfg, k)} (was {getattr(saved, k)})" for k in RUNTIME_FIELDS
+                 if k not in ("out", "resume", "force") and getattr(cfg, k) != getattr(saved, k)]
+        return dataclasses.replace(saved, **{k: getattr(cfg, k) for k in RUNTIME_FIELDS}), ckpt, notes
     if last.is_file() and not cfg.force:
         raise TokenReduceError(f"{out} holds an unfinished run; pass --resume to continue it or --force to start over")
-    return cfg, None
+    return cfg, None, []
 
 
 def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
@@ -207,10 +246,54 @@ def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
     if not final.is_file():
         return None
     meta = read_meta(final)
-    if TrainConfig.from_dict(meta["config"]).identity() != cfg.identity() and not cfg.resume:
-        raise TokenReduceError(f"{cfg.out} holds a finished run of a different config; choose another --out "
-                               "or pass --force to overwrite it")
+    saved = TrainConfig.from_dict(meta["config"])
+    if saved.identity() != cfg.identity():
+        if cfg.resume:
+            raise _contradicted(saved, cfg)
+        raise TokenReduceError(f"{cfg.out} holds a finished run of a different config ({_differences(saved, cfg)}); "
+                               "choose another --out or pass --force to overwrite it")
     return {**meta.get("metrics", {}), "checkpoint": str(final), "reused": True}
+
+
+def _check_finite(values: dict[str, Any], where: str) -> None:
+    """A TokenReduceError naming the non-finite numbers of ``values`` and ``where`` they came up: a
+    diverged run must not end as a success with NaN in its results."""
+    bad = [(k, v) for k, v in values.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        shown = ", ".join(f"{k} {v}" for k, v in bad)
+        raise TokenReduceError(f"training diverged: {shown} {where}; lower --lr or check the data")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run after optimizer step ``step``; ``checkpoint`` resumes it (None: not saved)."""
+
+    def __init__(self, step: int, checkpoint: Path | None) -> None:
+        super().__init__(f"interrupted after step {step}")
+        self.step, self.checkpoint = step, checkpoint
+
+
+class _StopRequest:
+    """While active, the first SIGINT only sets ``requested`` (the loop stops at the next step
+    boundary, where its state is whole) and puts the previous handler back, so a second Ctrl-C
+    interrupts at once. Inactive off the main thread, under another SIGINT handler, or when ``on``
+    is False (several processes: they would stop at different steps)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on, self.requested, self.previous = on, False, None
+
+    def __enter__(self) -> _StopRequest:
+        if (self.on and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, self.previous)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def train(config: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -224,16 +307,18 @@ def train(config: TrainConfig, *, on_step: Callable[[int], None] | None = None) 
 
 def fit(config: TrainConfig, *, on_step: Callable[[int], None] | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Like :func:`train`, also returning the trained model (unwrapped, eval mode, on its device)."""
-    cached = _finished(config)
-    if cached is not None:
-        return load_model(cached["checkpoint"])[0], cached
-    owns_group = not torch.distributed.is_initialized()
-    info = dist.setup(config.device)
-    try:
-        return _Run(config, info).run(on_step)
-    finally:
-        if owns_group:
-            dist.teardown()
+    main = int(os.environ.get("RANK", "0")) == 0  # the main process locks for all of a torchrun group
+    with lock.hold(config.out) if config.out is not None and main else nullcontext():
+        cached = _finished(config)
+        if cached is not None:
+            return load_model(cached["checkpoint"])[0], cached
+        owns_group = not torch.distributed.is_initialized()
+        info = dist.setup(config.device)
+        try:
+            return _Run(config, info).run(on_step)
+        finally:
+            if owns_group:
+                dist.teardown()
 
 
 class _Run:
@@ -244,7 +329,7 @@ class _Run:
 
         if config.threads:
             torch.set_num_threads(config.threads)
-        cfg, ckpt = _resolve_resume(config)
+        cfg, ckpt, self.notes = _resolve_resume(config)
         self.cfg, self.info, self.device = cfg, info, info.device
         set_deterministic(cfg.deterministic)
         seed_all(cfg.seed)  # same on every rank: identical init and RNG streams across processes
@@ -254,16 +339,17 @@ class _Run:
         kw = dict(data_dir=cfg.data_dir, download=cfg.download, **self.data_cfg)
         if cfg.download and info.distributed and not info.main:
             dist.barrier()  # let rank 0 download first
-        train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, **kw)
-        eval_ds = self.task.dataset(cfg.data, "test", train=False, **kw)
+        train_ds = self._train_split(cfg, ckpt, kw)
+        self.classes = list(train_ds.classes)
+        eval_ds = self.task.dataset(cfg.data, "test", train=False, classes=self.classes, **kw)
         if cfg.download and info.distributed and info.main:
             dist.barrier()
-        self.classes = list(train_ds.classes)
         model_cfg = _fit_classes(model, model_cfg, len(self.classes))
         self.train_ds = Seeded(subset(train_ds, cfg.subset))
         self.eval_ds = subset(eval_ds, cfg.eval_subset if cfg.eval_subset is not None else cfg.subset)
         # the database a task may rank against (retrieval): the whole training split, unaugmented
-        self.database = OnDemand(lambda: self.task.dataset(cfg.data, "train", train=False, **kw))
+        self.database = OnDemand(lambda: self.task.dataset(cfg.data, "train", train=False, classes=self.classes,
+                                                           **kw))
         self.model = model.to(self.device)
         teacher = load_model(cfg.teacher, self.device)[0] if cfg.teacher else None
         # train_labels index the dataset the task returned (a task may key per-item targets by it)
@@ -296,6 +382,18 @@ class _Run:
         if info.distributed:
             ids = [self.device] if self.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.task, device_ids=ids)
+
+    def _train_split(self, cfg: TrainConfig, ckpt, kw: dict[str, Any]):
+        """The training split, its labels indexing the run's ONE class list (recorded in every
+        checkpoint, by which every other split and evaluation is mapped): a resumed run's (its
+        checkpoint's; a class folder added since is refused, named), else the ``--init`` model's when
+        they hold every class of the split (its head keeps its meaning), else the split's own."""
+        known = classes_of(ckpt.meta) if ckpt is not None else None
+        train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, classes=known, **kw)
+        init = classes_of(read_meta(cfg.init)) if cfg.init and ckpt is None else None
+        if init and init != list(train_ds.classes) and set(train_ds.classes) <= set(init):
+            train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, classes=init, **kw)
+        return train_ds
 
     def _init_task(self, path: str) -> None:
         """--init from a run of the same task also starts the task's own tensors from it."""
@@ -352,14 +450,25 @@ class _Run:
         self.t0 = time.perf_counter()
         bar = Progress(cfg.epochs * self.spe, self.step, info.main, cfg.quiet)
         if self.step:
-            bar.write(f"resuming {cfg.out} at epoch {self.epoch + 1}, step {self.step}")
+            changed = f" with {', '.join(self.notes)}" if self.notes else ""
+            bar.write(f"resuming {cfg.out} at epoch {self.epoch + 1}, step {self.step}{changed}")
         try:
-            while self.epoch < cfg.epochs:
-                self._train_epoch(bar, on_step)
-                self._end_epoch(bar)
+            with _StopRequest(not info.distributed) as self.stop:
+                while self.epoch < cfg.epochs:
+                    self._train_epoch(bar, on_step)
+                    self._end_epoch(bar)
+                    if self.stop.requested and self.epoch < cfg.epochs:
+                        self._interrupt(saved=True)
         finally:
             bar.close()
         return self._finish()
+
+    def _interrupt(self, saved: bool) -> None:
+        """Stop on Ctrl-C with a resumable checkpoint at this step (``saved``: the last one is here already)."""
+        if not saved:
+            self.save_last()
+        last = Path(self.cfg.out) / "last.safetensors" if self.cfg.out else None
+        raise TrainingInterrupted(self.step, last)
 
     def _refuse_unscored_aux(self) -> None:
         """A learned reducer that trains through auxiliary predictions (Token Cropr's heads) under a
@@ -393,7 +502,8 @@ class _Run:
                 self._refuse_unscored_aux()
             loss = sum(out.losses.values())
             if not torch.isfinite(loss):
-                raise TokenReduceError(f"loss is {loss.item()} at step {self.step}; lower --lr or check the data")
+                _check_finite({f"{k} loss": v.item() for k, v in out.losses.items()} | {"total loss": loss.item()},
+                              f"at step {self.step + 1} (epoch {self.epoch + 1})")
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip:
@@ -416,6 +526,8 @@ class _Run:
                 self.save_last()
             if on_step is not None:
                 on_step(self.step)
+            if self.stop.requested:
+                self._interrupt(saved=False)
 
     def _evaluate(self) -> dict[str, Any]:
         with _autocast(self.device, self.cfg.amp):
@@ -430,10 +542,14 @@ class _Run:
         row: dict[str, Any] = {"epoch": self.epoch + 1, "step": self.step, "train_loss": sums["loss"] / n,
                                **{f"train_{k[5:]}": v / n for k, v in sums.items() if k.startswith("stat/")},
                                **{f"train_{k}": v for k, v in losses.items() if len(losses) > 1}}
+        _check_finite(row, f"(the mean over epoch {row['epoch']})")
         last = self.epoch + 1 == cfg.epochs
         if last or (cfg.eval_every and (self.epoch + 1) % cfg.eval_every == 0):
             self.last_eval = self._evaluate()
-            row.update(_scalars(self.last_eval))
+            test = _scalars(self.last_eval)
+            _check_finite({f"test {k}": v for k, v in test.items()}, f"in the evaluation after epoch {row['epoch']} "
+                          f"(step {self.step})")
+            row.update(test)
         row["time_s"] = round(self.elapsed + time.perf_counter() - self.t0, 1)
         self.history.append(row)
         shown = ["train_loss", *(f"train_{k[5:]}" for k in sums if k.startswith("stat/"))]
@@ -462,5 +578,6 @@ class _Run:
                 metrics["figures"] = [str(p) for p in figures]
             self._save("model.safetensors", {**self._meta(metrics), "complete": True})
             metrics["checkpoint"] = str(out / "model.safetensors")
-            atomic_write(out / "metrics.json", (json.dumps(metrics, indent=2) + "\n").encode())
+            # the numbers are finite (_check_finite); a NaN here would be a bug, not a result to write down
+            atomic_write(out / "metrics.json", (json.dumps(metrics, indent=2, allow_nan=False) + "\n").encode())
         return self.model.eval(), metrics

@@ -1,0 +1,56 @@
+"""One training run per output directory: an exclusive lock on ``<out>/.lock`` while a run works there.
+
+Two runs writing one directory would each report success while one result is lost, so the second is
+refused. The lock is ``fcntl.flock`` on an open file: the operating system drops it when its process
+ends, however it ends (Ctrl-C, SIGKILL, a crash), so a killed run never leaves a stale lock behind.
+The file holds the holder's pid and host, only for the message the refused run prints. Where fcntl
+does not exist (Windows) or the file system cannot lock, runs are not locked.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..core.errors import TokenReduceError
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system
+    fcntl = None
+
+#: The lock file's name inside the output directory.
+LOCK_NAME = ".lock"
+
+
+@contextmanager
+def hold(out: str | os.PathLike) -> Iterator[None]:
+    """Hold ``out``'s lock for the block (the directory is created); a TokenReduceError when another
+    process holds it or ``out`` cannot be written."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        f = open(out / LOCK_NAME, "a+")  # noqa: SIM115 - held open for the whole block
+    except OSError as e:
+        raise TokenReduceError(f"cannot write to the output directory {out}: {e.strerror or e}") from None
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                raise TokenReduceError(f"{out} is in use by another training run ({holder}); wait for it to end "
+                                       "or choose another --out") from None
+            except OSError:  # a file system without locks: run unlocked rather than not at all
+                pass
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        yield
+    finally:
+        f.close()  # releases the lock
