@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .adapters import timm_vit
+from .adapters import hosts
 from .core.errors import TokenReduceError
 from .core.method import Host, Reducer
 from .core.schedule import Schedule
@@ -48,9 +48,10 @@ class Info:
 
 
 def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: bool = False) -> nn.Module:
-    """Patch a timm VisionTransformer in place to run ``spec``, e.g. ``'tome(r=13)'``.
+    """Patch a timm VisionTransformer or a transformers ViT, DeiT, DINOv2 or CLIP vision model in
+    place to run ``spec``, e.g. ``'tome(r=13)'``; the adapter is chosen by the model (adapters/hosts.py).
 
-    Reversible with :func:`remove`; state_dict keys stay those of timm (a learned reducer adds
+    Reversible with :func:`remove`; state_dict keys stay the host's (a learned reducer adds
     its own under ``tokenreduce.``). Returns the model.
 
     Args:
@@ -59,18 +60,19 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
         dense: ``model.forward_features(x)`` returns (B, p + N0, C), one token per original
             position in the original order (pruned tokens restored, merged tokens copied to every
             position they stand for), for dense tasks; ``model(x)`` pools those tokens as timm does.
+            On a transformers model the base model's ``last_hidden_state`` holds them.
     """
-    return timm_vit.apply(model, spec, trace=trace, dense=dense)
+    return hosts.apply(model, spec, trace=trace, dense=dense)
 
 
 def remove(model: nn.Module) -> nn.Module:
-    """Restore the unpatched timm model."""
-    return timm_vit.remove(model)
+    """Restore the unpatched model."""
+    return hosts.remove(model)
 
 
 def get_info(model: nn.Module) -> Info:
     """Schedule and last-forward record of a patched model."""
-    patch = timm_vit.get_patch(model)
+    patch = hosts.get_patch(model)
     last = patch.last
     counts = patch.schedule.tokens_per_block(patch.host.num_prefix)
     return Info(

@@ -1,7 +1,8 @@
 """Patch a timm VisionTransformer in place, reversibly, to run a token reducer.
 
-The patch replaces ``model.forward_features`` (an instance attribute; ``remove`` deletes it) with a
-loop that calls timm's own sub-modules by name: patch_embed, _pos_embed, patch_drop, norm_pre,
+The patch replaces ``model.forward_features`` (an instance attribute; ``remove`` deletes it) with the
+block loop every host shares (adapters/common.py, each block a :class:`TimmBlock` view) that calls
+timm's own sub-modules by name: patch_embed, _pos_embed, patch_drop, norm_pre,
 and per block norm1, attn.qkv, attn.q_norm, attn.k_norm, attn.norm, attn.proj, attn.proj_drop,
 ls1, drop_path1, norm2, mlp, ls2, drop_path2, then norm. Attention is
 :func:`tokenreduce.core.attention.attend` with the contributions declared for the block: the
@@ -27,42 +28,35 @@ picklable (module-level functions bound with functools.partial, no bound methods
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from ..core.attention import attend
 from ..core.errors import TokenReduceError, UnsupportedModelError
-from ..core.method import AttnInfo, Host, Reducer, build_reducer
-from ..core.onnx import check_onnx, classic_export_opset
-from ..core.ops import cls_attention
-from ..core.schedule import Schedule
+from ..core.method import AttnInfo, Host, Reducer
 from ..core.state import TokenState
+from .common import ATTR as _ATTR
+from .common import (
+    AttentionView,
+    BlockView,
+    HostParts,
+    Patch,
+    RefuseScript,
+    attach,
+    attend_view,
+    contributions,
+    detach,
+    guard_forward,
+    run_blocks,
+)
+from .common import get_patch as get_patch
 
-_ATTR = "_tokenreduce_patch"
+#: What the host registry (adapters/hosts.py) says this adapter patches.
+DESCRIPTION = "timm VisionTransformer models (vit_*, deit_*, ...)"
 #: The instance attributes ``apply`` sets, beside the Patch, and ``remove`` deletes.
 _PATCHED_ATTRS = ("forward_features", "forward_intermediates", "__prepare_scriptable__")
-
-
-@dataclass
-class Patch:
-    """What ``apply`` left on a model: the reducer, its compiled schedule and the last forward."""
-
-    reducer: Reducer
-    schedule: Schedule
-    host: Host
-    trace: bool
-    dense: bool = False
-    last: TokenState | None = field(default=None, repr=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # the last forward's record stays behind: a copy or a saved model has run no forward, and
-        # the record may hold tensors of a training graph (deepcopy refuses non-leaf tensors)
-        return {**self.__dict__, "last": None}
 
 
 def _timm_classes():
@@ -70,6 +64,16 @@ def _timm_classes():
     from timm.models.vision_transformer import Block, VisionTransformer
 
     return VisionTransformer, Block, Attention
+
+
+def accepts(model: nn.Module) -> bool:
+    """Whether ``model`` is for this adapter: a timm VisionTransformer, or a features_only wrapper of
+    one (``check_host`` refuses that, naming its ``.model``, and says the rest)."""
+    from timm.models._features import FeatureGetterNet
+
+    VisionTransformer = _timm_classes()[0]
+    return isinstance(model, VisionTransformer) or (
+        isinstance(model, FeatureGetterNet) and isinstance(model.model, VisionTransformer))
 
 
 def check_host(model: nn.Module) -> Host:
@@ -117,26 +121,11 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     in the original order (pruned tokens restored, merged ones copied to every position they
     hold: ``TokenState.dense``), for dense tasks.
     """
-    host = check_host(model)
-    reducer = build_reducer(spec)
-    if reducer.needs_class_token and not host.has_class_token:
-        raise UnsupportedModelError(
-            f"{reducer.name} scores tokens by class-token attention but this model has no class "
-            "token; use a model with one, or a method that needs none (random, tome)"
-        )
-    schedule = reducer.bind(host)
-    if hasattr(model, _ATTR):  # only now: a failed apply leaves the previous patch in place
-        remove(model)
-    ref = next(model.parameters())
-    reducer.to(device=ref.device, dtype=ref.dtype)
-    reducer.train(model.training)  # later model.train()/eval() calls reach it as a submodule
-    if next(reducer.parameters(), None) is not None or next(reducer.buffers(), None) is not None:
-        model.tokenreduce = reducer
-    setattr(model, _ATTR, Patch(reducer, schedule, host, trace, dense))
+    patch = attach(model, spec, check_host(model), trace=trace, dense=dense)
     # partial, not a bound method: a bound method pickles as getattr(model, '_forward_features')
     model.forward_features = partial(_forward_features, model)
     model.forward_intermediates = partial(_forward_intermediates, model)
-    model.__prepare_scriptable__ = _RefuseScript(reducer.spec())
+    model.__prepare_scriptable__ = RefuseScript(patch.reducer.spec())
     return model
 
 
@@ -144,33 +133,10 @@ def remove(model: nn.Module) -> nn.Module:
     """Undo ``apply``: the model is again exactly timm's. Raises if it was not patched."""
     if not hasattr(model, _ATTR):
         raise TokenReduceError("this model is not patched by tokenreduce; nothing to remove")
-    delattr(model, _ATTR)
+    detach(model)
     for name in _PATCHED_ATTRS:  # the class's own methods again
         model.__dict__.pop(name, None)
-    if "tokenreduce" in model._modules:
-        del model._modules["tokenreduce"]
     return model
-
-
-class _RefuseScript:
-    """``torch.jit.script`` calls a module's ``__prepare_scriptable__`` first (on every submodule
-    too): TorchScript compiles the class's methods, so it would script the unpatched model."""
-
-    def __init__(self, spec: str) -> None:
-        self.spec = spec
-
-    def __call__(self) -> nn.Module:
-        raise UnsupportedModelError(
-            f"torch.jit.script cannot compile a model patched with {self.spec}: TorchScript compiles the class's "
-            "own forward, the unreduced model; use torch.compile, torch.jit.trace or an ONNX export (tokenreduce "
-            "export), or tokenreduce.remove(model) to script the unpatched one"
-        )
-
-
-def get_patch(model: nn.Module) -> Patch:
-    if not hasattr(model, _ATTR):
-        raise TokenReduceError("this model is not patched by tokenreduce; call tokenreduce.apply first")
-    return getattr(model, _ATTR)
 
 
 def _check_input(model: nn.Module, x: Tensor, host: Host) -> None:
@@ -194,13 +160,9 @@ def _check_input(model: nn.Module, x: Tensor, host: Host) -> None:
 def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = None,
                       is_causal: bool = False) -> Tensor:
     patch = getattr(self, _ATTR)
-    x, state = _embed(self, patch, x, attn_mask, is_causal, patch.dense)
-    x, _ = _run_blocks(self, patch, x, state)
-    patch.last = state
-    if patch.dense:
-        # (B, p + N0, C), one token per original position: the values of state.dense(x), without
-        # restoring the state's fields, so get_info still describes the tokens the last block made
-        x = state.unmerge(x)
+    x = _embed(self, patch, x, attn_mask, is_causal)
+    # dense: (B, p + N0, C), one token per original position (common.run_blocks)
+    x, _ = run_blocks(_views(self), x, patch, _checkpointing(self))
     return self.norm(x)
 
 
@@ -231,10 +193,9 @@ def _forward_intermediates(
     reshape = output_fmt == "NCHW"
     B, _, height, width = x.shape
     take, max_index = feature_take_indices(len(self.blocks), indices)
-    x, state = _embed(self, patch, x, attn_mask, is_causal, patch.dense or reshape)
-    x, taken = _run_blocks(self, patch, x, state, take=frozenset(take), dense=patch.dense or reshape,
-                           stop=max_index + 1 if stop_early else None)
-    patch.last = state
+    x = _embed(self, patch, x, attn_mask, is_causal)
+    x, taken = run_blocks(_views(self), x, patch, _checkpointing(self), take=frozenset(take), dense_taken=reshape,
+                          stop=max_index + 1 if stop_early else None)
     p = self.num_prefix_tokens
     taken = [self.norm(y) if norm else y for y in taken]
     prefix = [y[:, :p] for y in taken] if p else None
@@ -242,7 +203,7 @@ def _forward_intermediates(
     if reshape:
         H, W = self.patch_embed.dynamic_feat_size((height, width))
         out = [y.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous() for y in out]  # (B, C, H, W)
-    final = None if intermediates_only else self.norm(state.unmerge(x) if patch.dense else x)
+    final = None if intermediates_only else self.norm(x)  # one per position with patch.dense (run_blocks)
     if output_dict:
         result: dict[str, Any] = {"image_intermediates": out}
         if prefix is not None and return_prefix_tokens:
@@ -255,131 +216,84 @@ def _forward_intermediates(
     return out if final is None else (final, out)
 
 
-def _embed(self: nn.Module, patch: Patch, x: Tensor, attn_mask: Tensor | None, is_causal: bool,
-           dense: bool) -> tuple[Tensor, TokenState]:
-    """The checks and timm's embedding: images (B, C, H, W) -> tokens (B, N0, C) and their new state."""
-    if isinstance(x, torch.fx.Proxy):  # symbolic_trace passes proxies for every argument, attn_mask too
-        raise TokenReduceError(
-            "torch.fx symbolic tracing (symbolic_trace, create_feature_extractor) cannot follow a token-reduced "
-            "forward: it checks the input's shape and chooses tokens by their values, Python decisions on "
-            "numbers a symbolic trace does not have; use torch.compile or torch.export (tokenreduce export for ONNX)"
-        )
+def _embed(self: nn.Module, patch: Patch, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+    """The checks and timm's embedding: images (B, C, H, W) -> tokens (B, p + N0, C)."""
+    guard_forward(patch, x)  # first: under torch.fx attn_mask is a proxy too
     if attn_mask is not None or is_causal:
         raise TokenReduceError("attention masks are not supported with token reduction")
-    opset = classic_export_opset()
-    if opset is not None:  # torch.onnx.export(dynamo=False) is tracing this forward
-        check_onnx(patch.reducer, exporter="classic", opset=opset)
     _check_input(self, x, patch.host)
     x = self.patch_embed(x)
     x = self._pos_embed(x)
     x = self.patch_drop(x)
-    x = self.norm_pre(x)
-    reducer = patch.reducer
-    state = TokenState.start(
-        x, patch.host.num_prefix, trace=patch.trace, prop_attn=reducer.proportional,
-        keep_pruned=reducer.keep_pruned, dense=dense,
-    )
-    return x, state
+    return self.norm_pre(x)
 
 
-def _run_blocks(self: nn.Module, patch: Patch, x: Tensor, state: TokenState, *, take: frozenset[int] = frozenset(),
-                dense: bool = False, stop: int | None = None) -> tuple[Tensor, list[Tensor]]:
-    """The blocks (the first ``stop``) with the reducer: x (B, N0, C) -> (B, N, C), and the tokens
-    after each block in ``take`` (one per original position with ``dense``)."""
+def _views(self: nn.Module) -> list[BlockView]:
+    return [TimmBlock(blk) for blk in self.blocks]
+
+
+def _checkpointing(self: nn.Module) -> bool:
     # timm's set_grad_checkpointing() sets this flag; its own forward_features is not called here
-    ckpt = bool(getattr(self, "grad_checkpointing", False)) and torch.is_grad_enabled()
-    taken = []
-    for i, blk in enumerate(self.blocks[:stop] if stop is not None else self.blocks):
-        state.block = i
-        x = _run_block(blk, x, state, patch.reducer, patch.schedule, ckpt)
-        if i in take:
-            taken.append(state.unmerge(x) if dense else x)
-    return x, taken
+    return bool(getattr(self, "grad_checkpointing", False)) and torch.is_grad_enabled()
 
 
-def _contributions(state: TokenState, reducer: Reducer | None) -> dict[str, Any]:
-    """The attention contributions declared for the current block: the log-size bias plus the
-    reducer's bias, the keep policy, the chunk size, as keyword arguments of :func:`attend`."""
-    bias = state.attn_bias()  # (B, 1, 1, N) or None
-    chunk = None
-    if reducer is not None:
-        extra = reducer.attn_bias(state, state.block)
-        if extra is not None:
-            bias = extra if bias is None else bias + extra
-        chunk = reducer.attention_chunk(state.block)
-    return dict(bias=bias, policy=state.keep_mask, chunk=chunk, num_prefix=state.num_prefix)
+class TimmAttention(AttentionView):
+    """timm's Attention: the fused qkv projection, q_norm, k_norm, then norm, gate, proj, proj_drop."""
+
+    def __init__(self, attn: nn.Module) -> None:
+        self.m = attn
+        self.num_heads, self.head_dim, self.scale = attn.num_heads, attn.head_dim, attn.scale
+        self.inputs, self.output = (attn.qkv,), attn.proj
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn, (B, N, _) = self.m, x.shape
+        qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, H, N, d) each
+        return attn.q_norm(q), attn.k_norm(k), v
+
+    def out(self, o: Tensor, x: Tensor) -> Tensor:
+        attn, (B, _, N, _) = self.m, o.shape
+        out = attn.norm(o.transpose(1, 2).reshape(B, N, attn.attn_dim))
+        if getattr(attn, "gate", None) is not None:
+            out = out * attn.gate(x).sigmoid()
+        return attn.proj_drop(attn.proj(out))
+
+    def dropout_p(self) -> float:
+        return self.m.attn_drop.p if self.m.training else 0.0
 
 
-def _run_block(blk: nn.Module, x: Tensor, state: TokenState, reducer: Reducer, schedule: Schedule,
-               ckpt: bool = False) -> Tensor:
-    """One timm Block with the reducer at the points the schedule names (``Schedule.point_counts``:
-    after attention + residual, after the MLP, or both for a composite). x (B, N, C)."""
-    at_attn, at_block = schedule.point_counts(state.block, x.shape[1] - state.num_prefix)
-    active = at_attn is not None or at_block is not None
-    contrib = _contributions(state, reducer)
-    watch = reducer.observes(state.block)  # side products read without reducing (Reducer.observes)
-    if not active and not watch:  # the plain block: a pure function of x and the contributions
-        if ckpt:
-            x = checkpoint(_plain_block, blk, x, use_reentrant=False, **contrib)
-        else:
-            x = _plain_block(blk, x, **contrib)
-        state.record(state.block, x.shape[1], False)
-        return x
-    needs = (reducer.needs_at(state.block) if active else frozenset()) | watch
-    attn_out, info = _attend(blk.attn, blk.norm1(x), needs, **contrib)
-    if watch:
-        reducer.observe(state, info)
-    x = x + blk.drop_path1(blk.ls1(attn_out))
-    if at_attn is not None:
-        state.point = "attn"
-        x = reducer.reduce(x, state, info, at_attn)
-    x = x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
-    if at_block is not None:
-        state.point = "block"
-        x = reducer.reduce(x, state, info, at_block)
-    state.record(state.block, x.shape[1], active)
-    return x
+class TimmBlock(BlockView):
+    """timm's Block: norm1, attn, ls1, drop_path1, then norm2, mlp, ls2, drop_path2."""
+
+    def __init__(self, blk: nn.Module) -> None:
+        self.m, self.attn, self.mlp = blk, TimmAttention(blk.attn), blk.mlp
+
+    def norm1(self, x: Tensor) -> Tensor:
+        return self.m.norm1(x)
+
+    def attn_branch(self, a: Tensor) -> Tensor:
+        return self.m.drop_path1(self.m.ls1(a))
+
+    def mlp_branch(self, x: Tensor) -> Tensor:
+        return self.m.drop_path2(self.m.ls2(self.m.mlp(self.m.norm2(x))))
 
 
-def _plain_block(blk: nn.Module, x: Tensor, **contrib: Any) -> Tensor:
-    """timm's Block.forward with the attention contributions, nothing asked of it. x (B, N, C)."""
-    x = x + blk.drop_path1(blk.ls1(_attend(blk.attn, blk.norm1(x), frozenset(), **contrib)[0]))
-    return x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
+def parts(model: nn.Module) -> HostParts:
+    """The model's sub-modules under host-neutral names (bench/macs.py, inspect)."""
+    check_host(model)
+    pe = model.patch_embed
+    proj = getattr(pe, "proj", None)
+    prefix = (("cls", int(model.cls_token is not None)), ("dist", int(getattr(model, "dist_token", None) is not None)),
+              ("registers", int(getattr(model, "num_reg_tokens", 0) or 0)))
+    return HostParts(
+        stem=pe, stem_proj=proj, in_chans=getattr(proj, "in_channels", 3), img_size=tuple(pe.img_size),
+        blocks=tuple(TimmBlock(b) for b in model.blocks),
+        heads=tuple(h for h in (model.head, getattr(model, "head_dist", None)) if h is not None),
+        prefix=tuple((kind, n) for kind, n in prefix if n),
+    )
 
 
 def _attention(attn: nn.Module, x: Tensor, state: TokenState, needs: frozenset[str],
                reducer: Reducer | None = None) -> tuple[Tensor, AttnInfo]:
     """timm Attention with the contributions ``state`` and ``reducer`` declare for the current block."""
-    return _attend(attn, x, needs, **_contributions(state, reducer))
-
-
-def _attend(attn: nn.Module, x: Tensor, needs: frozenset[str], *, bias: Tensor | None,
-            policy: Tensor | None, chunk: int | None, num_prefix: int) -> tuple[Tensor, AttnInfo]:
-    """timm Attention through :func:`attend`, plus the side products in ``needs``. x (B, N, C)."""
-    B, N, _ = x.shape
-    qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)  # (B, H, N, d) each
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    if bias is not None:
-        bias = bias.to(q.dtype)
-    o, probs = attend(
-        q, k, v, scale=attn.scale, bias=bias, policy=policy, chunk=chunk, num_prefix=num_prefix,
-        dropout_p=attn.attn_drop.p if attn.training else 0.0,
-        # the CLS row under a keep policy is the first row of the explicit probabilities
-        need_probs="probs" in needs or ("cls_attn" in needs and policy is not None),
-    )  # o (B, H, N, d), probs (B, H, N, N) or None
-    info = AttnInfo()
-    if "cls_attn" in needs:
-        # prefix tokens attend to every token, with chunks too: this is the full row
-        row_bias = bias if bias is None or bias.shape[-2] == 1 else bias[:, :, :1]  # a key bias is already a row
-        info.cls_attn = cls_attention(q, k, attn.scale, row_bias) if probs is None else probs[:, :, 0]
-    if "keys" in needs:
-        info.keys = k
-    if "head_norms" in needs:
-        info.head_norms = o.norm(dim=-1)  # (B, H, N)
-    if "probs" in needs:
-        info.probs = probs
-    out = attn.norm(o.transpose(1, 2).reshape(B, N, attn.attn_dim))
-    if getattr(attn, "gate", None) is not None:
-        out = out * attn.gate(x).sigmoid()
-    return attn.proj_drop(attn.proj(out)), info
+    return attend_view(TimmAttention(attn), x, needs, **contributions(state, reducer))

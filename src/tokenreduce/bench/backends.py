@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..adapters import timm_vit
+from ..adapters import hosts
 from ..core.errors import TokenReduceError
 from ..core.method import Reducer
 
@@ -47,7 +47,7 @@ def _patched_copy(model: nn.Module, reducer: Reducer | None) -> nn.Module:
     hold the module they were made from, so each case gets its own)."""
     out = copy.deepcopy(model)
     if reducer is not None:
-        timm_vit.apply(out, reducer)
+        hosts.apply(out, reducer)
         reducer.to(dtype=next(model.parameters()).dtype)
     return out.eval()
 
@@ -88,13 +88,13 @@ class _EagerRunner(Runner):
 
     def enter(self) -> None:
         if self.reducer is not None:
-            timm_vit.apply(self.model, self.reducer)
+            hosts.apply(self.model, self.reducer)
             # apply moves a learned reducer to the device only; timing is eval
             self.reducer.to(dtype=next(self.model.parameters()).dtype).eval()
 
     def exit(self) -> None:
         if self.reducer is not None:
-            timm_vit.remove(self.model)
+            hosts.remove(self.model)
 
     def __call__(self, x: Tensor) -> Any:
         return self.model(x)
@@ -162,6 +162,9 @@ class OnnxRuntime(Backend):
         from .export import require
 
         require("onnxruntime")
+        if hosts.check_host(model).family != "timm":
+            raise TokenReduceError("the onnxruntime backend exports timm models only (bench/export.py); time a "
+                                   "transformers model with --backend eager or compile")
         ref = next(model.parameters())
         if ref.device.type != "cpu" or ref.dtype != torch.float32:
             raise TokenReduceError(f"the onnxruntime backend runs float32 on the CPU (CPUExecutionProvider); "

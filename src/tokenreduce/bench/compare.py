@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from ..adapters import timm_vit
+from ..adapters import hosts
 from ..core.errors import TokenReduceError
 from .macs import count_macs
 from .speed import Case, matched_random, measure_speed, paired_ratio
@@ -50,12 +50,12 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
     rows = bench_cases(model, specs, control, match_random)
     for row in rows:  # MACs from the compiled schedules; also rejects a bad spec before any timing
         if row["spec"] is not None:
-            timm_vit.apply(model, row["spec"])
+            hosts.apply(model, row["spec"])
         try:
             macs = count_macs(model, img_size)
         finally:
             if row["spec"] is not None:
-                timm_vit.remove(model)
+                hosts.remove(model)
         row.update(macs=macs.total, gmacs=macs.total / 1e9, tokens_per_block=macs.tokens_per_block)
     results = measure_speed(model, [Case(r["label"], r["spec"]) for r in rows], img_size=img_size, seed=seed,
                             progress=progress, **(speed or {}))

@@ -1,4 +1,4 @@
-"""Analytic MACs of a timm ViT forward, from the real per-block token counts.
+"""Analytic MACs of a ViT forward (any host), from the real per-block token counts.
 
 MACs are multiply-accumulates (one MAC = two FLOPs); every number here is MACs, per image.
 With N tokens entering a block (prefix included), p of them prefix tokens, D the embedding width,
@@ -16,10 +16,11 @@ with 'block' it runs after the MLP (N' = N) and only the next block sees the red
 at both points (core/compose.py) says N' itself (``Schedule.mlp_count``). A block
 counts as reduced exactly when ``Schedule.active(block, tokens)`` says so (the adapter's rule).
 Linear sizes are read from the modules themselves (qkv, proj, every nn.Linear of the MLP), so
-GLU MLPs and non-standard widths are counted as they are. Once per image:
+GLU MLPs and non-standard widths are counted as they are; the modules are the host's own, named
+by its adapter (``adapters.hosts.parts``: a fused qkv Linear or separate q, k, v ones). Once per image:
 
-    stem  = patches * in_chans * ph * pw * D   (timm's PatchEmbed convolution)
-    head  = D * num_classes                    (and the distillation head, if any)
+    stem  = patches * in_chans * ph * pw * D   (the patch-embedding convolution)
+    head  = D * num_classes                    (every head the host has: a distillation head, a pooler)
 
 Scoring, only in blocks where the schedule is active: what the reducer declares,
 ``reducer.scoring_macs(block, tokens_in, count, host)`` - the attention side products it asked for
@@ -36,7 +37,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ..adapters import timm_vit
+from ..adapters import hosts
 from ..core.attention import attention_macs
 from ..core.errors import TokenReduceError
 from ..core.method import Host, Reducer
@@ -99,19 +100,19 @@ def _linear_macs(module: nn.Module) -> int:
 
 def input_shape(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> tuple[int, int, int]:
     """(C, H, W) of the images ``model`` takes; ``img_size`` overrides the model's own size."""
-    pe = model.patch_embed
-    # the input channels, whatever the stem's projection is (timm's Conv2d, or a stem that sets it)
-    chans = getattr(getattr(pe, "proj", None), "in_channels", 3)
+    parts = hosts.parts(model)
+    # the input channels, whatever the stem's projection is (a Conv2d, or a stem that sets it)
+    chans = parts.in_chans
     if img_size is None:
-        img_size = pe.img_size
+        img_size = parts.img_size
     h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     return chans, int(h), int(w)
 
 
 def _stem_macs(model: nn.Module, shape: tuple[int, int, int]) -> tuple[int, int]:
     """(MACs, patches) of the stem for one image of ``shape`` (C, H, W)."""
-    pe = model.patch_embed
-    proj = getattr(pe, "proj", None)
+    parts = hosts.parts(model)
+    pe, proj = parts.stem, parts.stem_proj
     if isinstance(proj, nn.Conv2d) and proj.kernel_size == proj.stride:
         ph, pw = proj.stride
         patches = (shape[1] // ph) * (shape[2] // pw)
@@ -128,11 +129,11 @@ def _stem_macs(model: nn.Module, shape: tuple[int, int, int]) -> tuple[int, int]
 def _block_tokens(model: nn.Module, patches: int) -> tuple[Reducer | None, Host, list[tuple[int, int, int, bool]]]:
     """The reducer (None when unpatched) and, per block, (tokens in, tokens the MLP sees,
     tokens out, reduced here), all including the prefix tokens."""
-    host = timm_vit.check_host(model)
+    host = hosts.check_host(model)
     p = host.num_prefix
-    if not hasattr(model, timm_vit._ATTR):
+    if not hosts.is_patched(model):
         return None, host, [(patches + p, patches + p, patches + p, False)] * host.depth
-    patch = timm_vit.get_patch(model)
+    patch = hosts.get_patch(model)
     sched, host, reducer = patch.schedule, patch.host, patch.reducer
     if patches != sched.num_patches:
         raise TokenReduceError(
@@ -161,17 +162,18 @@ def count_macs(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
     reducer, host, rows = _block_tokens(model, patches)
     p = host.num_prefix
     blocks = []
-    for i, (blk, (n, mid, out, active)) in enumerate(zip(model.blocks, rows, strict=True)):
+    parts = hosts.parts(model)
+    for i, (blk, (n, mid, out, active)) in enumerate(zip(parts.blocks, rows, strict=True)):
         attn = blk.attn
         width = attn.num_heads * attn.head_dim
         chunk = reducer.attention_chunk(i) if reducer is not None else None
         scoring = int(reducer.scoring_macs(i, n, out - p, host)) if active else 0
         blocks.append(BlockMacs(
             block=i, tokens_in=n, tokens_mlp=mid, tokens_out=out,
-            qkv=n * _linear_macs(attn.qkv), attn=attention_macs(n, width, p, chunk=chunk),
-            proj=n * _linear_macs(attn.proj), mlp=mid * _linear_macs(blk.mlp), scoring=scoring,
+            qkv=n * sum(_linear_macs(m) for m in attn.inputs), attn=attention_macs(n, width, p, chunk=chunk),
+            proj=n * _linear_macs(attn.output), mlp=mid * _linear_macs(blk.mlp), scoring=scoring,
         ))
-    head = _linear_macs(model.head) + _linear_macs(getattr(model, "head_dist", None) or nn.Identity())
+    head = sum(_linear_macs(h) for h in parts.heads)
     spec = reducer.spec() if reducer is not None else None
     return MacsReport(spec, shape[1:], stem, tuple(blocks), head)
 

@@ -1,5 +1,6 @@
-"""The model a benchmark measures: a timm model by name (``models.build_model``), with random or
-pretrained weights, or with a local state_dict loaded strictly (``models.load_weights``)."""
+"""The model a benchmark measures: a timm model by name (``models.build_model``) or a transformers
+one by config (``models.hf``), with random or pretrained weights, or with a local state_dict loaded
+strictly (``models.load_weights``)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,18 @@ def create_model(name: str, *, img_size: int | None = None, pretrained: bool = F
                 "use --checkpoint PATH with a local file, or leave out --pretrained for random weights"
             ) from None
         raise TokenReduceError(f"could not create {name}: {type(e).__name__}: {first}") from None
+    if checkpoint:
+        load_state_dict_file(model, checkpoint)
+    return model.eval()
+
+
+def create_hf_model(source: str, *, img_size: int | None = None, pretrained: bool = False,
+                    checkpoint: str | None = None) -> nn.Module:
+    """A transformers model of a config folder or built-in config name (``models.hf.build_hf_model``)
+    in eval mode, random weights unless ``pretrained`` (the folder's) or a ``checkpoint``."""
+    from ..models.hf import build_hf_model
+
+    model = build_hf_model(source, img_size=img_size, pretrained=pretrained)
     if checkpoint:
         load_state_dict_file(model, checkpoint)
     return model.eval()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..adapters import timm_vit
+from ..adapters import hosts
 from ..core.errors import TokenReduceError
 from ..core.method import Reducer, build_reducer, matched_spec
 from .backends import Runner, get_backend
@@ -71,7 +71,7 @@ def matched_random(model: nn.Module, spec: str | Reducer, seed: int = 0) -> str:
     The schedule is compiled the way ``apply`` compiles it (``reducer.bind(host)``), so ``model``
     is left untouched.
     """
-    sched = build_reducer(spec).bind(timm_vit.check_host(model))
+    sched = build_reducer(spec).bind(hosts.check_host(model))
     return matched_spec(sched, seed)
 
 
@@ -107,7 +107,7 @@ def measure_speed(
     """Time every case (plus the unpatched model, added first if absent) in one interleaved run.
 
     Args:
-        model: an unpatched timm ViT, already on its device and dtype.
+        model: an unpatched ViT (any host), already on its device and dtype.
         cases: what to time; a spec is applied before its measurement and removed after.
         batch: batch size for throughput; latency is always at batch 1.
         warmup: untimed rounds before the ``repeats`` timed ones.
@@ -121,7 +121,7 @@ def measure_speed(
     Returns:
         one SpeedResult per case, the unpatched model first, with ratios filled in.
     """
-    if hasattr(model, timm_vit._ATTR):
+    if hosts.is_patched(model):
         raise TokenReduceError("measure_speed takes an unpatched model; pass the methods as specs")
     if batch < 1 or repeats < 1 or warmup < 0:
         raise TokenReduceError(f"need batch >= 1, repeats >= 1, warmup >= 0; got {batch}, {repeats}, {warmup}")
@@ -140,8 +140,8 @@ def measure_speed(
     reducers = [None if c.spec is None else build_reducer(c.spec) for c in cases]
     for reducer in reducers:  # fail on a bad spec before any timing
         if reducer is not None:
-            timm_vit.apply(model, reducer)
-            timm_vit.remove(model)
+            hosts.apply(model, reducer)
+            hosts.remove(model)
 
     ref = next(model.parameters())
     gen = torch.Generator().manual_seed(seed)

@@ -58,10 +58,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="timm model name (default: %(default)s)")
+    p.add_argument("--hf-config", metavar="PATH|NAME",
+                   help="a transformers model instead of --model: a folder holding config.json (as save_pretrained "
+                   "writes it; --pretrained loads its weights) or a built-in config (vit-tiny, deit-tiny, dinov2-tiny, "
+                   "clip-tiny, vit-small); needs the hf extra")
     p.add_argument("--img-size", type=int, metavar="N", help="input resolution (default: the model's)")
     p.add_argument("--pretrained", action="store_true",
                    help="timm's pretrained weights (needs the Hugging Face hub; HF_HUB_OFFLINE=1 fails fast offline)")
     p.add_argument("--checkpoint", metavar="PATH", help="local state_dict (.safetensors, .pth, .pt) to load")
+
+
+def build_model(args: argparse.Namespace) -> tuple[Any, str]:
+    """(model, its name) of the model arguments: ``--hf-config`` or the timm ``--model``."""
+    from ..bench.model import create_hf_model, create_model
+
+    kwargs = dict(img_size=args.img_size, pretrained=args.pretrained, checkpoint=args.checkpoint)
+    if not getattr(args, "hf_config", None):
+        return create_model(args.model, **kwargs), args.model
+    if args.model != DEFAULT_MODEL:
+        raise TokenReduceError("give a timm --model or a transformers --hf-config, not both")
+    return create_hf_model(args.hf_config, **kwargs), args.hf_config
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -81,9 +97,9 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
     from ..models import load_model
     from ..train.recipes import RECIPES, reference_checkpoint
 
-    if args.checkpoint or args.pretrained or args.img_size or args.model != DEFAULT_MODEL:
-        raise TokenReduceError("--reference brings its own model; leave out --model, --checkpoint, --pretrained "
-                               "and --img-size")
+    if args.checkpoint or args.pretrained or args.img_size or args.model != DEFAULT_MODEL or args.hf_config:
+        raise TokenReduceError("--reference brings its own model; leave out --model, --hf-config, --checkpoint, "
+                               "--pretrained and --img-size")
     if Path(args.reference).exists():
         path = args.reference
     elif args.reference in RECIPES:
@@ -111,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.compare import bench_specs
     from ..bench.evaluation import log
-    from ..bench.model import create_model
+    from ..bench.macs import input_shape
     from ..bench.report import format_table, provenance, write_json
     from ..core.method import build_reducer
     from . import checks
@@ -127,9 +143,9 @@ def run(args: argparse.Namespace) -> int:
     if args.reference:
         model, args.model = _reference(args)
     else:
-        log(f"creating {args.model} ({'pretrained' if args.pretrained else 'randomly initialised'} weights)")
-        model = create_model(args.model, img_size=args.img_size, pretrained=args.pretrained,
-                             checkpoint=args.checkpoint)
+        log(f"creating {args.hf_config or args.model} "
+            f"({'pretrained' if args.pretrained else 'randomly initialised'} weights)")
+        model, args.model = build_model(args)
     model.to(args.device, getattr(torch, args.dtype))
     threads = args.threads if args.threads is not None else torch.get_num_threads()
     log(f"timing {len(args.spec) * (2 if args.match_random else 1) + 2} cases, batch {settings['batch']} and 1, "
@@ -138,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     rows = bench_specs(model, args.spec, control=args.control, match_random=args.match_random, img_size=args.img_size,
                        speed={**settings, "threads": threads, "backend": args.backend}, seed=args.seed, progress=log)
 
-    h, w = model.patch_embed.img_size
+    h, w = input_shape(model)[1:]
     print(f"{args.model}  {h}x{w}  batch {settings['batch']} (latency: batch 1)  "
           f"{threads} threads  {args.device} {args.dtype}  backend {args.backend}  "
           f"{'trained weights' if args.reference else 'pretrained' if args.pretrained else 'random weights'}")
@@ -155,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
             "provenance": provenance(argv=args.argv, threads=threads, dtype=args.dtype, device=args.device,
                                      batch_sizes=[settings["batch"], 1], seed=args.seed, backend=args.backend,
                                      **get_backend(args.backend).versions()),
-            "model": {"name": args.model, "img_size": list(model.patch_embed.img_size), "pretrained": args.pretrained,
-                      "checkpoint": args.checkpoint, "reference": args.reference,
+            "model": {"name": args.model, "img_size": [h, w], "hf_config": args.hf_config,
+                      "pretrained": args.pretrained, "checkpoint": args.checkpoint, "reference": args.reference,
                       "params": sum(p.numel() for p in model.parameters())},
             "settings": {**settings, "control": args.control, "match_random": args.match_random,
                          "backend": args.backend},

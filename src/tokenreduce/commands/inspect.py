@@ -6,7 +6,7 @@ import argparse
 
 from torch import nn
 
-from .bench import add_model_args
+from .bench import add_model_args, build_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,11 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prefix(model: nn.Module) -> str:
-    parts = [("cls", int(getattr(model, "cls_token", None) is not None)),
-             ("dist", int(getattr(model, "dist_token", None) is not None)),
-             ("registers", int(getattr(model, "num_reg_tokens", 0) or 0))]
-    named = ", ".join(f"{n} {name}" if name == "registers" else name for name, n in parts if n)
-    n = model.num_prefix_tokens
+    from ..adapters.hosts import parts
+
+    kinds = parts(model).prefix
+    named = ", ".join(f"{n} {name}" if name == "registers" else name for name, n in kinds)
+    n = sum(n for _, n in kinds)
     return f"{n} token{'' if n == 1 else 's'} ({named or 'none'})"
 
 
@@ -35,13 +35,12 @@ def _macs(n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from .. import apply, build_reducer, get_info
-    from ..adapters.timm_vit import get_patch
+    from ..adapters.hosts import get_patch
     from ..bench.macs import count_macs
-    from ..bench.model import create_model
     from ..bench.report import format_table
 
     build_reducer(args.method)  # a malformed spec fails before the model is built
-    model = create_model(args.model, img_size=args.img_size, pretrained=args.pretrained, checkpoint=args.checkpoint)
+    model, args.model = build_model(args)
     params = sum(p.numel() for p in model.parameters())
     base = count_macs(model, args.img_size)
     apply(model, args.method)

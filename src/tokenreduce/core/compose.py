@@ -42,8 +42,9 @@ Interface (what a stage author needs to know):
   (their side products were never computed): SpecError.
 - Declarations: ``needs`` the union; ``keep_pruned``, ``learned``, ``needs_class_token``,
   ``dynamic_schedule`` and ``proportional`` if any stage; ``conserves_patches``, ``exportable`` and
-  ``classic_onnx`` if all; ``min_onnx_opset`` the highest; ``scoring_macs`` the side products once
-  plus each acting stage's own scoring for the tokens that reach it; ``attn_bias`` the sum;
+  ``classic_onnx`` if all; ``min_onnx_opset`` the highest; ``hosts`` the host families every
+  stage runs on; ``scoring_macs`` the side products once plus each acting stage's own scoring for
+  the tokens that reach it; ``attn_bias`` the sum;
   ``attention_chunk`` the stages' common value (SpecError if two differ); ``observes`` the union.
   ``replay_spec``: the registered replayer's spec (the random pruner) for a schedule acting at
   one point and never growing, else None. ``budget_family``: [] - a composite is not a candidate
@@ -143,6 +144,8 @@ class Compose(Reducer):
         self.learned = any(s.learned for s in flat)
         self.dynamic_schedule = any(s.dynamic_schedule for s in flat)
         self.exportable = all(s.exportable for s in flat)
+        limited = [s.hosts for s in flat if s.hosts is not None]
+        self.hosts = frozenset.intersection(*limited) if limited else None
         self.min_onnx_opset = max(s.min_onnx_opset for s in flat)
         self.classic_onnx = all(s.classic_onnx for s in flat)
         self._plan: dict[int, tuple[Step, ...]] = {}

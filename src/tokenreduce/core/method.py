@@ -56,6 +56,8 @@ class Host:
     grid: tuple[int, int]
     has_class_token: bool
     restore_at: int | None = None
+    #: the model library the adapter drives ('timm', 'transformers'), read by ``Reducer.hosts``
+    family: str = "timm"
 
 
 #: MACs of each attention side product in ``NEEDS``, per token entering the attention, in units
@@ -126,6 +128,11 @@ class Reducer(nn.Module):
     dynamic_schedule: ClassVar[bool] = False
     #: can be exported to ONNX (bench/export.py refuses a method that declares False, naming it)
     exportable: ClassVar[bool] = True
+    #: the host families (``Host.family``: 'timm', 'transformers') the method runs on, or None for
+    #: every host; ``apply`` refuses any other host, saying so (UnsupportedModelError). A method
+    #: that reaches past the host-neutral interface (AttnInfo, TokenState) into one library's
+    #: modules declares that library here.
+    hosts: ClassVar[frozenset[str] | None] = None
     #: the lowest ONNX opset whose operators compute the forward exactly (0: any). Summing several
     #: tokens into one (``scatter_add_``, a merge) is a ScatterElements with a reduction, opset 16:
     #: below it torch's classic exporter writes one without, and only one of the merged tokens

@@ -1,0 +1,339 @@
+"""What every host adapter shares: the patch record, the block loop and its attention.
+
+A host adapter (timm_vit.py, hf_vit.py) knows where its library keeps the parts of a pre-norm
+transformer block and describes each block as a :class:`BlockView`: the block's own sub-modules,
+called by name, in the one order every pre-norm ViT block has,
+
+    x = x + attn_branch(out(attend(qkv(norm1(x)))))        (attention: core.attention.attend)
+    [reducer at the 'attn' point]
+    x = x + mlp_branch(x)                                  (norm2, MLP, layer scale, drop path / dropout)
+    [reducer at the 'block' point]
+
+This module runs those views: :func:`run_blocks` carries a fresh ``TokenState`` through the blocks of
+one forward, computes the attention contributions declared for each block (log-size bias, the
+reducer's bias, keep policy, chunk), asks the attention only for the side products the reducer
+needs there (fused SDPA wherever nothing needs the probabilities) and calls the reducer at the
+points the schedule names; it can also hand back the tokens after chosen blocks and stop early
+(timm's ``forward_intermediates``). :func:`guard_forward` is what every patched forward refuses
+first (torch.fx symbolic tracing; the classic ONNX exporter where the method declares it cannot be
+exported by it). :func:`attach` / :func:`detach` are the host-neutral halves of ``apply`` /
+``remove``: the reducer built, checked against the host and bound, the record left on the model;
+:class:`RefuseScript` is the ``__prepare_scriptable__`` an adapter installs so that
+``torch.jit.script`` refuses a patched model. What an adapter stores on a model must pickle
+(module-level functions bound with functools.partial, no bound methods or closures), so pickle,
+``torch.save(model)`` and deepcopy give a patched model again; the last forward's record
+(``Patch.last``) is not copied. :class:`HostParts` names a host's sub-modules for what counts their
+cost (bench/macs.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..core.attention import attend
+from ..core.errors import TokenReduceError, UnsupportedModelError
+from ..core.method import AttnInfo, Host, Reducer, build_reducer
+from ..core.onnx import check_onnx, classic_export_opset
+from ..core.ops import cls_attention
+from ..core.schedule import Schedule
+from ..core.state import TokenState
+
+#: The attribute ``apply`` leaves on a patched model (a :class:`Patch`); its presence means "patched".
+ATTR = "_tokenreduce_patch"
+
+
+@dataclass
+class Patch:
+    """What ``apply`` left on a model: the reducer, its compiled schedule and the last forward."""
+
+    reducer: Reducer
+    schedule: Schedule
+    host: Host
+    trace: bool
+    dense: bool = False
+    last: TokenState | None = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the last forward's record stays behind: a copy or a saved model has run no forward, and
+        # the record may hold tensors of a training graph (deepcopy refuses non-leaf tensors)
+        return {**self.__dict__, "last": None}
+
+
+class AttentionView:
+    """One host attention module, driven by its own projections. Subclasses set ``num_heads``,
+    ``head_dim``, ``scale``, ``inputs`` (the modules that compute q, k, v: one fused qkv Linear or
+    three) and ``output`` (the output projection), and implement :meth:`qkv` and :meth:`out`."""
+
+    num_heads: int
+    head_dim: int
+    scale: float
+    inputs: tuple[nn.Module, ...]
+    output: nn.Module
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, N, C) -> q, k, v (B, H, N, d), after any q/k normalisation the host applies."""
+        raise NotImplementedError
+
+    def out(self, o: Tensor, x: Tensor) -> Tensor:
+        """The attention output o (B, H, N, d) -> (B, N, C) through the host's output projection
+        (x: the attention's input, for a host that gates its output by it)."""
+        raise NotImplementedError
+
+    def dropout_p(self) -> float:
+        """Dropout on the attention probabilities in this mode (0 in eval)."""
+        return 0.0
+
+
+class BlockView:
+    """One pre-norm block of a host (module docstring): ``norm1``, ``attn`` (an AttentionView),
+    ``attn_branch`` (what the host applies to the attention output before the residual add),
+    ``mlp_branch`` (the whole MLP residual branch) and ``mlp`` (the MLP module, for MACs)."""
+
+    attn: AttentionView
+    mlp: nn.Module
+
+    def norm1(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def attn_branch(self, a: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def mlp_branch(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class HostParts:
+    """A host's sub-modules under host-neutral names: what bench/macs.py counts and inspect shows.
+
+    Attributes:
+        stem: images (B, C, H, W) -> patch tokens (B, N, D) or a grid (B, D, h, w).
+        stem_proj: the stem's projection; a Conv2d with kernel = stride is counted in closed form,
+            any other stem is measured.
+        in_chans, img_size: the images the host takes.
+        blocks: one view per block.
+        heads: the modules after the blocks that count (classifier heads, a pooler, a projection).
+        prefix: (kind, count) of the prefix tokens, e.g. (('cls', 1), ('dist', 1)).
+    """
+
+    stem: nn.Module
+    stem_proj: nn.Module | None
+    in_chans: int
+    img_size: tuple[int, int]
+    blocks: tuple[BlockView, ...]
+    heads: tuple[nn.Module, ...]
+    prefix: tuple[tuple[str, int], ...]
+
+
+# ----- apply / remove, host-neutral halves ---------------------------------------------------------
+
+
+def attach(model: nn.Module, spec: str | Reducer, host: Host, *, trace: bool, dense: bool,
+           model_name: str | None = None) -> Patch:
+    """Build ``spec``, check it against ``host``, bind it and leave the :class:`Patch` on ``model``
+    (replacing a previous patch only once everything succeeded). The adapter then installs its
+    forward. A reducer with parameters or buffers becomes ``model.tokenreduce`` (its own keys)."""
+    reducer = build_reducer(spec)
+    refuse(reducer, host, model_name or type(model).__name__)
+    schedule = reducer.bind(host)
+    if hasattr(model, ATTR):  # only now: a failed apply leaves the previous patch in place
+        from .hosts import remove  # the previous patch's own adapter undoes it
+
+        remove(model)
+    ref = next(model.parameters())
+    reducer.to(device=ref.device, dtype=ref.dtype)
+    reducer.train(model.training)  # later model.train()/eval() calls reach it as a submodule
+    if next(reducer.parameters(), None) is not None or next(reducer.buffers(), None) is not None:
+        model.tokenreduce = reducer
+    patch = Patch(reducer, schedule, host, trace, dense)
+    setattr(model, ATTR, patch)
+    return patch
+
+
+def refuse(reducer: Reducer, host: Host, model_name: str) -> None:
+    """UnsupportedModelError if ``reducer`` declares it cannot run on ``host``: it needs a class
+    token the host lacks, or it runs on other host families only (``Reducer.hosts``)."""
+    if reducer.needs_class_token and not host.has_class_token:
+        raise UnsupportedModelError(
+            f"{reducer.name} scores tokens by class-token attention but this model has no class "
+            "token; use a model with one, or a method that needs none (random, tome)"
+        )
+    families = reducer.hosts
+    if families is not None and host.family not in families:
+        raise UnsupportedModelError(
+            f"{reducer.name} runs on {', '.join(sorted(families))} models only, and {model_name} is a "
+            f"{host.family} model; choose another method or a {' or '.join(sorted(families))} model"
+        )
+
+
+def detach(model: nn.Module) -> Patch:
+    """Remove the :class:`Patch` (and a learned reducer's ``model.tokenreduce``) from ``model``;
+    the adapter then uninstalls its forward. Raises if the model is not patched."""
+    patch = get_patch(model)
+    delattr(model, ATTR)
+    if "tokenreduce" in model._modules:
+        del model._modules["tokenreduce"]
+    return patch
+
+
+def get_patch(model: nn.Module) -> Patch:
+    if not hasattr(model, ATTR):
+        raise TokenReduceError("this model is not patched by tokenreduce; call tokenreduce.apply first")
+    return getattr(model, ATTR)
+
+
+class RefuseScript:
+    """A patched module's ``__prepare_scriptable__``: ``torch.jit.script`` calls it first (on every
+    submodule too), and TorchScript compiles the class's methods, so it would script the unpatched
+    model. Picklable (a plain object holding the spec)."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+
+    def __call__(self) -> nn.Module:
+        raise UnsupportedModelError(
+            f"torch.jit.script cannot compile a model patched with {self.spec}: TorchScript compiles the class's "
+            "own forward, the unreduced model; use torch.compile, torch.jit.trace or an ONNX export (tokenreduce "
+            "export), or tokenreduce.remove(model) to script the unpatched one"
+        )
+
+
+def guard_forward(patch: Patch, x: Any) -> None:
+    """What every patched forward refuses before it looks at its input: torch.fx symbolic tracing,
+    and a classic ONNX export (``torch.onnx.export(dynamo=False)``) the method cannot take."""
+    if isinstance(x, torch.fx.Proxy):  # symbolic_trace passes proxies for every argument, masks too
+        raise TokenReduceError(
+            "torch.fx symbolic tracing (symbolic_trace, create_feature_extractor) cannot follow a token-reduced "
+            "forward: it checks the input's shape and chooses tokens by their values, Python decisions on "
+            "numbers a symbolic trace does not have; use torch.compile or torch.export (tokenreduce export for ONNX)"
+        )
+    opset = classic_export_opset()
+    if opset is not None:  # torch.onnx.export(dynamo=False) is tracing this forward
+        check_onnx(patch.reducer, exporter="classic", opset=opset)
+
+
+# ----- one forward through the blocks ---------------------------------------------------------------
+
+
+def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, ckpt: bool = False, *,
+               take: Collection[int] = (), dense_taken: bool = False,
+               stop: int | None = None) -> tuple[Tensor, list[Tensor]]:
+    """x (B, p + N0, C), the embedded tokens, through the blocks (the first ``stop``) with ``patch``'s
+    reducer; records the forward as ``patch.last``. Returns the last block's tokens, one per
+    original position (B, p + N0, C) with ``patch.dense`` (``TokenState.unmerge``), else the reduced
+    ones, and the tokens leaving each block in ``take``, in block order: one per original position
+    with ``patch.dense`` or ``dense_taken``, else as reduced. ``ckpt``: run the blocks where the
+    reducer does not act through torch.utils.checkpoint."""
+    reducer, schedule = patch.reducer, patch.schedule
+    dense = patch.dense or dense_taken
+    state = TokenState.start(
+        x, patch.host.num_prefix, trace=patch.trace, prop_attn=reducer.proportional,
+        keep_pruned=reducer.keep_pruned, dense=dense,
+    )
+    taken = []
+    for i, blk in enumerate(blocks[:stop] if stop is not None else blocks):
+        state.block = i
+        x = run_block(blk, x, state, reducer, schedule, ckpt)
+        if i in take:
+            taken.append(state.unmerge(x) if dense else x)
+    patch.last = state
+    if patch.dense:
+        # the values of state.dense(x), without restoring the state's fields, so get_info still
+        # describes the tokens the last block made
+        x = state.unmerge(x)
+    return x, taken
+
+
+def contributions(state: TokenState, reducer: Reducer | None) -> dict[str, Any]:
+    """The attention contributions declared for the current block: the log-size bias plus the
+    reducer's bias, the keep policy, the chunk size, as keyword arguments of :func:`attend_view`."""
+    bias = state.attn_bias()  # (B, 1, 1, N) or None
+    chunk = None
+    if reducer is not None:
+        extra = reducer.attn_bias(state, state.block)
+        if extra is not None:
+            bias = extra if bias is None else bias + extra
+        chunk = reducer.attention_chunk(state.block)
+    return dict(bias=bias, policy=state.keep_mask, chunk=chunk, num_prefix=state.num_prefix)
+
+
+def run_block(blk: BlockView, x: Tensor, state: TokenState, reducer: Reducer, schedule: Schedule,
+              ckpt: bool = False) -> Tensor:
+    """One block with the reducer at the points the schedule names (``Schedule.point_counts``:
+    after attention + residual, after the MLP, or both for a composite). x (B, N, C)."""
+    at_attn, at_block = schedule.point_counts(state.block, x.shape[1] - state.num_prefix)
+    active = at_attn is not None or at_block is not None
+    contrib = contributions(state, reducer)
+    watch = reducer.observes(state.block)  # side products read without reducing (Reducer.observes)
+    if not active and not watch:  # the plain block: a pure function of x and the contributions
+        if ckpt:
+            x = checkpoint(plain_block, blk, x, use_reentrant=False, **contrib)
+        else:
+            x = plain_block(blk, x, **contrib)
+        state.record(state.block, x.shape[1], False)
+        return x
+    needs = (reducer.needs_at(state.block) if active else frozenset()) | watch
+    attn_out, info = attend_view(blk.attn, blk.norm1(x), needs, **contrib)
+    if watch:
+        reducer.observe(state, info)
+    x = x + blk.attn_branch(attn_out)
+    if at_attn is not None:
+        state.point = "attn"
+        x = reducer.reduce(x, state, info, at_attn)
+    x = x + blk.mlp_branch(x)
+    if at_block is not None:
+        state.point = "block"
+        x = reducer.reduce(x, state, info, at_block)
+    state.record(state.block, x.shape[1], active)
+    return x
+
+
+def plain_block(blk: BlockView, x: Tensor, **contrib: Any) -> Tensor:
+    """The host block's own computation with the attention contributions, nothing asked of it."""
+    x = x + blk.attn_branch(attend_view(blk.attn, blk.norm1(x), frozenset(), **contrib)[0])
+    return x + blk.mlp_branch(x)
+
+
+def attend_view(attn: AttentionView, x: Tensor, needs: frozenset[str], *, bias: Tensor | None,
+                policy: Tensor | None, chunk: int | None, num_prefix: int) -> tuple[Tensor, AttnInfo]:
+    """A host attention through :func:`attend`, plus the side products in ``needs``. x (B, N, C)."""
+    q, k, v = attn.qkv(x)  # (B, H, N, d) each
+    if bias is not None:
+        bias = bias.to(q.dtype)
+    o, probs = attend(
+        q, k, v, scale=attn.scale, bias=bias, policy=policy, chunk=chunk, num_prefix=num_prefix,
+        dropout_p=attn.dropout_p(),
+        # the CLS row under a keep policy is the first row of the explicit probabilities
+        need_probs="probs" in needs or ("cls_attn" in needs and policy is not None),
+    )  # o (B, H, N, d), probs (B, H, N, N) or None
+    info = AttnInfo()
+    if "cls_attn" in needs:
+        # prefix tokens attend to every token, with chunks too: this is the full row
+        row_bias = bias if bias is None or bias.shape[-2] == 1 else bias[:, :, :1]  # a key bias is already a row
+        info.cls_attn = cls_attention(q, k, attn.scale, row_bias) if probs is None else probs[:, :, 0]
+    if "keys" in needs:
+        info.keys = k
+    if "head_norms" in needs:
+        info.head_norms = o.norm(dim=-1)  # (B, H, N)
+    if "probs" in needs:
+        info.probs = probs
+    return attn.out(o, x), info
+
+
+def heads_view(o: Tensor) -> Tensor:
+    """(B, H, N, d) -> (B, N, H * d): the heads side by side, as every host's output projection takes them."""
+    B, H, N, d = o.shape
+    return o.transpose(1, 2).reshape(B, N, H * d)
+
+
+def split_heads(t: Tensor, head_dim: int) -> Tensor:
+    """(B, N, H * d) -> (B, H, N, d)."""
+    B, N, _ = t.shape
+    return t.view(B, N, -1, head_dim).transpose(1, 2)
+

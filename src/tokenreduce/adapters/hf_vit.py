@@ -1,0 +1,416 @@
+"""Patch a Hugging Face transformers vision encoder in place, reversibly, to run a token reducer.
+
+Supported (the layout of transformers >= 5): ``ViTModel``, ``ViTForImageClassification``,
+``DeiTModel``, ``DeiTForImageClassification``, ``DeiTForImageClassificationWithTeacher`` (class and
+distillation tokens), ``Dinov2Model``, ``Dinov2ForImageClassification``, ``Dinov2WithRegistersModel``
+and ``...ForImageClassification`` (register tokens), ``CLIPVisionModel`` and the vision tower of
+``CLIPModel``, ``CLIPVisionModelWithProjection``, ``CLIPForImageClassification``. Prefix tokens
+(class, distillation, registers) come first and are never reduced.
+
+The patch is per instance: the *base* model's ``forward`` (the ``ViTModel`` inside a
+``ViTForImageClassification``, the ``CLIPVisionModel`` inside a ``CLIPModel``) becomes an instance
+attribute (``remove`` deletes it, so the class's own forward is back), and every wrapper keeps its
+own forward and heads. The patched forward calls the host's own sub-modules by name: the
+embeddings (and CLIP's ``pre_layrnorm``); per layer the pre-attention norm (``layernorm_before``,
+``norm1``, ``layer_norm1``), the attention's ``q_proj``, ``k_proj``, ``v_proj`` and output
+projection (``o_proj``, ``out_proj``) with its own scaling, the branch after it (``dropout``;
+DINOv2's ``layer_scale1`` and ``drop_path``), the second norm and the ``mlp`` (DINOv2's
+``layer_scale2``); then the final norm and pooling (``layernorm`` and ``pooler``; CLIP's
+``post_layernorm`` on the class token). Each layer is a :class:`BlockView` run by the block loop
+every host shares (adapters/common.py): attention is ``core.attention.attend``, PyTorch's fused
+SDPA (the kernel transformers' ``sdpa`` implementation calls) wherever nothing needs the
+probabilities, explicit (``eager``) only in the blocks where the method asks for them.
+
+Not available on a patched model, each refused by name: attention masks, ``output_attentions`` and
+``output_hidden_states`` (the token count changes between layers; ``tokenreduce.get_info`` says
+what each layer kept), ``torch.jit.script`` (TorchScript would compile the class's unreduced
+forward), torch.fx symbolic tracing, and a classic ONNX export (``torch.onnx.export(dynamo=False)``)
+of a method that declares it cannot take one. A patched model pickles: pickle, ``torch.save(model)``
+and deepcopy give it back patched. Nothing here imports transformers until a transformers model is given.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..core.errors import TokenReduceError, UnsupportedModelError
+from ..core.method import Host, Reducer
+from .common import (
+    ATTR,
+    AttentionView,
+    BlockView,
+    HostParts,
+    Patch,
+    RefuseScript,
+    attach,
+    detach,
+    guard_forward,
+    heads_view,
+    run_blocks,
+    split_heads,
+)
+from .common import get_patch as get_patch
+
+DESCRIPTION = "transformers ViT, DeiT, DINOv2 and CLIP vision models"
+#: The base model's instance attributes ``apply`` sets and ``remove`` deletes.
+_PATCHED_ATTRS = ("forward", "__prepare_scriptable__")
+INSTALL_HINT = "pip install 'tokenreduce[hf]'"
+
+
+def require_transformers() -> ModuleType:
+    """The transformers package, or a TokenReduceError naming the extra that installs it."""
+    try:
+        import transformers
+    except ImportError:
+        raise TokenReduceError(f"this needs transformers, an optional dependency: {INSTALL_HINT}") from None
+    return transformers
+
+
+# ----- views of the layers -------------------------------------------------------------------------
+
+
+class HFAttention(AttentionView):
+    """A transformers attention with separate q, k, v projections (ViT, DeiT, DINOv2: ``o_proj``,
+    ``scaling``, ``attention_dropout``; CLIP: ``out_proj``, ``scale``, ``dropout``)."""
+
+    def __init__(self, attn: nn.Module, out: str, scale: str, dropout: str) -> None:
+        self.m, self.head_dim, self.scale = attn, attn.head_dim, getattr(attn, scale)
+        self.inputs, self.output = (attn.q_proj, attn.k_proj, attn.v_proj), getattr(attn, out)
+        self.num_heads = attn.q_proj.out_features // attn.head_dim
+        self._dropout = float(getattr(attn, dropout))
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = (split_heads(proj(x), self.head_dim) for proj in self.inputs)  # (B, H, N, d) each
+        return q, k, v
+
+    def out(self, o: Tensor, x: Tensor) -> Tensor:
+        return self.output(heads_view(o))
+
+    def dropout_p(self) -> float:
+        return self._dropout if self.m.training else 0.0
+
+
+class ViTLayerView(BlockView):
+    """ViTLayer, DeiTLayer: layernorm_before, attention, dropout; layernorm_after, mlp, dropout."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.m, self.mlp = layer, layer.mlp
+        self.attn = HFAttention(layer.attention, "o_proj", "scaling", "attention_dropout")
+
+    def norm1(self, x: Tensor) -> Tensor:
+        return self.m.layernorm_before(x)
+
+    def attn_branch(self, a: Tensor) -> Tensor:
+        return self.m.dropout(a)
+
+    def mlp_branch(self, x: Tensor) -> Tensor:
+        return self.m.dropout(self.m.mlp(self.m.layernorm_after(x)))
+
+
+class Dinov2LayerView(BlockView):
+    """Dinov2Layer: norm1, attention, layer_scale1, drop_path; norm2, mlp, layer_scale2, drop_path."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.m, self.mlp = layer, layer.mlp
+        self.attn = HFAttention(layer.attention, "o_proj", "scaling", "attention_dropout")
+
+    def norm1(self, x: Tensor) -> Tensor:
+        return self.m.norm1(x)
+
+    def attn_branch(self, a: Tensor) -> Tensor:
+        return self.m.drop_path(self.m.layer_scale1(a))
+
+    def mlp_branch(self, x: Tensor) -> Tensor:
+        return self.m.drop_path(self.m.layer_scale2(self.m.mlp(self.m.norm2(x))))
+
+
+class CLIPLayerView(BlockView):
+    """CLIPEncoderLayer: layer_norm1, self_attn; layer_norm2, mlp."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.m, self.mlp = layer, layer.mlp
+        self.attn = HFAttention(layer.self_attn, "out_proj", "scale", "dropout")
+
+    def norm1(self, x: Tensor) -> Tensor:
+        return self.m.layer_norm1(x)
+
+    def attn_branch(self, a: Tensor) -> Tensor:
+        return a
+
+    def mlp_branch(self, x: Tensor) -> Tensor:
+        return self.m.mlp(self.m.layer_norm2(x))
+
+
+# ----- the families: where each base model keeps its parts -----------------------------------------
+
+
+class Family:
+    """One family of base models: its layers (a dotted path, the layer classes and their view),
+    its embedding step, its stem and how it finishes (final norm, pooling)."""
+
+    layers_path: str
+    layer_classes: tuple[str, ...]
+    view: type[BlockView]
+    #: sub-modules every layer must have (the transformers >= 5 layout the views call)
+    layer_parts: tuple[str, ...]
+
+    def __init__(self, *layer_classes: str) -> None:
+        self.layer_classes = layer_classes
+
+    def layers(self, base: nn.Module) -> nn.ModuleList:
+        return functools.reduce(getattr, self.layers_path.split("."), base)
+
+    def embed(self, base: nn.Module, pixel_values: Tensor, kwargs: dict[str, Any]) -> Tensor:
+        """Images -> the tokens entering the first layer, (B, p + N, C), by the host's embeddings."""
+        raise NotImplementedError
+
+    def finish(self, base: nn.Module, x: Tensor) -> Any:
+        """The last layer's tokens -> the base model's output (BaseModelOutputWithPooling)."""
+        raise NotImplementedError
+
+    def stem(self, base: nn.Module) -> tuple[nn.Module, nn.Module]:
+        """(the module turning images into patch tokens, its projection)."""
+        pe = base.embeddings.patch_embeddings
+        return pe, pe.projection
+
+
+def _output(**fields: Tensor | None) -> Any:
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    return BaseModelOutputWithPooling(**fields)
+
+
+class ViTFamily(Family):
+    """ViTModel, DeiTModel: embeddings, layers, layernorm, optional pooler (a Linear on the class token)."""
+
+    layers_path, view = "layers", ViTLayerView
+    layer_parts = ("layernorm_before", "attention.q_proj", "attention.o_proj", "dropout", "layernorm_after", "mlp")
+
+    def embed(self, base: nn.Module, pixel_values: Tensor, kwargs: dict[str, Any]) -> Tensor:
+        pixel_values = pixel_values.to(base.embeddings.patch_embeddings.projection.weight.dtype)
+        return base.embeddings(pixel_values, bool_masked_pos=kwargs.pop("bool_masked_pos", None),
+                               interpolate_pos_encoding=kwargs.pop("interpolate_pos_encoding", None))
+
+    def finish(self, base: nn.Module, x: Tensor) -> Any:
+        seq = base.layernorm(x)
+        return _output(last_hidden_state=seq, pooler_output=base.pooler(seq) if base.pooler is not None else None)
+
+
+class Dinov2Family(Family):
+    """Dinov2Model, Dinov2WithRegistersModel: embeddings, encoder.layer, layernorm; pooled = class token."""
+
+    layers_path, view = "encoder.layer", Dinov2LayerView
+    layer_parts = ("norm1", "attention.q_proj", "attention.o_proj", "layer_scale1", "drop_path", "norm2", "mlp",
+                   "layer_scale2")
+
+    def embed(self, base: nn.Module, pixel_values: Tensor, kwargs: dict[str, Any]) -> Tensor:
+        return base.embeddings(pixel_values, bool_masked_pos=kwargs.pop("bool_masked_pos", None))
+
+    def finish(self, base: nn.Module, x: Tensor) -> Any:
+        seq = base.layernorm(x)
+        return _output(last_hidden_state=seq, pooler_output=seq[:, 0, :])
+
+
+class CLIPFamily(Family):
+    """CLIPVisionModel: embeddings, pre_layrnorm, encoder.layers; pooled = post_layernorm(class token),
+    the last hidden state left unnormalised (as CLIP returns it)."""
+
+    layers_path, view = "encoder.layers", CLIPLayerView
+    layer_parts = ("layer_norm1", "self_attn.q_proj", "self_attn.out_proj", "layer_norm2", "mlp")
+
+    def embed(self, base: nn.Module, pixel_values: Tensor, kwargs: dict[str, Any]) -> Tensor:
+        x = base.embeddings(pixel_values, interpolate_pos_encoding=bool(kwargs.pop("interpolate_pos_encoding", False)))
+        return base.pre_layrnorm(x)
+
+    def finish(self, base: nn.Module, x: Tensor) -> Any:
+        return _output(last_hidden_state=x, pooler_output=base.post_layernorm(x[:, 0, :]))
+
+    def stem(self, base: nn.Module) -> tuple[nn.Module, nn.Module]:
+        conv = base.embeddings.patch_embedding
+        return conv, conv
+
+
+#: base model class -> its family
+FAMILIES: dict[str, Family] = {
+    "ViTModel": ViTFamily("ViTLayer"),
+    "DeiTModel": ViTFamily("DeiTLayer"),
+    "Dinov2Model": Dinov2Family("Dinov2Layer"),
+    "Dinov2WithRegistersModel": Dinov2Family("Dinov2WithRegistersLayer"),
+    "CLIPVisionModel": CLIPFamily("CLIPEncoderLayer"),
+}
+#: wrapper class -> (attribute holding its base model, its heads: the modules after the base that count)
+WRAPPERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ViTForImageClassification": ("vit", ("classifier",)),
+    "DeiTForImageClassification": ("deit", ("classifier",)),
+    "DeiTForImageClassificationWithTeacher": ("deit", ("cls_classifier", "distillation_classifier")),
+    "Dinov2ForImageClassification": ("dinov2", ("classifier",)),
+    "Dinov2WithRegistersForImageClassification": ("dinov2_with_registers", ("classifier",)),
+    "CLIPModel": ("vision_model", ("visual_projection",)),
+    "CLIPVisionModelWithProjection": ("vision_model", ("visual_projection",)),
+    "CLIPForImageClassification": ("vision_model", ("classifier",)),
+}
+
+
+def _hf_names(model: nn.Module) -> list[str]:
+    """Names of the transformers classes ``model`` is an instance of, most derived first."""
+    return [c.__name__ for c in type(model).__mro__ if c.__module__.startswith("transformers.")]
+
+
+def accepts(model: nn.Module) -> bool:
+    """Whether ``model`` comes from transformers (by its classes' module names: no import)."""
+    return bool(_hf_names(model))
+
+
+def _resolve(model: nn.Module) -> tuple[nn.Module, Family, tuple[nn.Module, ...]]:
+    """(base model, its family, the heads after it) of a supported transformers model."""
+    for name in _hf_names(model):
+        if name in WRAPPERS:
+            attr, heads = WRAPPERS[name]
+            base = getattr(model, attr)
+            family = next((FAMILIES[n] for n in _hf_names(base) if n in FAMILIES), None)
+            if family is not None:
+                return base, family, tuple(getattr(model, h) for h in heads)
+        if name in FAMILIES:
+            pooler = getattr(model, "pooler", None)
+            return model, FAMILIES[name], (pooler,) if isinstance(pooler, nn.Module) else ()
+    raise UnsupportedModelError(
+        f"tokenreduce does not patch transformers' {type(model).__name__}; supported: "
+        f"{', '.join(sorted([*FAMILIES, *WRAPPERS]))}"
+    )
+
+
+def _grid(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def _prefix(base: nn.Module) -> tuple[tuple[str, int], ...]:
+    """(kind, count) of the prefix tokens in sequence order: class, distillation, registers."""
+    emb = base.embeddings
+    registers = getattr(emb, "register_tokens", None)
+    kinds = (("cls", int(hasattr(emb, "cls_token") or hasattr(emb, "class_embedding"))),
+             ("dist", int(getattr(emb, "distillation_token", None) is not None)),
+             ("registers", 0 if registers is None else int(registers.shape[1])))
+    return tuple((kind, n) for kind, n in kinds if n)
+
+
+def check_host(model: nn.Module) -> Host:
+    """Raise UnsupportedModelError unless ``model`` is a transformers vision encoder this adapter drives."""
+    base, family, _ = _resolve(model)
+    if not _has(base, family.layers_path):
+        raise _layout_error(base, family.layers_path)
+    layers = family.layers(base)
+    for i, layer in enumerate(layers):
+        missing = [p for p in family.layer_parts if not _has(layer, p)]
+        if missing:
+            raise _layout_error(base, f"{missing[0]} in layer {i}")
+        if type(layer).__name__ not in family.layer_classes:
+            raise UnsupportedModelError(
+                f"layer {i} is a {type(layer).__name__}; supported: {', '.join(family.layer_classes)}"
+            )
+    cfg = base.config
+    size, patch = _grid(cfg.image_size), _grid(cfg.patch_size)
+    grid = (size[0] // patch[0], size[1] // patch[1])
+    return Host(
+        depth=len(layers), dim=cfg.hidden_size, num_heads=cfg.num_attention_heads,
+        num_prefix=sum(n for _, n in _prefix(base)), num_patches=grid[0] * grid[1], grid=grid,
+        has_class_token=True, family="transformers",
+    )
+
+
+def _layout_error(base: nn.Module, missing: str) -> UnsupportedModelError:
+    """The refusal of a base model whose layout is not the one the views call (another transformers version)."""
+    version = getattr(require_transformers(), "__version__", "?")
+    return UnsupportedModelError(f"{type(base).__name__} has no {missing}: transformers {version} lays it out "
+                                 "differently from the layout tokenreduce drives; use transformers >= 5")
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        functools.reduce(getattr, path.split("."), module)
+    except AttributeError:
+        return False
+    return True
+
+
+def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: bool = False) -> nn.Module:
+    """Patch ``model`` in place to run ``spec``; returns the model (``tokenreduce.apply``).
+
+    ``dense=True``: the base model's ``last_hidden_state`` holds one token per original position,
+    (B, p + N0, C) in the original order (``TokenState.unmerge``), for dense tasks.
+    """
+    host = check_host(model)
+    base, family, _ = _resolve(model)
+    if "forward" in vars(base) and not hasattr(model, ATTR):
+        raise TokenReduceError(f"the {type(base).__name__} in this model is already patched through another "
+                               "module; call tokenreduce.remove on that one first")
+    patch = attach(model, spec, host, trace=trace, dense=dense)
+    # instance attributes (per model), picklable: a partial of a module-level function, a plain object
+    base.forward = functools.partial(_forward, base, family, patch)
+    base.__prepare_scriptable__ = RefuseScript(patch.reducer.spec())
+    return model
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Undo ``apply``: the model is again exactly transformers'. Raises if it was not patched."""
+    if not hasattr(model, ATTR):
+        raise TokenReduceError("this model is not patched by tokenreduce; nothing to remove")
+    base, _, _ = _resolve(model)
+    detach(model)
+    for name in _PATCHED_ATTRS:  # the class's own methods again
+        base.__dict__.pop(name, None)
+    return model
+
+
+def parts(model: nn.Module) -> HostParts:
+    """The model's sub-modules under host-neutral names (bench/macs.py, inspect)."""
+    check_host(model)
+    base, family, heads = _resolve(model)
+    stem, proj = family.stem(base)
+    return HostParts(
+        stem=stem, stem_proj=proj, in_chans=int(base.config.num_channels), img_size=_grid(base.config.image_size),
+        blocks=tuple(family.view(layer) for layer in family.layers(base)), heads=heads, prefix=_prefix(base),
+    )
+
+
+def _check_input(base: nn.Module, x: Tensor, host: Host) -> None:
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise TokenReduceError(f"expected pixel_values (B, C, H, W), got {shape}")
+    chans = base.config.num_channels
+    if x.shape[1] != chans:
+        raise TokenReduceError(f"model expects {chans} input channels, got {x.shape[1]}")
+    ph, pw = _grid(base.config.patch_size)
+    if (x.shape[2] // ph, x.shape[3] // pw) != host.grid or x.shape[2] % ph or x.shape[3] % pw:
+        h, w = host.grid[0] * ph, host.grid[1] * pw
+        raise TokenReduceError(
+            f"input resolution {x.shape[2]}x{x.shape[3]} does not match the {h}x{w} the schedule was compiled "
+            f"for ({host.num_patches} patches); resize the input or apply the method to a model configured "
+            f"with image_size={x.shape[2]}"
+        )
+
+
+def _forward(base: nn.Module, family: Family, patch: Patch, pixel_values: Tensor | None = None, **kwargs: Any) -> Any:
+    """The base model's forward with the reducer: embeddings, the shared block loop, final norm and pooling."""
+    guard_forward(patch, pixel_values)  # first: under torch.fx every argument is a proxy
+    if kwargs.pop("attention_mask", None) is not None:
+        raise TokenReduceError("attention masks are not supported with token reduction")
+    for flag in ("output_attentions", "output_hidden_states"):
+        if kwargs.pop(flag, None) or getattr(base.config, flag, False):
+            raise TokenReduceError(
+                f"{flag} is not available on a model patched by tokenreduce (the token count changes between "
+                "layers); tokenreduce.get_info(model) says what each layer kept, or remove the patch first"
+            )
+    return_dict = kwargs.pop("return_dict", None)
+    _check_input(base, pixel_values, patch.host)
+    x = family.embed(base, pixel_values, kwargs)  # (B, p + N0, C)
+    layers = family.layers(base)
+    # transformers' gradient_checkpointing_enable() sets this flag on every layer
+    ckpt = torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) and m.training for m in layers)
+    x, _ = run_blocks([family.view(layer) for layer in layers], x, patch, ckpt)
+    out = family.finish(base, x)
+    return out.to_tuple() if return_dict is False else out
