@@ -90,6 +90,10 @@ class TrainConfig:
             if not ok:
                 raise TokenReduceError(message)
         self.task = build_task(self.task).spec()  # canonical: equal runs compare equal
+        if self.spec:  # a bad spec is refused before the run takes its output directory
+            from ..core.method import build_reducer
+
+            build_reducer(self.spec)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))
