@@ -10,6 +10,8 @@ through the key map (adapters/hf_keys.py). Skipped when transformers is not inst
 from __future__ import annotations
 
 import copy
+import io
+import pickle
 import subprocess
 import sys
 
@@ -190,6 +192,40 @@ def test_reapply_replaces_and_copies_are_independent(images):
         assert tr.get_info(model).spec.startswith("evit") and tr.get_info(model).tokens_per_block[-1] < 65
         assert not torch.allclose(head(model(images)), ref)
     assert not hosts.is_patched(twin) and all("forward" not in vars(m) for m in twin.modules())
+
+
+def test_pickle_torch_save_and_deepcopy_keep_the_patch(images):
+    model = tr.apply(make("vit"), "dynamicvit(keep=0.5, locs=(1, 2))")
+    with torch.no_grad():
+        want = head(model(images))
+    head(model.train()(images)).sum().backward()  # the last forward's record now holds a training graph
+    model.eval()
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    saved = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    for other in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model), saved):
+        assert other.vit.forward.args[0] is other.vit  # bound to the copy, not to the original
+        assert tr.get_info(other).spec == tr.get_info(model).spec
+        with torch.no_grad():
+            assert torch.equal(head(other(images)), want)
+        assert tr.get_info(other).tokens_per_block == [65, 33, 17, 17]
+        tr.remove(other)
+        assert not hosts.is_patched(other) and hosts.is_patched(model)  # the original stays patched
+
+
+def test_script_fx_and_the_classic_onnx_exporter_refuse(tmp_path):
+    model = tr.apply(make("vit"), "tome(r=8)")
+    with pytest.raises(tr.UnsupportedModelError, match=r"torch\.jit\.script.*tome\(r=8.*unreduced"):
+        torch.jit.script(model)
+    for root in (model, model.vit):  # transformers >= 5 models do not fx-trace, unpatched either: never a graph
+        with pytest.raises((TypeError, torch.fx.proxy.TraceError, tr.TokenReduceError)):
+            torch.fx.symbolic_trace(root)
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(tr.TokenReduceError, match="needs ONNX opset >= 16"):  # a merge's summing scatter
+        torch.onnx.export(model, (x,), str(tmp_path / "m.onnx"), dynamo=False, opset_version=15)
+    assert not list(tmp_path.iterdir())
+    tr.remove(model)
+    assert all(name not in vars(model.vit) for name in ("forward", "__prepare_scriptable__"))
 
 
 # ----- attention path: fused SDPA wherever nothing needs the probabilities --------------------------

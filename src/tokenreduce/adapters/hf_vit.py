@@ -24,9 +24,12 @@ probabilities, explicit (``eager``) only in the blocks where the method asks for
 Not available on a patched model, each refused by name: attention masks, ``output_attentions`` and
 ``output_hidden_states`` (the token count changes between layers; ``tokenreduce.get_info`` says
 what each layer kept), ``torch.jit.script`` (TorchScript would compile the class's unreduced
-forward), torch.fx symbolic tracing, and a classic ONNX export (``torch.onnx.export(dynamo=False)``)
-of a method that declares it cannot take one. A patched model pickles: pickle, ``torch.save(model)``
-and deepcopy give it back patched. Nothing here imports transformers until a transformers model is given.
+forward) and a classic ONNX export (``torch.onnx.export(dynamo=False)``) of a method that declares
+it cannot take one. torch.fx symbolic tracing fails in transformers' own code (its vision models do
+not fx-trace, unpatched either; fx traces the class's forward of the model it is given), so it never
+yields a graph; where it reaches the patched forward, that refuses it by name. A patched model
+pickles: pickle, ``torch.save(model)`` and deepcopy give it back patched. Nothing here imports
+transformers until a transformers model is given.
 """
 
 from __future__ import annotations
