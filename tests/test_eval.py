@@ -196,6 +196,20 @@ def test_eval_adds_default_budgets_only_when_nothing_else_is_asked(tmp_path, ckp
         assert [r["kind"] for r in json.loads((out / "results.json").read_text())["results"]] == kinds, more
 
 
+def test_eval_match_random_adds_the_random_pruner_at_each_specs_token_counts(tmp_path, ckpt, capsys):
+    data = make_synthetic(tmp_path / "fmnist", n_train=20, n_test=16)
+    out = tmp_path / "out"
+    spec = "topk(keep=0.5, locs=(1, 2))"
+    assert main(["eval", "--checkpoint", str(ckpt), "--data", str(data), *FAST, "--spec", spec, "--spec",
+                 "random(keep=0.5, locs=(1,))", "--match-random", "--seeds", "0,1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    rows = {r["label"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    matched = rows[f"random~{spec}"]
+    assert matched["tokens_per_block"] == rows[spec]["tokens_per_block"]
+    assert matched["method"] == "random" and len(matched["runs"]) == 2  # one run per seed
+    assert not any(label.startswith("random~random") for label in rows)  # a random row is its own match
+
+
 def test_eval_refuses_a_fine_tuned_checkpoint_of_another_task(tmp_path, capsys):
     data = make_synthetic(tmp_path / "fmnist", n_train=20, n_test=12)
     save_task_checkpoint(tmp_path / "ref.safetensors", "classify")

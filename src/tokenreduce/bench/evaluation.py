@@ -5,6 +5,7 @@ The commands parse flags and print; everything between lives here:
     load_data         the task's test set for the model's input, materialised once, and its
                       training split as the retrieval database (read only if a task uses it)
     budget_cases      per training-free method and target speed-up, the spec chosen by bench/budgets.py
+    matched_cases     per training-free case, the random pruner with its per-block token counts
     finetuned_cases   fine-tuned checkpoints grouped by spec (mean and std over each group)
     table             the results table (the task's primary metric, MACs, speed) and its legend
     write_outputs     results.json, results.csv, pareto.png and the task's own figures
@@ -169,6 +170,33 @@ def budget_cases(model: nn.Module, targets: Sequence[float], methods: Sequence[s
     cases = [EvalCase(p.spec, p.spec, "training-free", budget=p.target, budget_speedup=p.expected_speedup)
              for p in picks]
     return cases, [p.as_dict() for p in picks], skipped
+
+
+def matched_cases(model: nn.Module, cases: Sequence[EvalCase]) -> list[EvalCase]:
+    """Per training-free case, the random pruner with identical per-block token counts
+    (``speed.matched_random``), labelled ``random~<label>``: a method's accuracy against pruning the
+    same number of tokens blindly (run over every ``--seeds`` seed, like any random row). Cases that
+    already are such a pruner, or whose schedule no pruner can replay (a merge that acts at both
+    points of a block), get none."""
+    from ..core.errors import SpecError
+    from .accuracy import EvalCase
+    from .speed import matched_random
+
+    out, have = [], {c.spec for c in cases}
+    for c in cases:
+        if c.kind != "training-free" or c.spec is None:
+            continue
+        try:
+            spec = matched_random(model, c.spec)
+        except SpecError as e:
+            log(f"no matched random pruner for {c.label}: {e}")
+            continue
+        match = EvalCase(f"random~{c.label}", spec, "training-free", budget=c.budget, budget_speedup=c.budget_speedup)
+        if spec in have or c.method == match.method:  # a random pruner is its own match
+            continue
+        have.add(spec)
+        out.append(match)
+    return out
 
 
 def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:

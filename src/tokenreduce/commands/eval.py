@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", metavar="A,B", help="methods for --budgets (default: every training-free one)")
     p.add_argument("--budget-rule", choices=("macs", "measured"), default="macs",
                    help="pick budget specs by analytic MACs (default) or by a short timing run")
+    p.add_argument("--match-random", action="store_true",
+                   help="per training-free spec (given or picked), also the random pruner with the same per-block "
+                   "token counts, over --seeds")
     p.add_argument("--out", default="runs/eval", metavar="DIR", help="output directory (default: %(default)s)")
     p.set_defaults(func=run)
 
@@ -96,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         more, picks, skipped = ev.budget_cases(ref.model, targets, methods, args.budget_rule, speed)
         given = {build_reducer(c.spec).spec() for c in cases}
         cases += [c for c in more if build_reducer(c.spec).spec() not in given]
+    if args.match_random:
+        cases += ev.matched_cases(ref.model, cases)
     cases += ev.finetuned_cases(args.checkpoint[1:], ref)
     data = ev.load_data(ref, data=args.data, data_dir=args.data_dir, download=args.download, subset=args.subset)
     data_info = data.info
@@ -113,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                       "task": ref.task.spec()},
         "data": data_info, "speed": speed, "budgets": {"targets": targets, "rule": args.budget_rule,
                                                        "picks": picks, "skipped": skipped},
+        "match_random": args.match_random,
     }
     ev.write_outputs(Path(args.out), rows, info, f"{data_info['name']}, {data_info['n']} test images, "
                      f"{ev.threads_text(args.threads)}, batch {args.batch}, {args.backend}", task=ref.task)
