@@ -67,3 +67,32 @@ def test_scene_recipes_run_the_papers_schedules_unchanged():
         remove(model)
     apply(model, "ctp()")
     assert [get_info(model).schedule.counts[b] for b in (3, 7, 9)] == [98, 49, 12]
+
+
+# ----------------------------------------------------------------------------- the shipped scene reference
+
+SCENES = "scenes-vit"
+
+
+def _needs_fmnist():
+    from tokenreduce.data.fashion_mnist import SYSTEM_DIR
+
+    if not (SYSTEM_DIR / "t10k-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"Fashion-MNIST is not installed in {SYSTEM_DIR}")
+
+
+def test_the_scene_reference_ships_and_its_hash_matches():
+    assert SCENES in list_shipped()
+    record = shipped_provenance(SCENES)
+    _, meta = load_model(shipped(SCENES))  # shipped() checks the SHA-256 first
+    assert meta["model"] == record["model"] == get_recipe(SCENES)["model"]
+    assert record["command"].startswith("tokenreduce train --recipe scenes-vit")
+
+
+@pytest.mark.parametrize("n", [100, pytest.param(500, marks=pytest.mark.slow)])
+def test_the_scene_reference_reaches_its_recorded_top1(n):
+    from tokenreduce.bench.evaluation import reference_metric
+
+    _needs_fmnist()
+    recorded = shipped_provenance(SCENES)["checks"][str(n)]
+    assert abs(reference_metric(shipped(SCENES), subset=n) - recorded) <= 1.0

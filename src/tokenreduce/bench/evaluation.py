@@ -134,6 +134,16 @@ def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None =
     return EvalData(materialize(ds), database, info, masks)
 
 
+def reference_metric(path: str | Path, subset: int | None = None, batch: int = 250) -> float:
+    """The primary metric of checkpoint ``path``'s task, unpatched, on a fixed ``subset`` of its test
+    set (as ``tokenreduce eval --subset`` draws it): what a shipped reference records and its test
+    re-measures."""
+    ref = load_reference(path)
+    data = load_data(ref, subset=subset)
+    return float(ref.task.evaluate(ref.model, data.test, batch_size=batch, device=next(ref.model.parameters()).device,
+                                   database=data.database)[ref.task.metric])
+
+
 def first_images(data: TensorDataset, n: int, classes: Sequence[str]) -> tuple[Tensor, list[str]]:
     """The first ``n`` images (n, C, H, W) of ``data`` and their titles (class names where the
     targets are class labels)."""

@@ -58,7 +58,7 @@ TESTBEDS = {
                       short={"epochs": 2, "subset": 30000, "eval_subset": 2000, "batch_size": 64,
                              "warmup_epochs": 0.1}),
 }
-DEFAULT_TESTBED = "fmnist"
+DEFAULT_TESTBED = "scenes"
 QUICK_TRAIN = {"epochs": 1, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 0.2, "subset": 512, "eval_subset": 200}
 FULL = {"short_subset": 5000, "budgets": "1.5,2,2.5", "seeds": "0,1,2", "rule": "measured",
         "images": 3,
