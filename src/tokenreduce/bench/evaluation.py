@@ -51,6 +51,13 @@ def parse_list(text: str | None, flag: str, kind: type = float) -> list:
         raise TokenReduceError(f"{flag} takes comma-separated {what} like {example}, got {text!r}") from None
 
 
+def binomial_se(percent: float, n: int) -> float:
+    """The standard error, in points, of an accuracy of ``percent`` measured on ``n`` independent
+    images: 100 * sqrt(p (1 - p) / n)."""
+    p = percent / 100
+    return 100 * (p * (1 - p) / max(n, 1)) ** 0.5
+
+
 def speed_settings(*, batch: int, warmup: int, repeats: int, threads: int, eval_batch: int = 1,
                    backend: str = "eager") -> dict[str, Any]:
     """Keyword arguments of ``measure_speed`` after checking them (``backend``: bench/backends.py)."""
