@@ -19,7 +19,7 @@ from tokenreduce.bench.report import PROVENANCE_KEYS, read_provenance
 from tokenreduce.cli import build_parser, main
 from tokenreduce.commands import demo
 from tokenreduce.commands import train as train_cmd
-from tokenreduce.data.fashion_mnist import make_synthetic
+from tokenreduce.data.fashion_mnist import CLASSES, make_synthetic
 from tokenreduce.experiments import Experiment, RunContext, register_experiment
 from tokenreduce.models import ModelSource, build_model, load_model, make_model, save_checkpoint
 from tokenreduce.train.config import TrainConfig, field_names
@@ -58,7 +58,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> str:
 def ckpt(tmp_path: Path) -> Path:
     torch.manual_seed(0)
     path = tmp_path / "ref.safetensors"
-    save_checkpoint(path, build_model(TINY), meta={"model": TINY, "spec": None, "classes": [str(i) for i in range(10)]})
+    save_checkpoint(path, build_model(TINY), meta={"model": TINY, "spec": None, "classes": list(CLASSES)})
     return path
 
 

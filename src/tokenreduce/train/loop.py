@@ -105,8 +105,7 @@ def make_model(cfg: TrainConfig, init: Checkpoint | None = None) -> tuple[nn.Mod
     (``models.make_model``); ``init``: ``cfg.init`` read already."""
     if not (cfg.init or cfg.model):
         raise TokenReduceError("no model: give a recipe, model flags, or --init CKPT")
-    source = ModelSource(config=cfg.model, checkpoint=(init or cfg.init) if cfg.init else None,
-                         spec=cfg.spec if cfg.spec else KEEP)
+    source = ModelSource(config=cfg.model, checkpoint=init or cfg.init or None, spec=cfg.spec or KEEP)
     built = models.make_model(source)
     return built.model.train(), built.config, built.spec
 
