@@ -292,7 +292,7 @@ def test_fx_tracing_is_refused_for_what_it_is():
 
 
 @pytest.mark.parametrize(("target", "argv"), [
-    ("tokenreduce.models.build_model", ["bench", *BENCH]),  # a bug while building the model
+    ("tokenreduce.models.build.build_model", ["bench", *BENCH]),  # a bug while building the model
     ("torch.load", ["bench", *BENCH, "--checkpoint", "CKPT_PTH"]),  # a bug while reading a state_dict
     ("safetensors.torch.load", ["eval", "--checkpoint", "CKPT", "--spec", "tome(r=2)"]),  # reading a checkpoint
 ])
