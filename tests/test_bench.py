@@ -180,7 +180,7 @@ def test_report_table_json_provenance(tmp_path):
     table = format_table([{"a": "x", "b": 1.5}, {"a": "yy", "b": None}], [("a", "A"), ("b", "B")])
     assert table.splitlines()[0].split() == ["A", "B"] and "-" in table.splitlines()[-1]
     prov = provenance(argv=["tokenreduce", "bench"], threads=1, batch_sizes=[4, 1], seed=0)
-    for key in ("command", "git_revision", "torch", "timm", "python", "platform", "cpu", "threads", "dtype",
+    for key in ("command", "git", "torch", "timm", "python", "platform", "cpu", "threads", "dtype",
                 "batch_sizes", "seed"):
         assert key in prov
     path = write_json(tmp_path / "sub" / "r.json", {"provenance": prov})

@@ -27,7 +27,6 @@ import tokenreduce
 from tokenreduce import TokenReduceError
 from tokenreduce.bench import evaluation
 from tokenreduce.bench import export as bench_export
-from tokenreduce.bench import model as bench_model
 from tokenreduce.bench.budgets import find_budgets
 from tokenreduce.bench.report import write_json
 from tokenreduce.cli import main
@@ -150,7 +149,7 @@ def test_ctrl_c_in_other_commands_is_one_line_and_exit_130(argv, ckpt, tmp_path,
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    for module, name in [(evaluation, "load_reference"), (bench_model, "create_model"),
+    for module, name in [(evaluation, "load_reference"), (tokenreduce.models, "make_model"),
                          (demo, "reference")]:
         monkeypatch.setattr(module, name, interrupt)
     argv = [str(ckpt) if a == "CKPT" else a for a in argv]
@@ -240,7 +239,7 @@ def test_train_flags_are_checked_first(argv, match, data, tmp_path, monkeypatch,
 ])
 def test_output_and_resource_flags_are_checked_before_any_work(argv, match, ckpt, tmp_path, monkeypatch, capsys):
     (tmp_path / "file").write_text("a file, not a folder")
-    for module, name in [(evaluation, "load_reference"), (bench_model, "create_model"),
+    for module, name in [(evaluation, "load_reference"), (tokenreduce.models, "make_model"),
                          (demo, "reference"), (bench_export, "load_for_export"),
                          (tokenreduce.models, "load_model")]:
         monkeypatch.setattr(module, name, _never)
@@ -293,7 +292,7 @@ def test_fx_tracing_is_refused_for_what_it_is():
 
 
 @pytest.mark.parametrize(("target", "argv"), [
-    ("tokenreduce.models.build_model", ["bench", *BENCH]),  # a bug while building the model
+    ("tokenreduce.models.build.build_model", ["bench", *BENCH]),  # a bug while building the model
     ("torch.load", ["bench", *BENCH, "--checkpoint", "CKPT_PTH"]),  # a bug while reading a state_dict
     ("safetensors.torch.load", ["eval", "--checkpoint", "CKPT", "--spec", "tome(r=2)"]),  # reading a checkpoint
 ])

@@ -41,6 +41,7 @@ from ..adapters import timm_vit
 from ..core.compose import split_stages
 from ..core.errors import TokenReduceError
 from ..core.method import build_reducer, format_spec, get_method, parse_spec
+from ..models.checkpoint import Checkpoint
 from ..tasks import Task, TaskContext, build_task
 from .macs import count_macs
 from .report import no_nan
@@ -110,9 +111,10 @@ def materialize(dataset: Dataset, progress: Progress | None = None) -> TensorDat
 DEFAULT_TASK = "classify"
 
 
-def bind_task(model: nn.Module, checkpoint: str | Path | None = None) -> Task:
+def bind_task(model: nn.Module, checkpoint: str | Path | Checkpoint | None = None) -> Task:
     """The task ``checkpoint`` was trained for (``meta['task']``), bound to ``model`` with its own
-    tensors (the ``task.*`` ones: a hash head, target codes) loaded; in eval mode.
+    tensors (the ``task.*`` ones: a hash head, target codes) loaded; in eval mode. ``checkpoint``: a
+    path, or a checkpoint read already (``models.read_checkpoint``).
 
     Without a checkpoint: the default task bound to ``model`` (it owns nothing to load).
     """
@@ -122,7 +124,7 @@ def bind_task(model: nn.Module, checkpoint: str | Path | None = None) -> Task:
         task = build_task(DEFAULT_TASK)
         task.bind(model, TaskContext())
         return task.eval()
-    ckpt = read_checkpoint(checkpoint)
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
     meta = ckpt.meta
     task = build_task(meta.get("task") or DEFAULT_TASK)
     task.bind(model, TaskContext(classes=list(meta.get("classes") or []),
@@ -155,14 +157,15 @@ class _Row:
 
 def _evaluate_case(model: nn.Module, task: Task, case: EvalCase, data: TensorDataset, database: Dataset | None,
                    seeds: Sequence[int], batch: int, img_size: int | None, progress: Progress | None) -> _Row:
-    from ..models import load_model
+    from ..models import load_model, read_checkpoint
 
     row = _Row(case)
     m = task.metric
     if case.kind == "fine-tuned":
         for path in case.checkpoints:
-            trained, meta = load_model(path)
-            metrics = _metrics(bind_task(trained, path), trained, data, batch, database)
+            ckpt = read_checkpoint(path)  # once: the model and the task's own tensors
+            trained, meta = load_model(ckpt)
+            metrics = _metrics(bind_task(trained, ckpt), trained, data, batch, database)
             row.runs.append({**metrics, "checkpoint": str(path), "seed": (meta.get("config") or {}).get("seed")})
             row.macs = count_macs(trained, img_size)
             if progress:

@@ -1,6 +1,8 @@
-"""The evaluation pipeline behind ``tokenreduce eval`` and ``tokenreduce demo``.
+"""The evaluation pipeline behind ``tokenreduce eval``, ``tokenreduce demo`` and the studies.
 
-The commands parse flags and print; everything between lives here:
+:func:`evaluate` (an :class:`EvalRequest` -> an :class:`EvalResult`) is the one entry: the commands
+parse flags into a request and write what it returns (the demo is a request with its defaults).
+Its steps live here too:
     load_reference    the reference checkpoint: its unpatched model, metadata and bound task
     load_data         the task's test set for the model's input, materialised once, and its
                       training split as the retrieval database (read only if a task uses it)
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,16 +84,15 @@ class Reference:
 
 
 def load_reference(path: str | Path) -> Reference:
-    """The reference model (its reducer removed, if it carries one) with its task."""
-    from ..api import remove
-    from ..models import load_model
+    """The reference model (its reducer removed, if it carries one) with its task; the file is read once."""
+    from ..models import ModelSource, make_model, read_checkpoint
     from .accuracy import bind_task
 
-    model, meta = load_model(path)
-    if meta.get("spec"):
-        log(f"note: {path} carries the reducer {meta['spec']}; its unpatched model is the reference")
-        remove(model)
-    return Reference(str(path), model.eval(), meta, bind_task(model, path))
+    ckpt = read_checkpoint(path)
+    built = make_model(ModelSource(checkpoint=ckpt, spec=None))
+    if built.meta.get("spec"):
+        log(f"note: {path} carries the reducer {built.meta['spec']}; its unpatched model is the reference")
+    return Reference(str(path), built.model, built.meta, bind_task(built.model, ckpt))
 
 
 @dataclass
@@ -302,3 +303,91 @@ def write_outputs(out: str | Path, rows: Sequence[dict[str, Any]], info: dict[st
     for p in paths:
         log(f"wrote {p}")
     return paths
+
+
+# ----------------------------------------------------------------------------- the entry
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """What :func:`evaluate` evaluates.
+
+    Attributes:
+        reference: the reference checkpoint (a file or training directory), evaluated unpatched; it
+            names the task (and its metric) and the classes the data is scored against.
+        specs: training-free specs, one row each.
+        targets: target speed-ups: per training-free method (``methods``: only these) and target,
+            the spec the budget ``rule`` picks (bench/budgets.py).
+        match_random: per training-free case (given or picked), also the random pruner with its
+            per-block token counts (:func:`matched_cases`).
+        finetuned: fine-tuned checkpoints of the reference's model (one row per spec among them).
+        seeds: the seeds of stochastic methods (one run each).
+        eval_batch: the batch size of the task's metric.
+        speed: ``measure_speed`` settings (:func:`speed_settings`; the same for every case).
+        data, data_dir, download, subset: the evaluation data (:func:`load_data`).
+    """
+
+    reference: str | Path
+    specs: Sequence[str] = ()
+    targets: Sequence[float] = ()
+    methods: Sequence[str] | None = None
+    rule: str = "measured"
+    match_random: bool = False
+    finetuned: Sequence[str] = ()
+    seeds: Sequence[int] = (0, 1, 2)
+    eval_batch: int = 250
+    speed: dict[str, Any] = field(default_factory=lambda: dict(SPEED))
+    data: str | None = None
+    data_dir: str | None = None
+    download: bool = False
+    subset: int | None = None
+
+
+@dataclass
+class EvalResult:
+    """What :func:`evaluate` found: the reference, the data, one row per case (the unpatched row
+    first; as from ``accuracy.evaluate_cases``) and the budget search (targets, rule, picks, skipped
+    methods and why)."""
+
+    ref: Reference
+    data: EvalData
+    rows: list[dict[str, Any]]
+    budgets: dict[str, Any]
+
+    @property
+    def picks(self) -> list[dict[str, Any]]:
+        return self.budgets["picks"]
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        return self.budgets["skipped"]
+
+
+def evaluate(req: EvalRequest) -> EvalResult:
+    """The reference unpatched, each spec, each budget pick and each fine-tuned spec on the
+    reference's test data: the task's metric, MACs and speed in one interleaved run.
+
+    Specs are checked (and fine-tuned checkpoints matched to the reference) before the data is read;
+    the caller sets torch's threads (``req.speed['threads']`` is what the timing records).
+    """
+    from ..core.method import build_reducer
+    from .accuracy import EvalCase, check_cases, evaluate_cases
+
+    ref = load_reference(req.reference)
+    cases = [EvalCase(spec, spec) for spec in req.specs]
+    check_cases(ref.model, cases)
+    picks: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    if req.targets:
+        log(f"choosing specs for {', '.join(f'{t:g}x' for t in req.targets)} ({req.rule} rule)")
+        more, picks, skipped = budget_cases(ref.model, req.targets, req.methods, req.rule, req.speed)
+        given = {build_reducer(c.spec).spec() for c in cases}
+        cases += [c for c in more if build_reducer(c.spec).spec() not in given]
+    if req.match_random:
+        cases += matched_cases(ref.model, cases)
+    cases += finetuned_cases(req.finetuned, ref)
+    data = load_data(ref, data=req.data, data_dir=req.data_dir, download=req.download, subset=req.subset)
+    rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=req.seeds,
+                          eval_batch=req.eval_batch, speed=req.speed, progress=log)
+    budgets = {"targets": list(req.targets), "rule": req.rule, "picks": picks, "skipped": skipped}
+    return EvalResult(ref, data, rows, budgets)

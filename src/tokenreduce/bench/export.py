@@ -289,8 +289,7 @@ def load_for_export(*, model: str | None = None, checkpoint: str | None = None, 
     ``pretrained``). ``spec``, if given, is applied last (replacing a checkpoint's method).
     """
     from ..api import apply
-    from ..models import deploy, load_model
-    from .model import create_model
+    from ..models import ModelSource, deploy, load_model, make_model
 
     if checkpoint is not None:
         if model is not None or img_size is not None or pretrained:
@@ -301,7 +300,8 @@ def load_for_export(*, model: str | None = None, checkpoint: str | None = None, 
         what = f"{checkpoint} ({meta['model']['name']}{', ' + meta['spec'] if meta.get('spec') else ''})"
     else:
         name = model or "deit_small_patch16_224"
-        net = create_model(name, img_size=img_size, pretrained=pretrained)
+        kwargs = {} if img_size is None else {"img_size": img_size}
+        net = make_model(ModelSource(config={"name": name, "kwargs": kwargs, "pretrained": pretrained})).model
         what = f"{name} ({'pretrained weights' if pretrained else 'randomly initialised'})"
     if spec is not None:
         apply(net, spec)

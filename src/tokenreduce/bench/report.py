@@ -1,7 +1,9 @@
 """Results files and tables: provenance, a plain-text table, atomic JSON.
 
 Every results file records how it was made (command, git revision, versions, machine, dtype,
-batch sizes, seed), so that any figure we print can be reproduced.
+batch sizes, seed), so that any figure we print can be reproduced. :func:`provenance` is the one
+builder of that record, used by every writer (train's metrics and run JSON, eval, demo, bench,
+experiment); :func:`read_provenance` reads it back from any results file, older shapes included.
 """
 
 from __future__ import annotations
@@ -45,11 +47,18 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The keys every provenance record holds (a writer adds its own settings beside them). The revision is
+#: under ``git`` (as most committed results have it); files written before it was settled say ``git_revision``.
+PROVENANCE_KEYS = ("command", "git", "tokenreduce", "torch", "timm", "python", "platform", "cpu", "cpu_count", "device",
+                   "gpu", "threads", "dtype", "batch_sizes", "seed")
+
+
 def provenance(
     *, argv: Sequence[str] | None = None, threads: int | None = None, dtype: str = "float32",
     device: str = "cpu", batch_sizes: Sequence[int] = (), seed: int | None = None, **extra: Any,
 ) -> dict[str, Any]:
-    """What a results file needs to be reproduced: command, revision, versions, machine, settings."""
+    """What a results file needs to be reproduced (:data:`PROVENANCE_KEYS`): command, revision,
+    versions, machine, settings; ``extra``: the writer's own settings."""
     import timm
     import torch
 
@@ -57,7 +66,7 @@ def provenance(
 
     info = {
         "command": " ".join(argv if argv is not None else sys.argv),
-        "git_revision": git_revision(),
+        "git": git_revision(),
         "tokenreduce": tokenreduce.__version__,
         "torch": torch.__version__,
         "timm": timm.__version__,
@@ -74,6 +83,28 @@ def provenance(
     }
     info.update(extra)
     return info
+
+
+#: Older spellings of provenance keys in stored results -> the key they mean now.
+_OLD_KEYS = {"git_revision": "git", "machine": "platform"}
+
+
+def read_provenance(doc: dict[str, Any]) -> dict[str, Any]:
+    """The provenance of a stored results document, in today's keys, whatever shape wrote it:
+    ``doc['provenance']``; an older training run JSON's ``doc['run']``; or the versions an older
+    training run spread into its metrics. ``git_revision`` reads as ``git``. Missing keys are absent."""
+    found = doc.get("provenance") or doc.get("run") or (doc.get("metrics") or {}).get("provenance")
+    if not found:
+        metrics = doc.get("metrics") or doc
+        found = {k: metrics[k] for k in ("git", "git_revision", "torch", "timm", "python", "machine", "cpu_count",
+                                         "threads") if k in metrics}
+    out = dict(found)
+    for old, new in _OLD_KEYS.items():
+        if old in out:
+            out.setdefault(new, out.pop(old))
+    if "command" not in out and isinstance(doc.get("command"), str):
+        out["command"] = doc["command"]
+    return out
 
 
 #: A table column: (row key, header) or (row key, header, format): a ``str.format`` pattern such as

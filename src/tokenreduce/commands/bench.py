@@ -68,16 +68,25 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", metavar="PATH", help="local state_dict (.safetensors, .pth, .pt) to load")
 
 
-def build_model(args: argparse.Namespace) -> tuple[Any, str]:
-    """(model, its name) of the model arguments: ``--hf-config`` or the timm ``--model``."""
-    from ..bench.model import create_hf_model, create_model
+def model_source(args: argparse.Namespace):
+    """The ``models.ModelSource`` of the model arguments: ``--hf-config`` or the timm ``--model``."""
+    from ..models import ModelSource
 
-    kwargs = dict(img_size=args.img_size, pretrained=args.pretrained, checkpoint=args.checkpoint)
-    if not getattr(args, "hf_config", None):
-        return create_model(args.model, **kwargs), args.model
-    if args.model != DEFAULT_MODEL:
+    if getattr(args, "hf_config", None) and args.model != DEFAULT_MODEL:
         raise TokenReduceError("give a timm --model or a transformers --hf-config, not both")
-    return create_hf_model(args.hf_config, **kwargs), args.hf_config
+    if getattr(args, "hf_config", None):
+        return ModelSource(hf_config=args.hf_config, img_size=args.img_size, pretrained=args.pretrained,
+                           weights=args.checkpoint)
+    kwargs = {} if args.img_size is None else {"img_size": args.img_size}
+    return ModelSource(config={"name": args.model, "kwargs": kwargs, "pretrained": args.pretrained},
+                       weights=args.checkpoint)
+
+
+def build_model(args: argparse.Namespace) -> tuple[Any, str]:
+    """(model, its name) of the model arguments (:func:`model_source`, ``models.make_model``)."""
+    from ..models import make_model
+
+    return make_model(model_source(args)).model, getattr(args, "hf_config", None) or args.model
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,9 +101,8 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
     """(unpatched model, its timm name) of ``--reference``: a checkpoint path or a trained recipe's name."""
     from pathlib import Path
 
-    from ..api import remove
     from ..bench.evaluation import log
-    from ..models import load_model
+    from ..models import ModelSource, make_model
     from ..train.recipes import RECIPES, reference_checkpoint
 
     if args.checkpoint or args.pretrained or args.img_size or args.model != DEFAULT_MODEL or args.hf_config:
@@ -107,12 +115,11 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
     else:
         raise TokenReduceError(f"--reference {args.reference}: no such file or directory, and not a recipe name "
                                f"(recipes: {', '.join(sorted(RECIPES))})")
-    model, meta = load_model(path)
-    if meta.get("spec"):
-        log(f"note: {path} carries the reducer {meta['spec']}; its unpatched model is timed")
-        remove(model)
-    log(f"reference {path}: {meta['model']['name']}")
-    return model, meta["model"]["name"]
+    built = make_model(ModelSource(checkpoint=path, spec=None))
+    if built.meta.get("spec"):
+        log(f"note: {path} carries the reducer {built.meta['spec']}; its unpatched model is timed")
+    log(f"reference {path}: {built.config['name']}")
+    return built.model, built.config["name"]
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:

@@ -143,7 +143,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench import evaluation as ev
-    from ..bench.accuracy import evaluate_cases
     from ..bench.budgets import check_targets
     from ..bench.report import provenance
     from ..visualize import draw
@@ -166,25 +165,22 @@ def run(args: argparse.Namespace) -> int:
 
     ckpt, origin, full = reference(args.quick, args.threads, bed)
     t_ref = time.perf_counter() - t0
-    ref = ev.load_reference(ckpt)
     ev.log(f"reference: {ckpt} ({origin}), ready after {t_ref:.0f} s")
     n_test = args.subset or (mode.get("subset", bed.subset) if full else mode["short_subset"])
-    data = ev.load_data(ref, download=True, subset=n_test)
-    data_info = data.info
-
-    ev.log(f"choosing specs for {', '.join(f'{t:g}x' for t in targets)} ({mode['rule']} rule)")
-    cases, picks, skipped = ev.budget_cases(ref.model, targets, None, mode["rule"], speed)
-    rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=seeds,
-                          speed=speed, progress=ev.log)
+    # the demo: the evaluation entry with its own defaults (every training-free method at the budgets)
+    res = ev.evaluate(ev.EvalRequest(ckpt, targets=targets, rule=mode["rule"], seeds=seeds, speed=speed,
+                                     download=True, subset=n_test))
+    ref, data, data_info = res.ref, res.data, res.data.info
     wall = time.perf_counter() - t0
     print(f"tokenreduce demo: {origin}, {data_info['name']} ({data_info['which']}), batch {speed['batch']} "
           f"(latency: batch 1), {ev.threads_text(args.threads)}, stochastic methods over seeds {seeds}")
+    rows = res.rows
     print(ev.table(rows))
     if rows and rows[0]["metric"] == "top1":
         print(f"standard error of a top-1 near the unpatched {rows[0]['value']:.1f}% on {data_info['n']} images: "
               f"{ev.binomial_se(rows[0]['value'], data_info['n']):.1f} points (one row; two rows differ by less "
               "noise than that, since they score the same images)")
-    for name, why in skipped.items():
+    for name, why in res.skipped.items():
         print(f"not shown: {name} ({why})")
 
     info = {
@@ -195,13 +191,12 @@ def run(args: argparse.Namespace) -> int:
                       "task": ref.task.spec(),
                       "train_metrics": {k: (ref.meta.get("metrics") or {}).get(k)
                                         for k in (ref.task.metric, "epochs", "steps")}},
-        "data": data_info, "speed": speed,
-        "budgets": {"targets": targets, "rule": mode["rule"], "picks": picks, "skipped": skipped},
+        "data": data_info, "speed": speed, "budgets": res.budgets,
     }
-    ev.write_outputs(out, rows, info, f"demo: {origin}; {data_info['n']} test images, "
+    ev.write_outputs(out, res.rows, info, f"demo: {origin}; {data_info['n']} test images, "
                      f"{ev.threads_text(args.threads)}, batch {speed['batch']}", task=ref.task)
     images, titles = ev.first_images(data.test, mode["images"], ref.meta.get("classes") or [])
-    specs = ev.one_per_method(picks, sorted(targets)[len(targets) // 2])
+    specs = ev.one_per_method(res.picks, sorted(targets)[len(targets) // 2])
     ev.log(f"visualising {len(titles)} test images for {', '.join(specs)}")
     outlines = data.masks[: len(titles)] if data.masks is not None else None
     paths = draw(ref.model, specs, images, titles, out / "visualize", outlines)

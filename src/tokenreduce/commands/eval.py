@@ -69,7 +69,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench import evaluation as ev
-    from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
     from ..bench.backends import get_backend
     from ..bench.budgets import check_targets
     from ..bench.report import provenance
@@ -91,35 +90,24 @@ def run(args: argparse.Namespace) -> int:
     speed = ev.speed_settings(batch=args.batch, warmup=args.warmup, repeats=args.repeats, threads=args.threads,
                               eval_batch=args.eval_batch, backend=args.backend)
     torch.set_num_threads(args.threads)
-    ref = ev.load_reference(args.checkpoint[0])
-    cases = [EvalCase(spec, spec) for spec in args.spec]
-    check_cases(ref.model, cases)
-    picks, skipped = [], {}
-    if targets:
-        more, picks, skipped = ev.budget_cases(ref.model, targets, methods, args.budget_rule, speed)
-        given = {build_reducer(c.spec).spec() for c in cases}
-        cases += [c for c in more if build_reducer(c.spec).spec() not in given]
-    if args.match_random:
-        cases += ev.matched_cases(ref.model, cases)
-    cases += ev.finetuned_cases(args.checkpoint[1:], ref)
-    data = ev.load_data(ref, data=args.data, data_dir=args.data_dir, download=args.download, subset=args.subset)
-    data_info = data.info
-    rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=seeds,
-                          eval_batch=args.eval_batch, speed=speed, progress=ev.log)
-    print(f"{args.checkpoint[0]}  task {ref.task.spec()}  {data_info['name']} ({data_info['which']})  batch "
+    res = ev.evaluate(ev.EvalRequest(
+        args.checkpoint[0], specs=args.spec, targets=targets, methods=methods, rule=args.budget_rule,
+        match_random=args.match_random, finetuned=args.checkpoint[1:], seeds=seeds, eval_batch=args.eval_batch,
+        speed=speed, data=args.data, data_dir=args.data_dir, download=args.download, subset=args.subset))
+    data_info = res.data.info
+    print(f"{args.checkpoint[0]}  task {res.ref.task.spec()}  {data_info['name']} ({data_info['which']})  batch "
           f"{args.batch} (latency: batch 1)  {ev.threads_text(args.threads)}  backend {args.backend}  seeds {seeds}")
-    print(ev.table(rows), flush=True)
+    print(ev.table(res.rows), flush=True)
     info = {
         "provenance": provenance(argv=args.argv, threads=args.threads, batch_sizes=[args.batch, 1],
                                  seed=seeds[0] if seeds else None, seeds=seeds, eval_batch=args.eval_batch,
                                  backend=args.backend, **get_backend(args.backend).versions(),
                                  wall_s=round(time.perf_counter() - t0, 1)),
-        "reference": {"checkpoint": args.checkpoint[0], "model": ref.meta.get("model"), "spec": ref.meta.get("spec"),
-                      "task": ref.task.spec()},
-        "data": data_info, "speed": speed, "budgets": {"targets": targets, "rule": args.budget_rule,
-                                                       "picks": picks, "skipped": skipped},
+        "reference": {"checkpoint": args.checkpoint[0], "model": res.ref.meta.get("model"),
+                      "spec": res.ref.meta.get("spec"), "task": res.ref.task.spec()},
+        "data": data_info, "speed": speed, "budgets": res.budgets,
         "match_random": args.match_random,
     }
-    ev.write_outputs(Path(args.out), rows, info, f"{data_info['name']}, {data_info['n']} test images, "
-                     f"{ev.threads_text(args.threads)}, batch {args.batch}, {args.backend}", task=ref.task)
+    ev.write_outputs(Path(args.out), res.rows, info, f"{data_info['name']}, {data_info['n']} test images, "
+                     f"{ev.threads_text(args.threads)}, batch {args.batch}, {args.backend}", task=res.ref.task)
     return 0

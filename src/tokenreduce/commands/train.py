@@ -17,12 +17,14 @@ from typing import Any
 MODEL_FLAGS = {"img_size": "img_size", "patch_size": "patch_size", "in_chans": "in_chans", "dim": "embed_dim",
                "depth": "depth", "heads": "num_heads", "mlp_ratio": "mlp_ratio", "num_classes": "num_classes",
                "drop_path": "drop_path_rate"}
-#: CLI dest -> TrainConfig field, for the flags that map one to one.
-CONFIG_FLAGS = ("spec", "init", "task", "teacher", "distill_weight", "data", "data_dir", "download", "augment",
-                "epochs", "batch_size", "eval_batch_size", "optimizer", "lr", "min_lr", "momentum", "weight_decay",
-                "warmup_epochs", "label_smoothing", "grad_clip", "amp", "seed", "deterministic", "subset",
-                "eval_subset", "eval_every", "out", "resume", "force", "ckpt_every", "threads", "device",
-                "num_workers", "quiet")
+#: Flags that set a TrainConfig field of the same name in their own way (the rest map one to one):
+#: --model names the timm model of the ``model`` dict, --distill is comma-separated, --recipe loads one.
+COMPOSED = ("model", "distill", "recipe")
+#: Flags that are not TrainConfig fields: the model's size (MODEL_FLAGS) and build (``model`` dict
+#: entries), --bits (a task parameter), --results (a file this command writes after the run).
+NOT_FIELDS = (*MODEL_FLAGS, "pretrained", "stem", "transform", "bits", "results")
+#: TrainConfig fields without a flag, and why (every other field has one; a test checks both ways).
+NO_FLAG: dict[str, str] = {}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--teacher", metavar="CKPT", help="distil from this frozen checkpoint")
     g.add_argument("--distill", help="what to distil: logits, tokens or logits,tokens (default with a teacher: logits)")
     g.add_argument("--distill-weight", type=float)
+    g.add_argument("--distill-tau", type=float, help="softmax temperature of logit distillation (default 1)")
     d = p.add_argument_group("data")
     d.add_argument("--data", metavar="NAME_OR_DIR",
                    help="fashion_mnist (default), a directory of Fashion-MNIST idx files, or an image folder "
@@ -127,6 +130,7 @@ def command_line(args: argparse.Namespace) -> str:
 def config_from_args(args: argparse.Namespace):
     """The TrainConfig the flags ask for (recipe, then flags)."""
     from ..core.errors import TokenReduceError
+    from ..train.config import field_names
     from ..train.loop import TrainConfig
     from ..train.recipes import default_out, get_recipe
 
@@ -155,7 +159,8 @@ def config_from_args(args: argparse.Namespace):
         if "name" not in model:
             raise TokenReduceError("model size flags need --model NAME (a timm ViT) or --recipe")
         fields["model"] = {**model, "kwargs": kwargs}
-    fields.update({k: getattr(args, k) for k in CONFIG_FLAGS if getattr(args, k) is not None})
+    fields.update({k: getattr(args, k) for k in field_names()
+                   if k not in COMPOSED and getattr(args, k, None) is not None})
     if args.distill:
         fields["distill"] = tuple(s.strip() for s in args.distill.split(",") if s.strip())
     if args.bits is not None:
@@ -247,6 +252,6 @@ def resume_command(args: argparse.Namespace, cfg) -> str:
 def write_results(path: Path, command: str, cfg, metrics: dict[str, Any]) -> None:
     """Results JSON: the command that made it, the config, the metrics and the environment."""
     from ..bench.report import write_json
-    from ..train.loop import run_info
 
-    write_json(path, {"command": command, "config": cfg.to_dict(), "metrics": metrics, "run": run_info()})
+    prov = {**metrics.get("provenance", {}), "command": command}
+    write_json(path, {"command": command, "config": cfg.to_dict(), "metrics": metrics, "provenance": prov})

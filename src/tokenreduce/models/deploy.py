@@ -47,7 +47,7 @@ def export_inference(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     from ..api import get_info
 
     ckpt = read_checkpoint(src)
-    model, meta = load_model(ckpt.path)
+    model, meta = load_model(ckpt)
     deploy(model)
     spec = get_info(model).spec if meta.get("spec") else None
     meta = {**meta, "spec": spec, "deployed_from": str(ckpt.path)}

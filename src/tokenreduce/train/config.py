@@ -1,9 +1,17 @@
-"""``TrainConfig``: every setting a training run depends on, checked when it is made."""
+"""``TrainConfig``: every setting a training run depends on, checked when it is made.
+
+It is the one declaration of the training settings: ``tokenreduce train``'s flags map onto its
+fields (a test checks that each field has its flag) and recipes (train/recipes.py) are parsed
+through it, so a misspelt setting or a value of the wrong type is refused where it is written.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +80,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from ..tasks import build_task
 
+        _check_types(self)  # before the checks below compare numbers
+        self.distill = tuple(self.distill)
         checks = [
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
@@ -101,10 +111,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         d = {k: v for k, v in d.items() if not (k in _RETIRED and not v)}
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise TokenReduceError(f"unknown training settings {unknown}")
+        check_fields(d)
         if "distill" in d:
             d["distill"] = tuple(d["distill"] or ())
         return cls(**d)
@@ -115,3 +122,55 @@ class TrainConfig:
         for k in RUNTIME_FIELDS:
             d.pop(k, None)
         return d
+
+
+def field_names() -> list[str]:
+    """The names of TrainConfig's fields, in declaration order."""
+    return [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+def check_fields(keys: Iterable[str], where: str = "") -> None:
+    """Refuse keys that are not TrainConfig fields, naming them and the valid fields; ``where``
+    (e.g. "recipe 'fmnist-vit'") says whose keys they are."""
+    unknown = sorted(set(keys) - set(field_names()))
+    if unknown:
+        raise TokenReduceError(f"{where + ': ' if where else ''}unknown training settings {unknown}; "
+                               f"valid: {', '.join(field_names())}")
+
+
+def _check_types(cfg: TrainConfig) -> None:
+    """Each field's value of its declared type (an int where a float is declared is a float)."""
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if not _fits(value, hints[f.name]):
+            raise TokenReduceError(f"training setting {f.name!r} must be {_describe(hints[f.name])}, got {value!r}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if origin is tuple:  # tuple[X, ...]: a list read back from JSON counts
+        return isinstance(value, (tuple, list)) and all(_fits(v, typing.get_args(hint)[0]) for v in value)
+    if origin is not None:
+        return isinstance(value, origin)
+    if isinstance(value, bool):
+        return hint is bool
+    if hint is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {_describe(typing.get_args(hint)[0])}"
+    return getattr(typing.get_origin(hint) or hint, "__name__", str(hint))

@@ -33,7 +33,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import random
 import signal
 import threading
@@ -48,17 +47,20 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from .. import models
+from ..bench.report import provenance
 from ..core.errors import TokenReduceError
 from ..models import (
-    apply_transform,
+    KEEP,
+    Checkpoint,
+    ModelSource,
     atomic_write,
-    build_model,
     classes_of,
     load_model,
     load_weights,
-    model_config,
     read_checkpoint,
     read_meta,
+    resolve,
     restore_training_state,
     save_checkpoint,
     task_weights,
@@ -70,7 +72,7 @@ from .config import RUNTIME_FIELDS, TrainConfig
 from .optim import WarmupCosine, build_optimizer
 from .progress import Progress
 
-__all__ = ["RUNTIME_FIELDS", "TrainConfig", "TrainingInterrupted", "WarmupCosine", "fit", "make_model", "run_info",
+__all__ = ["RUNTIME_FIELDS", "TrainConfig", "TrainingInterrupted", "WarmupCosine", "fit", "make_model",
            "saved_config", "seed_all", "train"]
 
 
@@ -98,46 +100,14 @@ def set_deterministic(on: bool) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def _canonical(spec: str) -> str:
-    from ..core.method import build_reducer
-
-    return build_reducer(spec).spec()
-
-
-def make_model(cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any], str | None]:
-    """(model, its model config, canonical spec or None) for ``cfg``."""
-    from ..api import apply, get_info, remove
-
-    if cfg.init:
-        model, meta = load_model(cfg.init)
-        model_cfg = meta["model"]
-        if cfg.model and model_config(cfg.model) != model_config(model_cfg):
-            extra = added_transforms(model_cfg, cfg.model)
-            if extra is None:
-                raise TokenReduceError(f"--init {cfg.init} holds model {model_cfg}, which differs from the model "
-                                       f"requested {cfg.model}; drop one of them")
-            for t in extra:  # on top of the loaded weights: a transform starts from them (tie_qk's init)
-                apply_transform(t, model)
-            model_cfg = cfg.model
-        current = meta.get("spec")
-    elif cfg.model:
-        model, model_cfg, current = build_model(cfg.model), cfg.model, None
-    else:
+def make_model(cfg: TrainConfig, init: Checkpoint | None = None) -> tuple[nn.Module, dict[str, Any], str | None]:
+    """(model in training mode, its model config, canonical spec or None) for ``cfg``
+    (``models.make_model``); ``init``: ``cfg.init`` read already."""
+    if not (cfg.init or cfg.model):
         raise TokenReduceError("no model: give a recipe, model flags, or --init CKPT")
-    if cfg.spec and (current is None or _canonical(cfg.spec) != _canonical(current)):
-        if current is not None:
-            remove(model)
-        apply(model, cfg.spec)
-    spec = get_info(model).spec if (cfg.spec or current) else None
-    return model.train(), model_config(model_cfg), spec
-
-
-def added_transforms(base: dict[str, Any], requested: dict[str, Any]) -> list[str] | None:
-    """The transforms the model config ``requested`` adds after those of ``base`` when it is otherwise
-    the same model (``--init CKPT --transform T``), else None."""
-    have, want = model_config(base), model_config(requested)
-    old, new = have.pop("transforms", []), want.pop("transforms", [])
-    return new[len(old):] if have == want and new[:len(old)] == old else None
+    source = ModelSource(config=cfg.model, checkpoint=init or cfg.init or None, spec=cfg.spec or KEEP)
+    built = models.make_model(source)
+    return built.model.train(), built.config, built.spec
 
 
 def _fit_classes(model: nn.Module, model_cfg: dict[str, Any], n: int) -> dict[str, Any]:
@@ -166,28 +136,17 @@ def _check_groups(task: Task, groups: list[dict[str, Any]]) -> None:
                                f"(missing {missing[:3]}, {len(seen) - len(set(seen))} repeated)")
 
 
-def run_info() -> dict[str, Any]:
-    """Versions and machine, for results files."""
-    import subprocess
-
-    import timm
-
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        rev = None
-    return {"git": rev, "torch": torch.__version__, "timm": timm.__version__, "python": platform.python_version(),
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "cpu_count": os.cpu_count(),
-            "threads": torch.get_num_threads()}
-
-
 def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
     """The numbers of an evaluation (what a history row records); ``n`` becomes ``n_eval``."""
     out = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if "n" in out:
         out["n_eval"] = out.pop("n")
     return out
+
+
+def _same_file(path: str, read: Checkpoint | None) -> str | Checkpoint:
+    """``read`` when it is the checkpoint ``path`` names (a --teacher that is the --init), else ``path``."""
+    return read if read is not None and resolve(path).resolve() == read.path.resolve() else path
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -333,13 +292,17 @@ class _Run:
         self.cfg, self.info, self.device = cfg, info, info.device
         set_deterministic(cfg.deterministic)
         seed_all(cfg.seed)  # same on every rank: identical init and RNG streams across processes
-        model, model_cfg, self.spec = make_model(cfg)
+        # --init is read once and handed to everyone who needs it (the model, the class list, the task's
+        # tensors, a --teacher of the same file)
+        init = read_checkpoint(cfg.init) if cfg.init else None
+        model, model_cfg, self.spec = make_model(cfg, init)
+        starts = init if ckpt is None else None  # a resumed run starts from its own checkpoint
         self.task = build_task(cfg.task)
         self.data_cfg = data_config_from_model(model)
         kw = dict(data_dir=cfg.data_dir, download=cfg.download, **self.data_cfg)
         if cfg.download and info.distributed and not info.main:
             dist.barrier()  # let rank 0 download first
-        train_ds = self._train_split(cfg, ckpt, kw)
+        train_ds = self._train_split(cfg, ckpt, starts, kw)
         self.classes = list(train_ds.classes)
         eval_ds = self.task.dataset(cfg.data, "test", train=False, classes=self.classes, **kw)
         if cfg.download and info.distributed and info.main:
@@ -351,7 +314,7 @@ class _Run:
         self.database = OnDemand(lambda: self.task.dataset(cfg.data, "train", train=False, classes=self.classes,
                                                            **kw))
         self.model = model.to(self.device)
-        teacher = load_model(cfg.teacher, self.device)[0] if cfg.teacher else None
+        teacher = load_model(_same_file(cfg.teacher, init), self.device)[0] if cfg.teacher else None
         # train_labels index the dataset the task returned (a task may key per-item targets by it)
         ctx = TaskContext(classes=self.classes, teacher=teacher, label_smoothing=cfg.label_smoothing,
                           distill=tuple(cfg.distill), distill_weight=cfg.distill_weight, distill_tau=cfg.distill_tau,
@@ -359,8 +322,8 @@ class _Run:
         self.task.bind(model, ctx)
         self.task.to(self.device)
         self.model_cfg = _record_classes(model, model_cfg)
-        if cfg.init and ckpt is None:
-            self._init_task(cfg.init)
+        if starts is not None:
+            self._init_task(starts)
         groups = self.task.param_groups(cfg.lr, cfg.weight_decay)
         _check_groups(self.task, groups)
         self.opt = build_optimizer(cfg.optimizer, groups, cfg.lr, cfg.momentum)
@@ -383,21 +346,20 @@ class _Run:
             ids = [self.device] if self.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.task, device_ids=ids)
 
-    def _train_split(self, cfg: TrainConfig, ckpt, kw: dict[str, Any]):
+    def _train_split(self, cfg: TrainConfig, ckpt, init: Checkpoint | None, kw: dict[str, Any]):
         """The training split, its labels indexing the run's ONE class list (recorded in every
         checkpoint, by which every other split and evaluation is mapped): a resumed run's (its
         checkpoint's; a class folder added since is refused, named), else the ``--init`` model's when
         they hold every class of the split (its head keeps its meaning), else the split's own."""
         known = classes_of(ckpt.meta) if ckpt is not None else None
         train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, classes=known, **kw)
-        init = classes_of(read_meta(cfg.init)) if cfg.init and ckpt is None else None
-        if init and init != list(train_ds.classes) and set(train_ds.classes) <= set(init):
-            train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, classes=init, **kw)
+        start = classes_of(init.meta) if init is not None else None
+        if start and start != list(train_ds.classes) and set(train_ds.classes) <= set(start):
+            train_ds = self.task.dataset(cfg.data, "train", train=True, augment=cfg.augment, classes=start, **kw)
         return train_ds
 
-    def _init_task(self, path: str) -> None:
+    def _init_task(self, ckpt: Checkpoint) -> None:
         """--init from a run of the same task also starts the task's own tensors from it."""
-        ckpt = read_checkpoint(path)
         owned = task_weights(ckpt)
         if owned and ckpt.meta.get("task") == self.task.spec():
             self.task.load_owned_state_dict(owned)
@@ -570,7 +532,10 @@ class _Run:
                    "epochs": self.cfg.epochs, "steps": self.step, "train_time_s": (self.history or [{}])[-1].get(
                        "time_s"), "task": self.task.spec(), "metric": self.task.metric, "spec": self.spec,
                    "seed": self.cfg.seed, "batch_size": self.cfg.batch_size, "world_size": self.info.world,
-                   "dtype": self.cfg.amp or "float32", "history": self.history, **run_info()}
+                   "dtype": self.cfg.amp or "float32", "history": self.history,
+                   "provenance": provenance(threads=torch.get_num_threads(), dtype=self.cfg.amp or "float32",
+                                            device=str(self.device), batch_sizes=[self.cfg.batch_size],
+                                            seed=self.cfg.seed, world_size=self.info.world)}
         if self.cfg.out and self.info.main:
             out = Path(self.cfg.out)
             figures = self.task.plot(self.last_eval, out)

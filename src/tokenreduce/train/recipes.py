@@ -7,6 +7,10 @@ DeiT-S's 14x14 grid; its trained checkpoint ships with the package (``models/ref
 28x28 grayscale input, patch 4 -> 49 patch tokens) trained from scratch on 2 CPU cores. Its
 trained checkpoint lives in the cache (``$TOKENREDUCE_CACHE``, default ``cache/``), outside git:
 ``reference_checkpoint()`` is where others find it.
+
+A recipe is a description and TrainConfig fields: its keys are checked against TrainConfig's
+fields when this module loads, and :func:`get_recipe` parses its values through TrainConfig, so a
+misspelt key or a value of the wrong type fails naming the recipe, the key and the valid fields.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from ..data.build import cache_dir
+from .config import TrainConfig, check_fields
 
 _FMNIST_VIT = {
     "name": "vit_tiny_patch16_224",  # kwargs override everything that name implies
@@ -159,13 +164,29 @@ def list_recipes() -> list[str]:
     return sorted(RECIPES)
 
 
+def check_recipe(name: str, recipe: dict[str, Any]) -> None:
+    """Refuse a recipe whose keys (besides its description) are not TrainConfig fields."""
+    check_fields(set(recipe) - {"description"}, f"recipe {name!r}")
+
+
+def parse_recipe(name: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` parsed through TrainConfig: unknown keys and values of the wrong type or range are
+    refused naming the recipe; returns the fields as TrainConfig holds them (e.g. the canonical task)."""
+    check_fields(fields, f"recipe {name!r}")
+    try:
+        cfg = TrainConfig(**fields)
+    except TokenReduceError as e:
+        raise TokenReduceError(f"recipe {name!r}: {e}") from None
+    return {k: getattr(cfg, k) for k in fields}
+
+
 def get_recipe(name: str) -> dict[str, Any]:
-    """TrainConfig fields of recipe ``name`` (a copy, without the description; callables, such as
-    paths under the cache, are resolved now)."""
+    """TrainConfig fields of recipe ``name`` (a copy, without the description, parsed through
+    TrainConfig: :func:`parse_recipe`; callables, such as paths under the cache, are resolved now)."""
     if name not in RECIPES:
         raise TokenReduceError(f"unknown recipe {name!r}; choose from {', '.join(list_recipes())}")
     fields = {k: v() if callable(v) else v for k, v in RECIPES[name].items() if k != "description"}
-    return {**fields, "recipe": name}
+    return {**parse_recipe(name, fields), "recipe": name}
 
 
 def default_out(recipe: str) -> Path:
@@ -185,3 +206,7 @@ def reference_checkpoint(recipe: str = "fmnist-vit") -> Path:
         raise TokenReduceError(f"no trained {recipe} checkpoint at {path}; make it with "
                                f"'tokenreduce train --recipe {recipe}'")
     return path
+
+
+for _name, _recipe in RECIPES.items():
+    check_recipe(_name, _recipe)
