@@ -13,7 +13,6 @@ from conftest import Interrupted, make_host, stop_at
 from timm.models.vision_transformer import VisionTransformer
 
 import tokenreduce as tr
-from tokenreduce.adapters import timm_vit
 from tokenreduce.bench import count_macs, flop_counter_macs
 from tokenreduce.data.fashion_mnist import CLASSES, make_synthetic
 from tokenreduce.models import deploy, export_inference, load_model, read_checkpoint, save_checkpoint
@@ -24,7 +23,7 @@ SPEC = "cropr(r=10, classes=10)"
 
 
 def _reducer(model):
-    return timm_vit.get_patch(model).reducer
+    return tr.reducer_of(model)
 
 
 def _images(n: int = 4, seed: int = 1) -> torch.Tensor:

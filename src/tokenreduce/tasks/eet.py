@@ -123,7 +123,7 @@ class ImportanceProbe(Reducer):
     Config = NoParams
     name = "importance_probe"
     needs_class_token = True
-    default_where = "block"
+    where = "block"
 
     def __init__(self) -> None:
         super().__init__(NoParams())
