@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from .errors import SpecError, TokenReduceError
+from .errors import SpecError
 from .registry import Registry, config_spec, format_spec, split_stages
 from .registry import parse_spec as parse_spec  # re-exported: the method API's spec parser
 from .schedule import Schedule
@@ -344,8 +344,8 @@ def build_reducer(spec: str | Reducer) -> Reducer:
         return spec
     stages = split_stages(spec)
     if len(stages) > 1:
-        if _COMPOSITE is None:  # core/__init__.py imports core/compose.py, which registers it
-            raise TokenReduceError("no composite reducer is registered (tokenreduce.core.compose registers it)")
+        if _COMPOSITE is None:  # a packaging bug, not the user's: core/__init__.py imports core/compose.py
+            raise RuntimeError("no composite reducer is registered (tokenreduce.core.compose registers it)")
         return _COMPOSITE([build_reducer(s) for s in stages])
     _, cls, cfg = _METHODS.resolve(spec)
     return cls(cfg)
