@@ -103,9 +103,11 @@ def test_batch_invariance(method, images):
 @pytest.mark.parametrize("method", METHODS)
 def test_gradients_reach_every_parameter(method, images):
     model = tr.apply(make_host("layerscale").train(), spec_of(method, tr.get_method(method).example))
-    loss = model(images).logsumexp(-1).mean() + sum(tr.get_info(model).aux_losses.values(), torch.tensor(0.0))
+    with tr.capture(model) as seen:  # the live record: auxiliary losses and predictions keep their graph
+        out = model(images)
+    loss = out.logsumexp(-1).mean() + sum(seen.last.aux_losses.values(), torch.tensor(0.0))
     # auxiliary predictions (a task scores them; any differentiable function of them reaches their heads)
-    loss = loss + sum((o.logsumexp(-1).mean() for o in tr.get_info(model).aux_outputs.values()), torch.tensor(0.0))
+    loss = loss + sum((o.logsumexp(-1).mean() for o in seen.last.aux_outputs.values()), torch.tensor(0.0))
     loss.backward()
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not missing, f"no gradient for {missing}"
