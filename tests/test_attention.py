@@ -271,8 +271,9 @@ def test_a_method_bias_changes_the_attention(images):
 def _train_step(model, images, seed):
     torch.manual_seed(seed)
     model.zero_grad()
-    out = model(images)
-    loss = out.square().mean() + sum(tr.get_info(model).aux_losses.values(), torch.tensor(0.0))
+    with tr.capture(model) as seen:  # the live record: its auxiliary losses keep their graph
+        out = model(images)
+    loss = out.square().mean() + sum(seen.last.aux_losses.values(), torch.tensor(0.0))
     loss.backward()
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 

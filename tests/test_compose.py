@@ -144,7 +144,9 @@ def test_declared_scoring_macs_match_flop_counter(spec):
 @pytest.mark.parametrize("spec", COMPOSITES)
 def test_gradients_reach_every_parameter(spec, images):
     model = tr.apply(make_host("layerscale").train(), spec)
-    loss = model(images).logsumexp(-1).mean() + sum(tr.get_info(model).aux_losses.values(), torch.tensor(0.0))
+    with tr.capture(model) as seen:  # the live record: auxiliary losses keep their graph
+        out = model(images)
+    loss = out.logsumexp(-1).mean() + sum(seen.last.aux_losses.values(), torch.tensor(0.0))
     loss.backward()
     missing = [n for n, prm in model.named_parameters() if prm.requires_grad and prm.grad is None]
     assert not missing, f"no gradient for {missing}"

@@ -9,6 +9,7 @@ method declares about itself (``learned``, ``conserves_patches``, ``where``, ``s
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from conftest import HOSTS, make_host
 import tokenreduce as tr
 from tokenreduce.adapters.timm_vit import check_host
 from tokenreduce.bench import count_macs, flop_counter_macs
-from tokenreduce.core.method import NEED_MACS, NEEDS, format_spec
+from tokenreduce.core.method import NEED_MACS, NEEDS, AttnInfo, format_spec
 
 METHODS = tr.list_methods()
 
@@ -102,9 +103,11 @@ def test_batch_invariance(method, images):
 @pytest.mark.parametrize("method", METHODS)
 def test_gradients_reach_every_parameter(method, images):
     model = tr.apply(make_host("layerscale").train(), spec_of(method, tr.get_method(method).example))
-    loss = model(images).logsumexp(-1).mean() + sum(tr.get_info(model).aux_losses.values(), torch.tensor(0.0))
+    with tr.capture(model) as seen:  # the live record: auxiliary losses and predictions keep their graph
+        out = model(images)
+    loss = out.logsumexp(-1).mean() + sum(seen.last.aux_losses.values(), torch.tensor(0.0))
     # auxiliary predictions (a task scores them; any differentiable function of them reaches their heads)
-    loss = loss + sum((o.logsumexp(-1).mean() for o in tr.get_info(model).aux_outputs.values()), torch.tensor(0.0))
+    loss = loss + sum((o.logsumexp(-1).mean() for o in seen.last.aux_outputs.values()), torch.tensor(0.0))
     loss.backward()
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not missing, f"no gradient for {missing}"
@@ -125,14 +128,28 @@ def test_reapply_replaces_and_copies_are_independent(method, images):
 # ----------------------------------------------------------------------------- declarations
 
 
-def test_every_attention_side_product_has_a_price():
-    assert set(NEED_MACS) == set(NEEDS)
+@pytest.mark.parametrize("method", METHODS)
+def test_what_a_method_asks_of_the_attention_is_priced_and_delivered(method):
+    """The method's own declarations (``needs``, per block ``needs_at`` and ``observes`` on a tiny host)
+    name only side products that have a price (``NEED_MACS``) and a field the adapter fills (AttnInfo)."""
+    delivered = {f.name for f in dataclasses.fields(AttnInfo)}
+    reducer = tr.build_reducer(format_spec(method, tr.get_method(method).example))
+    reducer.bind(check_host(make_host("deit")))
+    asked = set(reducer.needs).union(*(reducer.needs_at(b) | reducer.observes(b) for b in range(4)))
+    assert asked <= set(NEED_MACS) and asked <= delivered, asked - (set(NEED_MACS) & delivered)
+    assert NEEDS == set(NEED_MACS) == delivered  # one table: NEEDS is read off NEED_MACS
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_format_spec_round_trips(method):
-    params = {**tr.get_method(method).example, "extra": [1, 2], "flag": None}
-    assert tr.parse_spec(format_spec(method, params)) == (method, {**params, "extra": (1, 2)})
+@pytest.mark.parametrize("which", ["example", "zero"])
+def test_the_canonical_spec_rebuilds_the_same_reducer(method, which):
+    """format_spec -> build_reducer -> spec() -> build_reducer: the spec a checkpoint records rebuilds
+    the configuration that wrote it, with the parameters given."""
+    params = getattr(tr.get_method(method), which)
+    first = tr.build_reducer(format_spec(method, params))
+    assert {k: getattr(first.cfg, k) for k in params} == params
+    again = tr.build_reducer(first.spec())
+    assert again.cfg == first.cfg and again.spec() == first.spec()
     assert format_spec(method, {}) == method and tr.parse_spec(method) == (method, {})
     with pytest.raises(tr.SpecError, match="identifier"):
         format_spec(f"{method}(x=1)", {})

@@ -13,7 +13,6 @@ from conftest import Interrupted, make_host, stop_at
 from timm.models.vision_transformer import VisionTransformer
 
 import tokenreduce as tr
-from tokenreduce.adapters import timm_vit
 from tokenreduce.bench import count_macs, flop_counter_macs
 from tokenreduce.data.fashion_mnist import CLASSES, make_synthetic
 from tokenreduce.models import deploy, export_inference, load_model, read_checkpoint, save_checkpoint
@@ -24,7 +23,7 @@ SPEC = "cropr(r=10, classes=10)"
 
 
 def _reducer(model):
-    return timm_vit.get_patch(model).reducer
+    return tr.reducer_of(model)
 
 
 def _images(n: int = 4, seed: int = 1) -> torch.Tensor:
@@ -61,8 +60,9 @@ def test_collapsed_score_is_the_sum_of_the_per_query_logits() -> None:
 
 def test_auxiliary_losses_give_no_gradient_to_the_backbone() -> None:
     model = tr.apply(make_host("layerscale").train(), "cropr(r=8, queries=3, classes=10)")
-    out = model(_images())
-    aux = tr.get_info(model).aux_outputs
+    with tr.capture(model) as seen:  # the live record: the predictions keep their graph
+        out = model(_images())
+    aux = seen.last.aux_outputs
     assert set(aux) == {"cropr0", "cropr1", "cropr2"} and all(v.shape == (4, 3, 10) for v in aux.values())
     sum(v.logsumexp(-1).mean() for v in aux.values()).backward(retain_graph=True)
     backbone = {n: p for n, p in model.named_parameters() if not n.startswith("tokenreduce.")}

@@ -72,9 +72,10 @@ def test_keep_one_is_identity_in_eval_and_training(images):
 def test_gradients_reach_every_predictor(loss_name, images):
     torch.manual_seed(0)
     model = tr.apply(make_host("deit").train(), SPEC)
-    logits = model(images)
+    with tr.capture(model) as seen:  # the live record: the ratio loss keeps its graph
+        logits = model(images)
     if loss_name == "ratio":
-        loss = tr.get_info(model).aux_losses["ratio"]
+        loss = seen.last.aux_losses["ratio"]
     else:  # reaches the predictors only through the masked attention
         loss = F.cross_entropy(logits, torch.tensor([1, 2, 3]))
     loss.backward()
@@ -163,12 +164,41 @@ def test_apply_follows_the_models_mode():
     assert model.tokenreduce.training
 
 
+def official_predictor_keys(stage: int, dim: int) -> dict[str, tuple[int, ...]]:
+    """The state_dict keys and shapes of stage ``stage``'s predictor in an official DynamicViT ViT
+    checkpoint, written out by hand from github.com/raoyongming/DynamicViT, models/dyvit.py:
+    ``VisionTransformerDiffPruning.score_predictor = nn.ModuleList(PredictorLG(embed_dim) ...)``, one
+    per pruning location, and ``PredictorLG`` = ``in_conv = Sequential(LayerNorm(C), Linear(C, C),
+    GELU())``, ``out_conv = Sequential(Linear(C, C // 2), GELU(), Linear(C // 2, C // 4), GELU(),
+    Linear(C // 4, 2), LogSoftmax(dim=-1))``; GELU and LogSoftmax hold no parameters."""
+    p = f"score_predictor.{stage}."
+    shapes = {
+        "in_conv.0.weight": (dim,), "in_conv.0.bias": (dim,),
+        "in_conv.1.weight": (dim, dim), "in_conv.1.bias": (dim,),
+        "out_conv.0.weight": (dim // 2, dim), "out_conv.0.bias": (dim // 2,),
+        "out_conv.2.weight": (dim // 4, dim // 2), "out_conv.2.bias": (dim // 4,),
+        "out_conv.4.weight": (2, dim // 4), "out_conv.4.bias": (2,),
+    }
+    return {p + k: v for k, v in shapes.items()}
+
+
 def test_convert_official_checkpoint():
+    """An official checkpoint (its backbone keys are timm's; its predictors as the official model
+    names them, with their own values) loads strictly into the patched model, each tensor where it belongs."""
     model = tr.apply(make_host("deit"), SPEC)
-    ours = model.state_dict()
-    official = {"model": {k.replace("tokenreduce.predictors.", "score_predictor."): v for k, v in ours.items()}}
-    assert "score_predictor.1.out_conv.4.weight" in official["model"]
-    assert convert_official_checkpoint(official).keys() == ours.keys()
+    backbone = make_host("deit", seed=1).state_dict()
+    gen = torch.Generator().manual_seed(0)
+    predictors = {k: torch.randn(shape, generator=gen) for s in range(2)
+                  for k, shape in official_predictor_keys(s, model.embed_dim).items()}
+    converted = convert_official_checkpoint({"model": {**backbone, **predictors}})
+    model.load_state_dict(converted)  # strict: no key missing, none left over, every shape fits
+    reducer = tr.reducer_of(model)
+    for s in range(2):
+        got = dict(reducer.predictors[s].named_parameters())
+        for k, v in predictors.items():
+            if k.startswith(f"score_predictor.{s}."):
+                assert torch.equal(got[k.removeprefix(f"score_predictor.{s}.")], v), k
+    assert torch.equal(model.blocks[0].attn.qkv.weight, backbone["blocks.0.attn.qkv.weight"])
 
 
 @pytest.mark.parametrize("params", ["keep=0.0", "tau=0.0", "ratio_weight=-1.0", "keep=0.01"])

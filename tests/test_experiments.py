@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,54 @@ def test_command_lists_runs_and_writes_results(tmp_path, capsys):
     assert main(["experiment", "nope"]) == 2
 
 
+def _within(value: Any, lo: float, hi: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi
+
+
+def _recall_at_kept(r: dict[str, Any], report: str) -> None:
+    assert r.keys() >= {"checkpoint", "spec", "matched_specs", "images", "threshold", "grid", "blocks"}
+    assert len(r["matched_specs"]) == 2 and r["images"] == 24  # the smoke's seeds and images
+    assert r["blocks"], "no block reduced"
+    for b in r["blocks"]:
+        assert 1 <= b["kept"] < b["of"]
+        assert all(_within(b[k], 0, 1) for k in ("base_rate", "spec", "matched", "oracle")), b
+        assert len(b["matched_seeds"]) == 2 and _within(b["matched_std"], 0, 1)
+        assert f"| {b['block']} | {b['kept']} / {b['of']} | {b['base_rate']:.3f} | {b['spec']:.3f} |" in report
+
+
+def _bspf_symmetry(r: dict[str, Any], report: str) -> None:
+    assert r.keys() >= {"spec", "source", "tied", "images", "variants"}
+    assert [v["kernel"] for v in r["variants"]] == ["as loaded", "non-symmetric"]
+    for v in r["variants"]:
+        assert all(_within(v[k], 0, 100) for k in ("top1_exact", "top1_mirrored", "pred_agreement")), v
+        assert v["top1_diff"] == pytest.approx(v["top1_mirrored"] - v["top1_exact"])
+        assert _within(v["logit_diff_mean"], 0, v["logit_diff_max"])
+        assert v["blocks"] and all(_within(b["token_agreement"], 0, 100) and _within(b["entry_agreement"], 0, 100)
+                                   and _within(b["attn_asym_mean"], 0, b["attn_asym_max"]) for b in v["blocks"])
+        assert f"| {v['kernel']} |" in report and f"{v['top1_exact']:.2f} | {v['top1_mirrored']:.2f}" in report
+
+
+def _cropr_diagnostics(r: dict[str, Any], report: str) -> None:
+    assert r.keys() >= {"checkpoint", "spec", "metric", "items", "modules", "miou"} and r["metric"] == "miou"
+    m = r["miou"]
+    assert all(_within(m[k], 0, 100) for k in ("logits", "softmax", "fixed", "unpruned")), m
+    assert len(m["fixed_seeds"]) == 2 and _within(m["fixed_std"], 0, 100)
+    assert r["modules"], "no Cropr module was probed"
+    for mod in r["modules"]:
+        assert 1 <= mod["kept"] <= mod["tokens"] and _within(mod["spearman"], -1, 1) and _within(mod["overlap"], 0, 1)
+        assert f"| {mod['block']} | {mod['tokens']} | {mod['kept']} | {mod['spearman']:.3f} |" in report
+    assert f"| unpruned (same weights) | {m['unpruned']:.2f} |" in report
+
+
+#: What each experiment's smoke result must hold: its keys, its claim's numbers finite and in range,
+#: the report showing them. A new experiment adds its checker here.
+CHECKS = {"recall_at_kept": _recall_at_kept, "bspf_symmetry": _bspf_symmetry, "cropr_diagnostics": _cropr_diagnostics}
+
+
+def test_every_experiment_has_a_result_check():
+    assert set(CHECKS) == {n for n in list_experiments() if not n.startswith("_")}
+
+
 @pytest.mark.parametrize("name", [n for n in list_experiments() if not n.startswith("_")])
 def test_every_experiment_runs_in_smoke_mode(name, tmp_path, capsys):
     out = tmp_path / "result.json"
@@ -74,3 +123,4 @@ def test_every_experiment_runs_in_smoke_mode(name, tmp_path, capsys):
     assert report.strip(), f"{name} printed no report"
     doc = json.loads(out.read_text())
     assert doc["smoke"] is True and doc["result"], f"{name} returned no result"
+    CHECKS[name](doc["result"], report)

@@ -142,9 +142,10 @@ def test_batch_invariance(method, images):
 @pytest.mark.parametrize("method", METHODS)
 def test_gradients_reach_every_parameter(method, images):
     model = tr.apply(make("dinov2").train(), spec(method, "example"))  # DINOv2: LayerScale
-    info_loss = lambda: sum(tr.get_info(model).aux_losses.values(), torch.tensor(0.0))  # noqa: E731
-    loss = head(model(images)).logsumexp(-1).mean() + info_loss()
-    loss = loss + sum((o.logsumexp(-1).mean() for o in tr.get_info(model).aux_outputs.values()), torch.tensor(0.0))
+    with tr.capture(model) as seen:  # the live record: auxiliary losses and predictions keep their graph
+        out = head(model(images))
+    loss = out.logsumexp(-1).mean() + sum(seen.last.aux_losses.values(), torch.tensor(0.0))
+    loss = loss + sum((o.logsumexp(-1).mean() for o in seen.last.aux_outputs.values()), torch.tensor(0.0))
     loss.backward()
     unused = ("mask_token",)  # DINOv2's masked-image-modelling token: no gradient unpatched either
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None and not n.endswith(unused)]

@@ -59,16 +59,79 @@ def imported(name: str, path: Path, tree: ast.Module) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _source(package, node)
             # `from .. import train` imports the sub-package itself
             out += [(node.lineno, f"{target}.{a.name}") if _is_module(f"{target}.{a.name}") else (node.lineno, target)
                     for a in node.names]
     return out
+
+
+def _source(package: str, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` in ``package`` reads from."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+#: The adapter's own patch record and its attribute: besides every ``_``-prefixed name, what only
+#: adapters/ reads. The rest of the package talks to a host through adapters/hosts.py's public
+#: interface (is_patched, reducer_of, info, patched, reapply, capture) and tokenreduce.api.
+ADAPTER_PRIVATE = frozenset({"get_patch", "ATTR", "Patch"})
+
+
+def _private(attr: str) -> bool:
+    return attr.startswith("_") or attr in ADAPTER_PRIVATE
+
+
+def adapter_privates(name: str, path: Path, tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, what) where the module ``name`` imports a private name of ``tokenreduce.adapters.*``
+    (``from ..adapters.timm_vit import get_patch``) or reads one off an adapter module it imported
+    (``timm_vit._ATTR``, ``tokenreduce.adapters.hosts.get_patch``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    adapters, out = set(), []  # local names bound to an adapter module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _source(package, node)
+            for a in node.names:
+                full = f"{source}.{a.name}"
+                if _is_module(full):
+                    if full.startswith("tokenreduce.adapters"):
+                        adapters.add(a.asname or a.name)
+                elif source.startswith("tokenreduce.adapters") and _private(a.name):
+                    out.append((node.lineno, f"imports {a.name} from {source}"))
+        elif isinstance(node, ast.Import):
+            adapters.update(a.asname for a in node.names if a.asname and a.name.startswith("tokenreduce.adapters"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = ast.unparse(node.value)
+            if owner in adapters or owner.startswith("tokenreduce.adapters."):
+                out.append((node.lineno, f"reads {owner}.{node.attr}"))
+    return out
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (module -> modules it imports) as [a, b, ..., a], or []."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return []
+        for nxt in sorted(graph.get(node, ())):
+            found = visit(nxt, path + [node])
+            if found:
+                return found
+        done.add(node)
+        return []
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found:
+            return found
+    return []
 
 
 def spelled(tree: ast.Module, names: set[str]) -> list[ast.Constant]:
@@ -119,6 +182,23 @@ def test_core_imports_no_timm():
     assert not bad, "\n".join(bad)
 
 
+def test_no_module_outside_adapters_reads_an_adapter_private_name():
+    bad = [f"{path.relative_to(SRC)}:{line} {what}"
+           for name, path, tree in MODULES if part(name) != "adapters"
+           for line, what in adapter_privates(name, path, tree)]
+    assert not bad, "use the public host interface (adapters/hosts.py, tokenreduce.api):\n" + "\n".join(bad)
+
+
+def test_core_has_no_import_cycle():
+    """Within ``core`` imports form a tree of layers, at the top of a module or inside a function:
+    a module that needs another's service at run time gets it by registration, not a late import."""
+    graph = {name: {t for _, t in imported(name, path, tree) if part(t) == "core" and t != name}
+             for name, path, tree in MODULES if part(name) == "core"}
+    assert len(graph) > 5
+    found = cycle(graph)
+    assert not found, " -> ".join(found)
+
+
 def test_no_method_name_is_spelled_outside_methods():
     names = set(tokenreduce.list_methods())
     assert names, "no method is registered"
@@ -146,3 +226,18 @@ def test_the_checks_catch_a_violation():
     assert [t for _, t in imported(name, path, tree)] == ["random", "tokenreduce.bench.macs"]
     # the string is seen, the stdlib import of the same name is not
     assert [(n.lineno, n.value) for n in spelled(tree, {"random", "macs"})] == [(2, "random")]
+
+
+def test_the_private_name_check_catches_each_form():
+    source = ("from ..adapters.timm_vit import get_patch, check_host\nfrom ..adapters import timm_vit as tv, hosts\n"
+              "import tokenreduce.adapters.common\nx = tv._ATTR\ny = hosts.is_patched\n"
+              "def f():\n    from ..adapters.common import ATTR\n    return tokenreduce.adapters.common.Patch\n")
+    name, path = "tokenreduce.bench.x", SRC / "bench" / "x.py"
+    assert sorted(adapter_privates(name, path, ast.parse(source))) == [
+        (1, "imports get_patch from tokenreduce.adapters.timm_vit"), (4, "reads tv._ATTR"),
+        (7, "imports ATTR from tokenreduce.adapters.common"), (8, "reads tokenreduce.adapters.common.Patch")]
+
+
+def test_the_cycle_check_finds_a_late_import_circle():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []

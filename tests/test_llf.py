@@ -13,7 +13,6 @@ from conftest import make_host
 from timm.models.vision_transformer import VisionTransformer
 
 import tokenreduce as tr
-from tokenreduce.adapters import timm_vit
 from tokenreduce.data.fashion_mnist import CLASSES
 from tokenreduce.models import deploy, export_inference, load_model, save_checkpoint
 from tokenreduce.tasks import TaskContext, build_task
@@ -28,7 +27,7 @@ def test_llf_returns_every_token_to_its_position_with_its_pruned_value() -> None
     model = make_host("deit")
     plain = copy.deepcopy(model)
     tr.apply(model, "random(keep=0.5, locs=(0,), where='block') + llf()")
-    keep = timm_vit.get_patch(model).reducer.stages[0]._keep[0]  # (1 + 32,) positions kept at block 0, cls first
+    keep = tr.reducer_of(model).stages[0]._keep[0]  # (1 + 32,) positions kept at block 0, cls first
     images = _images()
     with torch.no_grad():
         out = model(images)
@@ -116,6 +115,6 @@ def test_cropr_with_llf_on_the_dense_task_trains_and_deploys(tmp_path: Path) -> 
     with torch.no_grad():
         torch.testing.assert_close(task.pixel_logits(make_dense(deployed), images), ref, rtol=1e-5, atol=1e-5)
     deploy(model)  # in place, the dense output kept
-    assert timm_vit.get_patch(model).dense
+    assert tr.get_info(model).dense
     with torch.no_grad():
         torch.testing.assert_close(task.pixel_logits(model, images), ref, rtol=1e-5, atol=1e-5)

@@ -18,7 +18,6 @@ from conftest import make_host
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tokenreduce as tr
-from tokenreduce.adapters.timm_vit import get_patch
 from tokenreduce.core.method import format_spec
 
 #: spec on the 4-block tiny hosts -> most extra operators in a block where it reduces (batch 1); a tuple
@@ -112,7 +111,7 @@ def test_reduction_overhead_per_block(spec: str, host: str, baseline):
     entering = [info.schedule.num_patches, *info.schedule.counts[:-1]]
     reduced = [c != e for c, e in zip(info.schedule.counts, entering, strict=True)]
     assert any(reduced), f"{spec} reduces nothing on the tiny host: the test checks nothing"
-    proportional, merged = get_patch(model).reducer.proportional, False
+    proportional, merged = tr.reducer_of(model).proportional, False
     budgets = iter(BUDGETS[spec] if isinstance(BUDGETS[spec], tuple) else [BUDGETS[spec]] * len(extra))
     for i, (ops, red) in enumerate(zip(extra, reduced, strict=True)):
         allowed = next(budgets) if red else (PROP_ATTN_BIAS if merged and proportional else 0)

@@ -13,7 +13,6 @@ from torch.utils.data import default_collate
 
 import tokenreduce
 from tokenreduce import TokenReduceError
-from tokenreduce.adapters import timm_vit
 from tokenreduce.data import DataError, Mosaic, Seeded, build_dataset, build_mosaic
 from tokenreduce.data.fashion_mnist import CLASSES, make_synthetic, write_idx
 from tokenreduce.tasks import TaskContext, build_task
@@ -162,9 +161,9 @@ def test_reduced_models_give_full_resolution_logits(spec: str, mosaics) -> None:
     assert task.head.weight.grad is not None
     # a model patched without dense=True is switched to dense output, same reducer object
     plain = tokenreduce.apply(_tiny(), spec)
-    reducer = timm_vit.get_patch(plain).reducer
+    reducer = tokenreduce.reducer_of(plain)
     task = _bound(plain)
-    assert timm_vit.get_patch(plain).reducer is reducer
+    assert tokenreduce.reducer_of(plain) is reducer
     assert task.pixel_logits(plain, images).shape == (2, 11, 56, 56)
 
 

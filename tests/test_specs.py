@@ -115,3 +115,10 @@ def test_commands_exit_2_with_one_line(capsys, tmp_path, argv):
     _one_line_error(capsys, [*argv, *(["--out", str(tmp_path / "run")] if argv[0] == "train" else [])],
                     "r=1.5 is invalid; r takes an int or a tuple of ints")
     assert not (tmp_path / "run").exists()
+
+
+def test_format_spec_round_trips_any_literal():
+    """The spec grammar alone (no registry): numbers, tuples, a list (read back as a tuple), None,
+    strings with quotes, booleans."""
+    params = {"keep": 0.5, "locs": (1, 2), "extra": [1, 2], "flag": None, "s": "a'b", "on": True}
+    assert tr.parse_spec(tr.core.registry.format_spec("any", params)) == ("any", {**params, "extra": (1, 2)})

@@ -6,7 +6,7 @@
 """
 
 from . import methods  # noqa: F401  (registers the built-in methods)
-from .api import Info, apply, get_info, remove
+from .api import Capture, Info, apply, capture, find_info, get_info, is_patched, patched, reapply, reducer_of, remove
 from .core.errors import SpecError, TokenReduceError, UnsupportedModelError
 from .core.method import (
     Reducer,
@@ -18,8 +18,8 @@ from .core.method import (
 )
 
 __all__ = [
-    "Info", "Reducer", "SpecError", "TokenReduceError", "UnsupportedModelError", "apply",
-    "build_reducer", "get_info", "get_method", "list_methods", "parse_spec", "register_method",
-    "remove",
+    "Capture", "Info", "Reducer", "SpecError", "TokenReduceError", "UnsupportedModelError", "apply",
+    "build_reducer", "capture", "find_info", "get_info", "get_method", "is_patched", "list_methods",
+    "parse_spec", "patched", "reapply", "reducer_of", "register_method", "remove",
 ]
 __version__ = "0.1.0"

@@ -2,49 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
 from .adapters import hosts
-from .core.errors import TokenReduceError
-from .core.method import Host, Reducer
-from .core.schedule import Schedule
+from .adapters.hosts import Capture, Info
+from .core.method import Reducer
 
-
-@dataclass(frozen=True)
-class Info:
-    """What a patched model is set to do, and what its last forward did.
-
-    Attributes:
-        spec: canonical spec string of the applied method.
-        schedule: the compiled schedule (non-prefix tokens after each block).
-        tokens_per_block: total tokens (prefix included) leaving each block in the last forward,
-            or the compiled counts before any forward.
-        sizes: (B, N) patches each final token stands for (last forward), or None.
-        index: (B, N) original sequence position of each final token (last forward), or None.
-        snapshots: block -> (B, N_block, N0) membership map after that block's reduction;
-            only with ``apply(..., trace=True)``.
-        aux_losses: named auxiliary losses emitted by a learned reducer in the last forward.
-        keep_mask: (B, N) keep policy of the final tokens in the last forward, aligned with
-            ``index`` (prefix entries 1), when a learned pruner trained with a soft policy instead
-            of dropping tokens (DynamicViT in training); None when every final token is kept.
-            Not detached: a token-distillation loss that only weights tokens by it should detach it.
-        aux_outputs: named auxiliary predictions (B, Q, K) a learned reducer emitted in the last
-            training forward, for the task to score with its own criterion (``TokenState.aux_outputs``).
-    """
-
-    spec: str
-    host: Host
-    schedule: Schedule
-    tokens_per_block: list[int]
-    sizes: Tensor | None
-    index: Tensor | None
-    snapshots: dict[int, Tensor]
-    aux_losses: dict[str, Tensor]
-    keep_mask: Tensor | None = None
-    aux_outputs: dict[str, Tensor] = field(default_factory=dict)
+__all__ = ["Capture", "Info", "apply", "capture", "find_info", "get_info", "is_patched", "patched", "reapply",
+           "reducer_of", "remove"]
 
 
 def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: bool = False) -> nn.Module:
@@ -70,34 +37,44 @@ def remove(model: nn.Module) -> nn.Module:
     return hosts.remove(model)
 
 
+def is_patched(model: nn.Module) -> bool:
+    """Whether ``model`` is patched by tokenreduce."""
+    return hosts.is_patched(model)
+
+
+def reducer_of(model: nn.Module) -> Reducer:
+    """The reducer a patched model runs (the object itself: a trained one with its weights); its
+    compiled schedule is ``get_info(model).schedule``. Raises TokenReduceError if not patched."""
+    return hosts.reducer_of(model)
+
+
+def patched(model: nn.Module, spec: str | Reducer | None, *, trace: bool = False,
+            dense: bool = False) -> AbstractContextManager[nn.Module]:
+    """``with patched(model, spec): ...`` runs the block with ``spec`` applied (None: unpatched) and
+    always puts the model back as it was (unpatched, or with its previous patch), even on error."""
+    return hosts.patched(model, spec, trace=trace, dense=dense)
+
+
+def reapply(model: nn.Module, spec: str | Reducer | None = None, *, trace: bool | None = None,
+            dense: bool | None = None) -> nn.Module:
+    """Patch a patched model again with what is given changed (``spec``, ``trace``, ``dense``); what
+    is not given stays, the reducer the same object (its weights). E.g. ``reapply(model, dense=True)``."""
+    return hosts.reapply(model, spec, trace=trace, dense=dense)
+
+
 def get_info(model: nn.Module) -> Info:
-    """Schedule and last-forward record of a patched model."""
-    patch = hosts.get_patch(model)
-    last = patch.last
-    counts = patch.schedule.tokens_per_block(patch.host.num_prefix)
-    return Info(
-        spec=patch.reducer.spec(),
-        host=patch.host,
-        schedule=patch.schedule,
-        tokens_per_block=list(last.tokens_per_block) if last else counts,
-        sizes=_sizes(last),
-        index=last.index if last else None,
-        snapshots=dict(last.snapshots) if last else {},
-        aux_losses=dict(last.aux_losses) if last else {},
-        keep_mask=last.keep_mask if last else None,
-        aux_outputs=dict(last.aux_outputs) if last else {},
-    )
+    """Schedule, options and last-forward record of a patched model, every tensor detached (the
+    model keeps no autograd graph between calls; a training loss reads the live one: :func:`capture`)."""
+    return hosts.info(model)
 
 
 def find_info(model: nn.Module) -> Info | None:
     """``get_info(model)``, or None for a model tokenreduce has not patched."""
-    try:
-        return get_info(model)
-    except TokenReduceError:
-        return None
+    return hosts.find_info(model)
 
 
-def _sizes(last) -> Tensor | None:
-    if last is None:
-        return None
-    return last.size if last.size is not None else torch.ones_like(last.index, dtype=torch.float)
+def capture(model: nn.Module) -> AbstractContextManager[Capture]:
+    """``with capture(model) as seen: y = model(x)``: ``seen.last`` is the latest forward's record
+    inside the block with live tensors (auxiliary losses and predictions keep their graph, for a
+    loss), None for an unpatched model. Nothing live stays on the model after the block."""
+    return hosts.capture(model)

@@ -12,8 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .adapters import timm_vit
-from .api import apply, get_info, remove
+from .api import apply, get_info, is_patched, remove
 from .bench.report import write_figure
 from .core.errors import TokenReduceError
 from .core.method import Reducer
@@ -121,7 +120,7 @@ def draw(model: nn.Module, specs: Sequence[str | Reducer], images: Tensor, title
         try:
             paths += visualize(model, spec, images, Path(out) / slug(name), titles, outlines)
         finally:
-            if hasattr(model, timm_vit._ATTR):  # visualize may fail before it patches
+            if is_patched(model):  # visualize may fail before it patches
                 remove(model)
     return paths
 

@@ -18,11 +18,13 @@ points the schedule names; it can also hand back the tokens after chosen blocks 
 first (torch.fx symbolic tracing; the classic ONNX exporter where the method declares it cannot be
 exported by it). :func:`attach` / :func:`detach` are the host-neutral halves of ``apply`` /
 ``remove``: the reducer built, checked against the host and bound, the record left on the model;
+:class:`Forward` is what a forward leaves behind: detached on the patch (the model holds no tensor of an
+autograd graph between calls), live in a :class:`Capture` for the caller that trains on it;
 :class:`RefuseScript` is the ``__prepare_scriptable__`` an adapter installs so that
 ``torch.jit.script`` refuses a patched model. What an adapter stores on a model must pickle
 (module-level functions bound with functools.partial, no bound methods or closures), so pickle,
 ``torch.save(model)`` and deepcopy give a patched model again; the last forward's record
-(``Patch.last``) is not copied. :class:`HostParts` names a host's sub-modules for what counts their
+(``Patch.last``) and open captures are not copied. :class:`HostParts` names a host's sub-modules for what counts their
 cost (bench/macs.py).
 """
 
@@ -49,20 +51,66 @@ ATTR = "_tokenreduce_patch"
 
 
 @dataclass
+class Forward:
+    """What one forward did (``get_info``'s per-forward fields; ``TokenState`` for their meaning).
+
+    Attributes:
+        tokens_per_block: total tokens (prefix included) leaving each block.
+        sizes: (B, N) patches each final token stands for (ones where nothing merged).
+        index: (B, N) original sequence position of each final token.
+        snapshots: block -> (B, N_block, N0) membership after that block's reduction (``trace=True``).
+        aux_losses: named auxiliary losses a learned reducer emitted.
+        keep_mask: (B, N) keep policy of the final tokens (a soft-policy pruner in training), or None.
+        aux_outputs: named auxiliary predictions (B, Q, K) a learned reducer emitted.
+    """
+
+    tokens_per_block: list[int]
+    sizes: Tensor
+    index: Tensor
+    snapshots: dict[int, Tensor]
+    aux_losses: dict[str, Tensor]
+    keep_mask: Tensor | None
+    aux_outputs: dict[str, Tensor]
+
+    @classmethod
+    def of(cls, state: TokenState, *, live: bool) -> Forward:
+        """The record of ``state`` after the last block: its tensors themselves (``live``: they keep
+        their autograd graph, for a loss) or detached (the same values, no graph)."""
+
+        def d(t: Tensor | None) -> Tensor | None:
+            return t if live or t is None else t.detach()
+
+        sizes = state.size if state.size is not None else torch.ones_like(state.index, dtype=torch.float)
+        return cls(list(state.tokens_per_block), d(sizes), d(state.index),
+                   {k: d(v) for k, v in state.snapshots.items()}, {k: d(v) for k, v in state.aux_losses.items()},
+                   d(state.keep_mask), {k: d(v) for k, v in state.aux_outputs.items()})
+
+
+class Capture:
+    """The live record of the forwards run inside ``hosts.capture(model)`` (``last``: the latest, or
+    None before one, or for a model that is not patched). Only the capture holds it: the patch drops
+    the capture when the block ends."""
+
+    def __init__(self) -> None:
+        self.last: Forward | None = None
+
+
+@dataclass
 class Patch:
-    """What ``apply`` left on a model: the reducer, its compiled schedule and the last forward."""
+    """What ``apply`` left on a model: the reducer, its compiled schedule and the last forward,
+    detached (:class:`Forward`); ``captures``: the open ``hosts.capture`` blocks, handed the live record."""
 
     reducer: Reducer
     schedule: Schedule
     host: Host
     trace: bool
     dense: bool = False
-    last: TokenState | None = field(default=None, repr=False)
+    last: Forward | None = field(default=None, repr=False)
+    captures: list[Capture] = field(default_factory=list, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        # the last forward's record stays behind: a copy or a saved model has run no forward, and
-        # the record may hold tensors of a training graph (deepcopy refuses non-leaf tensors)
-        return {**self.__dict__, "last": None}
+        # a copy or a saved model has run no forward, and holds no other caller's capture
+        return {**self.__dict__, "last": None, "captures": []}
 
 
 class AttentionView:
@@ -225,11 +273,11 @@ def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, ckpt: bool 
                take: Collection[int] = (), dense_taken: bool = False,
                stop: int | None = None) -> tuple[Tensor, list[Tensor]]:
     """x (B, p + N0, C), the embedded tokens, through the blocks (the first ``stop``) with ``patch``'s
-    reducer; records the forward as ``patch.last``. Returns the last block's tokens, one per
-    original position (B, p + N0, C) with ``patch.dense`` (``TokenState.unmerge``), else the reduced
-    ones, and the tokens leaving each block in ``take``, in block order: one per original position
-    with ``patch.dense`` or ``dense_taken``, else as reduced. ``ckpt``: run the blocks where the
-    reducer does not act through torch.utils.checkpoint."""
+    reducer; records the forward as ``patch.last`` (detached) and in each open capture (live).
+    Returns the last block's tokens, one per original position (B, p + N0, C) with ``patch.dense``
+    (``TokenState.unmerge``), else the reduced ones, and the tokens leaving each block in ``take``,
+    in block order: one per original position with ``patch.dense`` or ``dense_taken``, else as
+    reduced. ``ckpt``: run the blocks where the reducer does not act through torch.utils.checkpoint."""
     reducer, schedule = patch.reducer, patch.schedule
     dense = patch.dense or dense_taken
     state = TokenState.start(
@@ -242,7 +290,9 @@ def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, ckpt: bool 
         x = run_block(blk, x, state, reducer, schedule, ckpt)
         if i in take:
             taken.append(state.unmerge(x) if dense else x)
-    patch.last = state
+    patch.last = Forward.of(state, live=False)
+    for c in patch.captures:
+        c.last = Forward.of(state, live=True)
     if patch.dense:
         # the values of state.dense(x), without restoring the state's fields, so get_info still
         # describes the tokens the last block made

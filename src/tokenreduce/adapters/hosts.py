@@ -1,5 +1,9 @@
 """The registry of hosts: which adapter patches a given model, and the interface the rest of the
-library talks to a host through (``apply``, ``remove``, ``get_patch``, ``check_host``, ``parts``).
+library talks to a host through: ``apply``, ``remove``, ``patched`` (apply for a ``with`` block, then
+undo), ``reapply`` (the patch again with an option or the reducer changed), ``is_patched``,
+``reducer_of``, ``info`` (what the patch is set to do and the last forward's detached record),
+``capture`` (the live record, for a loss), ``check_host`` and ``parts``. Nothing outside adapters/
+reads the patch record itself.
 
 Each host is one module of adapters/ with the same functions: ``accepts(model)`` (cheap, and
 without importing its library unless the model comes from it: transformers is optional),
@@ -11,14 +15,17 @@ refused with every host's description. Adding a host is adding its module to :da
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from types import ModuleType
 
-from torch import nn
+from torch import Tensor, nn
 
 from ..core.errors import UnsupportedModelError
 from ..core.method import Host, Reducer
-from .common import ATTR, HostParts, Patch
-from .common import get_patch as get_patch
+from ..core.schedule import Schedule
+from .common import ATTR, Capture, Forward, HostParts, get_patch
 
 #: host name -> its adapter module, asked in this order.
 HOSTS = {"timm": "tokenreduce.adapters.timm_vit", "transformers": "tokenreduce.adapters.hf_vit"}
@@ -56,7 +63,124 @@ def remove(model: nn.Module) -> nn.Module:
 
 
 def is_patched(model: nn.Module) -> bool:
+    """Whether tokenreduce's patch is on ``model``."""
     return hasattr(model, ATTR)
 
 
-__all__ = ["HOSTS", "Patch", "adapter", "apply", "check_host", "get_patch", "is_patched", "parts", "remove"]
+def reducer_of(model: nn.Module) -> Reducer:
+    """The reducer ``model`` runs (the object itself: a learned one with its weights); raises
+    TokenReduceError if the model is not patched."""
+    return get_patch(model).reducer
+
+
+def reapply(model: nn.Module, spec: str | Reducer | None = None, *, trace: bool | None = None,
+            dense: bool | None = None) -> nn.Module:
+    """Patch ``model`` again with what is given changed: ``spec`` (default: its reducer, the same
+    object, so the same weights), ``trace``, ``dense`` (default: as they are). Raises TokenReduceError
+    if the model is not patched. Returns the model."""
+    patch = get_patch(model)
+    return apply(model, patch.reducer if spec is None else spec,
+                 trace=patch.trace if trace is None else trace, dense=patch.dense if dense is None else dense)
+
+
+@contextmanager
+def patched(model: nn.Module, spec: str | Reducer | None, *, trace: bool = False,
+            dense: bool = False) -> Iterator[nn.Module]:
+    """``with patched(model, spec):`` runs the block on ``model`` patched with ``spec`` (None: the
+    unpatched model) and always puts the model back as it was, on success or error: unpatched, or
+    with the patch it had before (the same reducer and options)."""
+    before = getattr(model, ATTR, None)
+    if spec is not None:
+        apply(model, spec, trace=trace, dense=dense)
+    elif before is not None:
+        remove(model)
+    try:
+        yield model
+    finally:
+        if is_patched(model):
+            remove(model)
+        if before is not None:
+            apply(model, before.reducer, trace=before.trace, dense=before.dense)
+
+
+@contextmanager
+def capture(model: nn.Module) -> Iterator[Capture]:
+    """``with capture(model) as seen: y = model(x)``: ``seen.last`` is the record of the latest forward
+    inside the block with its tensors live (a learned reducer's auxiliary losses and predictions keep
+    their autograd graph, for the task's loss), None for an unpatched model. Only ``seen`` holds them:
+    the model keeps the detached record (:func:`info`)."""
+    seen = Capture()
+    patch = getattr(model, ATTR, None)
+    if patch is None:
+        yield seen
+        return
+    patch.captures.append(seen)
+    try:
+        yield seen
+    finally:
+        patch.captures.remove(seen)
+
+
+@dataclass(frozen=True)
+class Info:
+    """What a patched model is set to do, and what its last forward did.
+
+    Every tensor is detached (the model keeps no autograd graph between calls): a loss on a learned
+    reducer's auxiliary outputs reads them live from ``capture``.
+
+    Attributes:
+        spec: canonical spec string of the applied method.
+        host: what the method knows about the model (depth, prefix tokens, patch grid, ...).
+        schedule: the compiled schedule (non-prefix tokens after each block).
+        tokens_per_block: total tokens (prefix included) leaving each block in the last forward,
+            or the compiled counts before any forward.
+        sizes: (B, N) patches each final token stands for (last forward), or None.
+        index: (B, N) original sequence position of each final token (last forward), or None.
+        snapshots: block -> (B, N_block, N0) membership map after that block's reduction;
+            only with ``apply(..., trace=True)``.
+        aux_losses: named auxiliary losses emitted by a learned reducer in the last forward.
+        keep_mask: (B, N) keep policy of the final tokens in the last forward, aligned with
+            ``index`` (prefix entries 1), when a learned pruner trained with a soft policy instead
+            of dropping tokens (DynamicViT in training); None when every final token is kept.
+        aux_outputs: named auxiliary predictions (B, Q, K) a learned reducer emitted in the last
+            training forward, for the task to score with its own criterion (``TokenState.aux_outputs``).
+        trace, dense: the options the model was patched with (``apply``).
+    """
+
+    spec: str
+    host: Host
+    schedule: Schedule
+    tokens_per_block: list[int]
+    sizes: Tensor | None
+    index: Tensor | None
+    snapshots: dict[int, Tensor]
+    aux_losses: dict[str, Tensor]
+    keep_mask: Tensor | None = None
+    aux_outputs: dict[str, Tensor] = field(default_factory=dict)
+    trace: bool = False
+    dense: bool = False
+
+
+def info(model: nn.Module) -> Info:
+    """Schedule, options and last-forward record of a patched model (``tokenreduce.get_info``);
+    raises TokenReduceError if the model is not patched."""
+    patch = get_patch(model)
+    last: Forward | None = patch.last
+    compiled = patch.schedule.tokens_per_block(patch.host.num_prefix)
+    return Info(
+        spec=patch.reducer.spec(), host=patch.host, schedule=patch.schedule,
+        tokens_per_block=list(last.tokens_per_block) if last else compiled,
+        sizes=last.sizes if last else None, index=last.index if last else None,
+        snapshots=dict(last.snapshots) if last else {}, aux_losses=dict(last.aux_losses) if last else {},
+        keep_mask=last.keep_mask if last else None, aux_outputs=dict(last.aux_outputs) if last else {},
+        trace=patch.trace, dense=patch.dense,
+    )
+
+
+def find_info(model: nn.Module) -> Info | None:
+    """``info(model)``, or None for a model tokenreduce has not patched."""
+    return info(model) if is_patched(model) else None
+
+
+__all__ = ["HOSTS", "Capture", "Info", "adapter", "apply", "capture", "check_host", "find_info", "info", "is_patched",
+           "parts", "patched", "reapply", "reducer_of", "remove"]

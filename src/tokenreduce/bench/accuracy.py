@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from ..adapters import timm_vit
+from ..adapters import hosts, timm_vit
 from ..core.compose import split_stages
 from ..core.errors import TokenReduceError
 from ..core.method import build_reducer, format_spec, get_method, parse_spec
@@ -175,14 +175,9 @@ def _evaluate_case(model: nn.Module, task: Task, case: EvalCase, data: TensorDat
     if case.spec is not None and is_stochastic(case.spec):
         variants = [(s, with_seed(case.spec, s)) for s in seeds]
     for seed, spec in variants:
-        if spec is not None:
-            timm_vit.apply(model, spec)
-        try:
+        with hosts.patched(model, spec):
             row.runs.append({**_metrics(task, model, data, batch, database), "seed": seed, "spec": spec})
             row.macs = count_macs(model, img_size)
-        finally:
-            if spec is not None:
-                timm_vit.remove(model)
         if progress:
             progress(f"{case.label}{'' if seed is None else f' seed {seed}'}: {m} {row.runs[-1][m]:.2f}")
     return row
@@ -223,7 +218,7 @@ def evaluate_cases(
         seeds: seeds of stochastic methods' runs.
         speed: keyword arguments for ``measure_speed`` (batch, warmup, repeats, min_run_s, threads).
     """
-    if hasattr(model, timm_vit._ATTR):
+    if hosts.is_patched(model):
         raise TokenReduceError("evaluate_cases takes the unpatched reference model; pass methods as cases")
     cases = list(cases)
     if not any(c.kind == "unpatched" for c in cases):

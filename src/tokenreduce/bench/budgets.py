@@ -35,11 +35,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from torch import nn
 
-from ..adapters import timm_vit
+from ..adapters import hosts, timm_vit
 from ..core.errors import TokenReduceError
 from ..core.method import build_reducer, get_method, list_methods
 from .macs import count_macs
@@ -97,20 +98,18 @@ class Pick:
 
 def candidates(model: nn.Module, name: str, img_size: int | None = None) -> list[Candidate]:
     """The valid members of ``name``'s family on ``model``, sorted by MACs speed-up (mildest first)."""
-    if hasattr(model, timm_vit._ATTR):
+    if hosts.is_patched(model):
         raise TokenReduceError("budgets need an unpatched model")
     host = timm_vit.check_host(model)
     base = count_macs(model, img_size).total
     out, seen = [], set()
     for spec in get_method(name).budget_family(host):
-        try:
-            timm_vit.apply(model, build_reducer(spec))
-        except TokenReduceError:  # the model rejects this member (e.g. too strong for its depth)
-            continue
-        try:
+        with ExitStack() as patched:
+            try:
+                patched.enter_context(hosts.patched(model, build_reducer(spec)))
+            except TokenReduceError:  # the model rejects this member (e.g. too strong for its depth)
+                continue
             report = count_macs(model, img_size)
-        finally:
-            timm_vit.remove(model)
         key = tuple(report.tokens_per_block)
         if key in seen:  # same schedule as a milder spec: nothing new
             continue

@@ -49,13 +49,8 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
     """
     rows = bench_cases(model, specs, control, match_random)
     for row in rows:  # MACs from the compiled schedules; also rejects a bad spec before any timing
-        if row["spec"] is not None:
-            hosts.apply(model, row["spec"])
-        try:
+        with hosts.patched(model, row["spec"]):
             macs = count_macs(model, img_size)
-        finally:
-            if row["spec"] is not None:
-                hosts.remove(model)
         row.update(macs=macs.total, gmacs=macs.total / 1e9, tokens_per_block=macs.tokens_per_block)
     results = measure_speed(model, [Case(r["label"], r["spec"]) for r in rows], img_size=img_size, seed=seed,
                             progress=progress, **(speed or {}))

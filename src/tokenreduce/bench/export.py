@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..adapters import timm_vit
+from ..adapters import hosts
 from ..core.errors import TokenReduceError
 from ..core.onnx import EXPORTERS, check_onnx
 from .macs import input_shape
@@ -98,17 +98,17 @@ class ExportResult:
 
 def check_exportable(model: nn.Module) -> None:
     """Raise TokenReduceError, naming the reason, if ``model`` cannot be exported as it is set up."""
-    patch = getattr(model, timm_vit._ATTR, None)
-    reducer = patch.reducer if patch is not None else None
+    info = hosts.find_info(model)
+    reducer = hosts.reducer_of(model) if info is not None else None
     if model.training:
         why = ""
         if reducer is not None and reducer.learned:
             why = (f"; {reducer.spec()} is a learned reducer whose training-mode soft policy keeps every token "
                    "(and samples noise), so there are no reduced token counts to export")
         raise TokenReduceError(f"the model is in training mode{why}; call model.eval() before exporting")
-    if patch is None:
+    if info is None:
         return
-    if patch.trace:
+    if info.trace:
         raise TokenReduceError("a model patched with trace=True records token sources in Python on every forward; "
                                "apply the method without trace=True to export it")
     if reducer.dynamic_schedule:
@@ -211,17 +211,16 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, batch: int = 1, im
                                "translations (torch.onnx.export(dynamo=True, custom_translation_table=...)); "
                                "upgrade torch to export")
     check_exportable(model)
-    patch = getattr(model, timm_vit._ATTR, None)
-    if patch is not None:
-        check_onnx(patch.reducer, exporter=exporter, opset=opset)
+    reducer = hosts.reducer_of(model) if hosts.is_patched(model) else None
+    if reducer is not None:
+        check_onnx(reducer, exporter=exporter, opset=opset)
     ref = next(model.parameters())
     shape = (max(batch, 2) if dynamic_batch else batch, *input_shape(model, img_size))
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(ref.device, ref.dtype)
     checks = [x, x[:1]] if dynamic_batch else [x]  # a dynamic batch is checked at a second size
     with torch.no_grad():
         wants = [model(c) for c in reversed(checks)][::-1]  # x last: its record is the one kept
-    tokens = list(patch.last.tokens_per_block) if patch is not None else None
-    last = patch.last if patch is not None else None
+    tokens = hosts.info(model).tokens_per_block if reducer is not None else None
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -235,8 +234,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, batch: int = 1, im
         hint = "; the dynamo exporter (exporter='dynamo') may export it" if exporter == "classic" else ""
         raise TokenReduceError(f"ONNX export failed ({exporter} exporter): {type(e).__name__}: {first}{hint}") from e
     finally:
-        if patch is not None:
-            patch.last = last  # tracing ran the forward on fake tensors; keep the eager record
+        if reducer is not None:  # tracing recorded its forward on fake tensors: record the eager one again
+            with torch.no_grad():
+                model(x)
     if tokens is None:
         n = model.patch_embed.num_patches + model.num_prefix_tokens
         tokens = [n] * len(model.blocks)
@@ -247,7 +247,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, batch: int = 1, im
                    for c, w in zip(checks, wants, strict=True))
     opsets = {o.domain: o.version for o in written.opset_import}
     return ExportResult(
-        path=out, input_shape=shape, spec=patch.reducer.spec() if patch is not None else None,
+        path=out, input_shape=shape, spec=reducer.spec() if reducer is not None else None,
         tokens_per_block=tokens, graph_tokens=graph_token_counts(out, None if dynamic_batch else shape[0],
                                                                  model.embed_dim),
         max_abs_diff=diff, opset=opsets.get(""), size_bytes=out.stat().st_size,

@@ -133,8 +133,8 @@ def _block_tokens(model: nn.Module, patches: int) -> tuple[Reducer | None, Host,
     p = host.num_prefix
     if not hosts.is_patched(model):
         return None, host, [(patches + p, patches + p, patches + p, False)] * host.depth
-    patch = hosts.get_patch(model)
-    sched, host, reducer = patch.schedule, patch.host, patch.reducer
+    info = hosts.info(model)
+    sched, host, reducer = info.schedule, info.host, hosts.reducer_of(model)
     if patches != sched.num_patches:
         raise TokenReduceError(
             f"the schedule was compiled for {sched.num_patches} patches, the image size gives {patches}; "

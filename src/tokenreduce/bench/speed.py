@@ -139,9 +139,8 @@ def measure_speed(
     # Reducers are built once so a learned one keeps the same parameters in every round.
     reducers = [None if c.spec is None else build_reducer(c.spec) for c in cases]
     for reducer in reducers:  # fail on a bad spec before any timing
-        if reducer is not None:
-            hosts.apply(model, reducer)
-            hosts.remove(model)
+        with hosts.patched(model, reducer):
+            pass
 
     ref = next(model.parameters())
     gen = torch.Generator().manual_seed(seed)

@@ -34,8 +34,7 @@ def _macs(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import apply, build_reducer, get_info
-    from ..adapters.hosts import get_patch
+    from .. import apply, build_reducer, get_info, reducer_of
     from ..bench.macs import count_macs
     from ..bench.report import format_table
 
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     base = count_macs(model, args.img_size)
     apply(model, args.method)
     info = get_info(model)
-    reducer_params = sum(p.numel() for p in get_patch(model).reducer.parameters())
+    reducer_params = sum(p.numel() for p in reducer_of(model).parameters())
     patched = count_macs(model, args.img_size)
     host = info.host
 

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..adapters.timm_vit import get_patch
+    from ..api import reducer_of
     from ..bench.evaluation import log, parse_list
     from ..core.method import build_reducer
     from ..models import classes_of, load_model
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     model, meta = load_model(args.checkpoint)
     specs: list = list(args.spec)
     if meta.get("spec"):
-        trained = get_patch(model).reducer
+        trained = reducer_of(model)
         if not specs:
             specs = [trained]  # keeps its learned weights
         elif any(True for _ in trained.parameters()):

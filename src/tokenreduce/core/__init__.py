@@ -2,3 +2,5 @@
 
 Nothing in ``core`` imports timm.
 """
+
+from . import compose  # noqa: F401  (registers the composite that runs 'A + B' specs)

@@ -60,7 +60,6 @@ Interface (what a stage author needs to know):
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,39 +68,14 @@ import torch
 from torch import Tensor, nn
 
 from .errors import SpecError, TokenReduceError
-from .method import AttnInfo, Host, Reducer, matched_spec, needs_macs
+from .method import AttnInfo, Host, Reducer, matched_spec, needs_macs, register_composite
 from .ops import positions
+from .registry import split_stages as split_stages  # the spec grammar's top-level '+'
 from .schedule import Schedule
 from .state import TokenState
 
 #: The two points of a block where a reducer runs, in the order they come.
 POINTS = ("attn", "block")
-
-
-def split_stages(spec: str) -> list[str]:
-    """The stages of ``spec`` at its top-level ``+`` (outside parentheses and quotes), as written.
-
-    ``'imagepiece() + evit(keep=0.7)'`` -> ``['imagepiece()', 'evit(keep=0.7)']``; a spec without a
-    top-level ``+`` (or one that does not parse: the spec parser reports it) -> ``[spec]``.
-    """
-    if not isinstance(spec, str):
-        return [spec]
-    text = spec.strip()
-    try:
-        node = ast.parse(text, mode="eval").body
-    except SyntaxError:
-        return [spec]
-    parts: list[str] = []
-
-    def walk(n: ast.expr) -> None:
-        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
-            walk(n.left)
-            walk(n.right)
-        else:
-            parts.append(ast.get_source_segment(text, n) or ast.unparse(n))
-
-    walk(node)
-    return parts
 
 
 @dataclass(frozen=True)
@@ -123,6 +97,7 @@ class Step:
     realign: frozenset[str] = frozenset()
 
 
+@register_composite
 class Compose(Reducer):
     """Stages run in order at each block (see the module docstring). Not registered: built by
     ``build_reducer`` from a spec with a top-level ``+``."""
@@ -148,22 +123,13 @@ class Compose(Reducer):
         self.hosts = frozenset.intersection(*limited) if limited else None
         self.min_onnx_opset = max(s.min_onnx_opset for s in flat)
         self.classic_onnx = all(s.classic_onnx for s in flat)
+        self.conserves_patches = all(s.conserves_patches for s in flat)
+        self.proportional = any(s.proportional for s in flat)
+        points = {s.where for s in flat}
+        self.where = points.pop() if len(points) == 1 else "both"
         self._plan: dict[int, tuple[Step, ...]] = {}
 
     # ----- declarations -------------------------------------------------------------------------
-
-    @property
-    def where(self) -> str:
-        points = {s.where for s in self.stages}
-        return points.pop() if len(points) == 1 else "both"
-
-    @property
-    def conserves_patches(self) -> bool:
-        return all(s.conserves_patches for s in self.stages)
-
-    @property
-    def proportional(self) -> bool:
-        return any(s.proportional for s in self.stages)
 
     def spec(self) -> str:
         return " + ".join(s.spec() for s in self.stages)

@@ -8,7 +8,8 @@ It also declares what the rest of the package needs to know about it, so that no
 spelled outside ``methods/``: whether it is ``learned`` (trained parameters: fine-tune it first),
 whether it ``conserves_patches`` (token sizes always sum to the patch count: merging), what its
 scoring costs (``scoring_macs``, read by bench/macs.py) and its candidate specs for a target
-speed-up (``budget_family``, read by bench/budgets.py).
+speed-up (``budget_family``, read by bench/budgets.py). The contract in full, grouped, with what
+a method must implement and what it may declare: :class:`Reducer`'s docstring.
 """
 
 from __future__ import annotations
@@ -21,15 +22,10 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from .errors import SpecError
-from .registry import Registry, config_spec, format_spec
+from .registry import Registry, config_spec, format_spec, split_stages
 from .registry import parse_spec as parse_spec  # re-exported: the method API's spec parser
 from .schedule import Schedule
 from .state import TokenState
-
-#: Side products a method may ask of the attention: the CLS attention row (B, H, N), the keys
-#: (B, H, N, d), the per-head output norms ||A_h V_h||_2 (B, H, N), the full attention
-#: probabilities (B, H, N, N) (they take the block off the fused SDPA kernel).
-NEEDS = frozenset({"cls_attn", "keys", "head_norms", "probs"})
 
 
 @dataclass
@@ -60,7 +56,8 @@ class Host:
     family: str = "timm"
 
 
-#: MACs of each attention side product in ``NEEDS``, per token entering the attention, in units
+#: The side products a method may ask of the attention (the keys of this table), with the MACs each
+#: costs per token entering the attention, in units
 #: of the attention width A = heads * head_dim (A = D in timm's VisionTransformer). MACs follow
 #: torch.utils.flop_counter's convention, so that the count can be checked against it: products
 #: of two matrices (Linear, convolution, matmul, attention) count; elementwise work, sums, norms,
@@ -73,6 +70,10 @@ class Host:
 #:                  (counted there, as for fused SDPA); the softmax is not a MAC. Their price is the
 #:                  lost fused kernel: time and memory, which bench/speed.py measures, not MACs.
 NEED_MACS: dict[str, int] = {"cls_attn": 1, "keys": 0, "head_norms": 0, "probs": 0}
+#: Side products a method may ask of the attention (``Reducer.needs``; ``AttnInfo`` carries them): the
+#: CLS attention row (B, H, N), the keys (B, H, N, d), the per-head output norms ||A_h V_h||_2 (B, H, N),
+#: the full attention probabilities (B, H, N, N) (they take the block off the fused SDPA kernel).
+NEEDS = frozenset(NEED_MACS)
 
 #: The default budget family (``Reducer.budget_family`` of a config with ``keep`` and ``locs``):
 #: kept fractions 0.95, 0.90, ..., 0.20, mildest first, at blocks (3, 6, 9) of 12 moved to the
@@ -97,19 +98,67 @@ def scaled_locs(locs: Sequence[int], depth: int) -> tuple[int, ...]:
 
 
 class Reducer(nn.Module):
-    """Base class of every method. Subclasses set ``Config``, ``needs`` and ``zero``.
+    """Base class of every method: the contract between a method and the rest of the package.
 
-    ``zero`` holds spec parameters that make the method reduce nothing (the contract tests check
-    that the patched model then equals the unpatched one); ``example`` holds parameters that
-    reduce tokens on a 4-block model (the contract tests run them on tiny hosts).
+    How members are declared (one way for each kind): a *declaration* is an attribute, a class
+    attribute for what the method always is, set on the instance in ``__init__`` where the config
+    decides (EViT's ``conserves_patches`` follows ``fuse``; a composite derives every one from its
+    stages); what depends on the block or the host is a method; what is known before an instance
+    exists (its spec family) is a classmethod.
+
+    MUST implement (and set):
+        ``Config``              frozen dataclass of the spec's parameters (``name(...)`` in specs).
+        ``bind(host)``          compile the :class:`Schedule` for a :class:`Host` (and build any
+                                learned parts; a re-bind to a like host keeps them); SpecError on
+                                parameters the host cannot take.
+        ``reduce(x, state, info, count)``  x (B, N, C) -> (B, p + count, C) through ``state``'s update
+                                path (``TokenState.gather/merge/gather_and_fuse``).
+        ``zero``, ``example``   spec parameters that reduce nothing (the contract tests check the
+                                patched model then equals the unpatched one) / that reduce tokens on
+                                a 4-block model (the contract tests run them on tiny hosts).
+        ``name`` is set by :func:`register_method`.
+
+    MAY declare, with the defaults below:
+
+    - Attention needs: ``needs`` (side products in ``NEEDS``, at every active block; ``needs_at(block)``
+      narrows it per block), ``needs_class_token``, ``where`` ('attn' after attention + residual,
+      or 'block' after the MLP; a config field ``where`` is the user's choice), ``proportional``
+      (log-size attention bias), ``attn_bias(state, block)``, ``attention_chunk(block)``,
+      ``observes(block)`` / ``observe(state, info)`` (side products read without reducing).
+    - Token bookkeeping: ``keep_pruned`` (pruned tokens kept aside), ``conserves_patches`` (sizes always
+      sum to the patch count), ``restores`` / ``stage_only`` (Last Layer Fusion inside a composite),
+      ``compose_step(...)`` (its count as a later stage of ``'A + B'``).
+    - Costs: ``scoring_macs(block, tokens_in, count, host)`` (default: the side products, ``NEED_MACS``).
+    - Budget search family: ``budget_family(host)`` (candidate specs for a target speed-up),
+      ``replay_spec(schedule, seed)`` (a scoring-free spec with the same counts, or None).
+    - Training: ``learned`` (trained parameters: fine-tune first), ``dynamic_schedule`` (counts follow
+      the input: no static shapes), ``for_inference()`` (the deployed form without training-only parts).
+    - Export and hosts: ``exportable``, ``min_onnx_opset``, ``classic_onnx`` (core/onnx.py reads them),
+      ``hosts`` (the host families it runs on, None for every one).
+    - Dense tasks: the auxiliary predictions a reducer emits (``TokenState.aux_outputs``) are scored by
+      the task; ``restores``/``keep_pruned`` bring pruned tokens back (``apply(..., dense=True)``).
     """
 
+    # ----- identity and registry
     name: ClassVar[str] = ""
     Config: ClassVar[type]
+    zero: ClassVar[dict[str, Any]] = {}
+    example: ClassVar[dict[str, Any]] = {}
+    # ----- attention needs
     needs: ClassVar[frozenset[str]] = frozenset()
     needs_class_token: ClassVar[bool] = False
+    #: where the reducer runs: 'attn' (after attention + residual, before the MLP) or 'block' (after
+    #: the MLP); a config with a ``where`` field sets it per instance (a user choice). The one place the
+    #: adapter, bind and bench read it.
+    where: ClassVar[str] = "attn"
+    #: add log(size) to the attention logits (methods that merge tokens)
+    proportional: ClassVar[bool] = False
+    # ----- token bookkeeping
     #: keep pruned tokens aside in the TokenState (for methods that bring them back, e.g. LLF)
     keep_pruned: ClassVar[bool] = False
+    #: token sizes always sum to the patch count: nothing is dropped, tokens are only merged or fused
+    #: into others (merging; pruning that fuses what it drops). Pruners: False.
+    conserves_patches: ClassVar[bool] = False
     #: brings back, at the blocks of its schedule, every token the earlier stages of a composite pruned
     #: (Last Layer Fusion): a composite refuses it where no stage acts before it, and binds the stages
     #: before it with ``Host.restore_at`` (their default placement ends before it)
@@ -118,14 +167,14 @@ class Reducer(nn.Module):
     #: pruned): alone it is the identity, so the contract tests check it alone for that and as a stage
     #: in compositions (tests/test_compose.py)
     stage_only: ClassVar[bool] = False
-    zero: ClassVar[dict[str, Any]] = {}
-    example: ClassVar[dict[str, Any]] = {}
+    # ----- training
     #: has trained parameters: an untrained instance is useless, so fine-tune it first (budgets and
     #: the training-free benchmarks leave it out)
     learned: ClassVar[bool] = False
     #: token counts that follow the input rather than the compiled schedule: no static shapes, so
     #: no torch.compile(fullgraph=True) and no export (the compile tests leave such a method out)
     dynamic_schedule: ClassVar[bool] = False
+    # ----- export and hosts
     #: can be exported to ONNX (bench/export.py refuses a method that declares False, naming it)
     exportable: ClassVar[bool] = True
     #: the host families (``Host.family``: 'timm', 'transformers') the method runs on, or None for
@@ -143,25 +192,12 @@ class Reducer(nn.Module):
     #: (a stable sort, ``torch.sort(stable=True)``; Python arithmetic on a traced size): core/onnx.py
     #: then refuses and names the dynamo exporter
     classic_onnx: ClassVar[bool] = True
-    #: where the reducer runs unless its config has a ``where`` field: 'attn' (after attention +
-    #: residual, before the MLP) or 'block' (after the MLP). Read it through ``where``.
-    default_where: ClassVar[str] = "attn"
 
     def __init__(self, cfg: Any) -> None:
         super().__init__()
         self.cfg = cfg
-
-    @property
-    def where(self) -> str:
-        """Where the reducer runs: the config's ``where`` field when it has one (a user choice),
-        else the method's ``default_where``. The one place the adapter, bind and bench read it."""
-        return getattr(self.cfg, "where", self.default_where)
-
-    @property
-    def conserves_patches(self) -> bool:
-        """Whether token sizes always sum to the patch count: nothing is dropped, tokens are only
-        merged or fused into others (merging; pruning that fuses what it drops). Pruners: False."""
-        return False
+        if hasattr(cfg, "where"):  # the user's choice of point
+            self.where = cfg.where
 
     def scoring_macs(self, block: int, tokens_in: int, count: int, host: Host) -> int:
         """MACs per image the reduction at ``block`` adds to the block (its scoring).
@@ -198,11 +234,6 @@ class Reducer(nn.Module):
         """A spec of this method that runs exactly ``schedule`` (the same per-block counts and
         ``where``) with no scoring - the speed limit of that schedule - or None if it cannot."""
         return None
-
-    @property
-    def proportional(self) -> bool:
-        """Add log(size) to the attention logits (methods that merge tokens)."""
-        return False
 
     def attention_chunk(self, block: int) -> int | None:
         """Chunked attention at ``block``: patch tokens per chunk (core.attention.attend), or None
@@ -268,6 +299,16 @@ class Reducer(nn.Module):
 
 
 _METHODS: Registry[type[Reducer]] = Registry("method")
+#: What runs the stages of ``'A + B'`` as one reducer (core/compose.py's Compose, which builds on
+#: this module and so registers itself here instead of being imported by it).
+_COMPOSITE: Callable[[list[Reducer]], Reducer] | None = None
+
+
+def register_composite(cls: type[Reducer]) -> type[Reducer]:
+    """Class decorator: ``cls(stages)`` builds the composite of a spec with a top-level ``+``."""
+    global _COMPOSITE
+    _COMPOSITE = cls
+    return cls
 
 
 def register_method(name: str) -> Callable[[type[Reducer]], type[Reducer]]:
@@ -301,10 +342,10 @@ def build_reducer(spec: str | Reducer) -> Reducer:
     the composite of the stages A, B (core/compose.py)."""
     if isinstance(spec, Reducer):
         return spec
-    from .compose import Compose, split_stages  # compose builds on this module
-
     stages = split_stages(spec)
     if len(stages) > 1:
-        return Compose([build_reducer(s) for s in stages])
+        if _COMPOSITE is None:  # a packaging bug, not the user's: core/__init__.py imports core/compose.py
+            raise RuntimeError("no composite reducer is registered (tokenreduce.core.compose registers it)")
+        return _COMPOSITE([build_reducer(s) for s in stages])
     _, cls, cfg = _METHODS.resolve(spec)
     return cls(cfg)

@@ -193,6 +193,32 @@ def check_params(what: str, config: type, params: Mapping[str, Any]) -> dict[str
     return out
 
 
+def split_stages(spec: str) -> list[str]:
+    """The stages of ``spec`` at its top-level ``+`` (outside parentheses and quotes), as written.
+
+    ``'imagepiece() + evit(keep=0.7)'`` -> ``['imagepiece()', 'evit(keep=0.7)']``; a spec without a
+    top-level ``+`` (or one that does not parse: the spec parser reports it) -> ``[spec]``.
+    """
+    if not isinstance(spec, str):
+        return [spec]
+    text = spec.strip()
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return [spec]
+    parts: list[str] = []
+
+    def walk(n: ast.expr) -> None:
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+            walk(n.left)
+            walk(n.right)
+        else:
+            parts.append(ast.get_source_segment(text, n) or ast.unparse(n))
+
+    walk(node)
+    return parts
+
+
 def format_spec(name: str, params: Mapping[str, Any] | None = None) -> str:
     """The spec string ``name(key=value, ...)`` of a registered entry and its parameters.
 

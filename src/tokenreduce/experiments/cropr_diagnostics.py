@@ -162,17 +162,16 @@ class CroprDiagnostics(Experiment):
     smoke = {"tiny": True, "images": 8, "seeds": (0, 1), "batch": 4}
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from ..adapters.timm_vit import get_patch
-        from ..api import apply, remove
+        from ..api import apply, get_info, reducer_of, remove
 
         cfg = self.cfg
         model, task, data, source = self._setup(ctx)
-        patch = get_patch(model)
-        stages = _stages(patch.reducer)
+        trained = reducer_of(model)
+        stages = _stages(trained)
         i = _router(stages)
         router = stages[i]
-        state = {k: v.clone() for k, v in patch.reducer.state_dict().items()}
-        trained_spec = patch.reducer.spec()
+        state = {k: v.clone() for k, v in trained.state_dict().items()}
+        trained_spec = trained.spec()
         ctx.log(f"cropr_diagnostics: {len(data)} test items, {source}, spec {trained_spec}")
 
         def evaluate() -> float:
@@ -189,9 +188,9 @@ class CroprDiagnostics(Experiment):
             raise TokenReduceError(f"cropr_diagnostics: the checkpoint prunes by score={params['score']!r}; "
                                    "it compares the deployed 'logits' score with the training-time one")
         apply(model, _with_stage(stages, i, format_spec(name, {**params, "score": "softmax"})), dense=True)
-        get_patch(model).reducer.load_state_dict(state)  # the same weights, the other scorer
+        reducer_of(model).load_state_dict(state)  # the same weights, the other scorer
         miou["softmax"] = evaluate()
-        schedule = router.bind(get_patch(model).host)  # the router stage alone: its counts and locs
+        schedule = router.bind(get_info(model).host)  # the router stage alone: its counts and locs
         fixed = []  # the matched replay: a fixed pattern per seed, no scoring
         for seed in cfg.seeds:
             apply(model, _with_stage(stages, i, matched_spec(schedule, seed)), dense=True)

@@ -115,14 +115,14 @@ class RecallAtKept(Experiment):
     smoke = {"tiny": True, "images": 24, "seeds": (0, 1), "batch": 8}
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from ..api import apply, get_info, remove
+        from ..api import apply, get_info, is_patched, remove
 
         cfg = self.cfg
         model, checkpoint = self._model(ctx)
         raw, images = self._images(ctx, model)
         ctx.log(f"recall_at_kept: {len(raw)} test images, checkpoint {checkpoint}")
         if cfg.spec is None:  # smoke without a spec: the matched random pruner of a fixed schedule
-            from ..adapters.timm_vit import check_host
+            from ..adapters.hosts import check_host
             from ..core.schedule import from_counts
 
             host = check_host(model)
@@ -130,7 +130,7 @@ class RecallAtKept(Experiment):
             spec = matched_spec(from_counts(n, host.depth, (n // 2, n // 4), (1, 2), "block", "smoke"), 0)
         else:
             spec = cfg.spec
-        if _patched(model):
+        if is_patched(model):
             remove(model)
         apply(model, spec, trace=True)
         info = get_info(model)
@@ -224,16 +224,6 @@ class RecallAtKept(Experiment):
         rows = [f"| {r['block']} | {r['kept']} / {r['of']} | {r['base_rate']:.3f} | {r['spec']:.3f} | "
                 f"{r['matched']:.3f} +- {r['matched_std']:.3f} | {r['oracle']:.3f} |" for r in result["blocks"]]
         return "\n".join([head, *rows])
-
-
-def _patched(model: nn.Module) -> bool:
-    from ..api import get_info
-
-    try:
-        get_info(model)
-    except TokenReduceError:
-        return False
-    return True
 
 
 __all__ = ["RecallAtKept", "RecallConfig", "oracle_recall", "patch_foreground", "recall_of_tokens"]

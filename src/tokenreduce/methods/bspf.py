@@ -309,6 +309,7 @@ class BSPF(Reducer):
     needs = frozenset({"probs"})
     learned = True
     min_onnx_opset = 16  # fusion sums the pruned tokens into the kept ones (scatter_add_)
+    conserves_patches = True  # every pruned token is fused into a retained one, sizes summed
     classic_onnx = False  # chunked attention splits a traced size with divmod; a stable sort
     zero = {"size": 1_000_000, "keep": 1.0, "locs": (1,)}  # one chunk (full attention), nothing pruned
     example = {"size": 24, "keep": 0.5, "locs": (1, 2)}  # 64 patches: chunks 24, 24, 16 -> 12, 12, 8 -> 6, 6, 4
@@ -318,14 +319,7 @@ class BSPF(Reducer):
         self.kernel = nn.Parameter(torch.tensor(_kernel_values(cfg.kernel)).view(3, 3))
         self._chunks: tuple[int, ...] = ()
         self._records: list[BlockRecord] | None = None
-
-    @property
-    def proportional(self) -> bool:
-        return bool(self.cfg.prop_attn)
-
-    @property
-    def conserves_patches(self) -> bool:
-        return True  # every pruned token is fused into a retained one, sizes summed
+        self.proportional = bool(cfg.prop_attn)
 
     def bind(self, host: Host) -> Schedule:
         c = self.cfg

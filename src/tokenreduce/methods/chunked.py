@@ -46,6 +46,7 @@ class Chunked(Reducer):
 
     Config = ChunkedConfig
     classic_onnx = False  # chunked attention splits a traced size with divmod
+    conserves_patches = True  # nothing is dropped: every token keeps size 1
     zero = {"size": 1_000_000}  # one chunk holds every patch of any host: full attention
     example = {"size": 24}  # 64 patches: chunks of 24, 24 and 16 (a partial last chunk)
 
@@ -58,10 +59,6 @@ class Chunked(Reducer):
             )
         # no block reduces: every count is the patch count
         return compile_schedule(host.num_patches, host.depth, self.name, where=self.where, counts=(), locs=())
-
-    @property
-    def conserves_patches(self) -> bool:
-        return True  # nothing is dropped: every token keeps size 1
 
     def attention_chunk(self, block: int) -> int | None:
         return self.cfg.size

@@ -192,7 +192,7 @@ class Cropr(Reducer):
     Config = CroprConfig
     zero = {"r": 0, "first": 0, "classes": 10}
     example = {"r": 10, "classes": 10, "queries": 2}
-    default_where = "block"
+    where = "block"
     learned = True
 
     def __init__(self, cfg: CroprConfig) -> None:

@@ -59,7 +59,7 @@ class CTP(Reducer):
     needs_class_token = True
     zero = {"keep": 1.0, "locs": (0,)}
     example = {"counts": (32, 16), "locs": (1, 2)}
-    default_where = "block"
+    where = "block"
 
     @classmethod
     def budget_family(cls, host: Host) -> list[str]:

@@ -104,7 +104,7 @@ class DynamicViT(Reducer):
     Config = DynamicViTConfig
     zero = {"keep": 1.0, "locs": (1,)}
     example = {"keep": 0.5, "locs": (1, 2)}
-    default_where = "block"
+    where = "block"
     learned = True
 
     def __init__(self, cfg: DynamicViTConfig) -> None:

@@ -52,10 +52,9 @@ class EViT(Reducer):
     zero = {"keep": 1.0, "locs": (1,)}
     example = {"keep": 0.5, "locs": (1, 2)}
 
-    @property
-    def conserves_patches(self) -> bool:
-        """The fused token holds every dropped patch; without it they are gone."""
-        return bool(self.cfg.fuse)
+    def __init__(self, cfg: EViTConfig) -> None:
+        super().__init__(cfg)
+        self.conserves_patches = bool(cfg.fuse)  # the fused token holds every dropped patch; without it they are gone
 
     def bind(self, host: Host) -> Schedule:
         c = self.cfg

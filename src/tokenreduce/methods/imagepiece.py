@@ -96,15 +96,8 @@ class ImagePiece(Reducer):
         super().__init__(cfg)
         self._merge_at: frozenset[int] = frozenset()
         self._prune_at: frozenset[int] = frozenset()
-
-    @property
-    def proportional(self) -> bool:
-        return bool(self.cfg.prop_attn)
-
-    @property
-    def conserves_patches(self) -> bool:
-        """Merging only (keep=1): the pruning drops tokens otherwise."""
-        return self.cfg.keep >= 1.0
+        self.proportional = bool(cfg.prop_attn)
+        self.conserves_patches = cfg.keep == 1  # merging only: the pruning drops tokens otherwise
 
     @classmethod
     def budget_family(cls, host: Host) -> list[str]:

@@ -60,7 +60,7 @@ class LLF(Reducer):
     restores = True
     classic_onnx = False  # setting pruned tokens aside finds them with a stable sort
     stage_only = True
-    default_where = "block"
+    where = "block"
     zero: dict = {}
     example: dict = {}
 

@@ -55,13 +55,11 @@ class ToMe(Reducer):
     min_onnx_opset = 16  # the size-weighted merge sums tokens (scatter_add_)
     example = {"r": 8}
 
-    @property
-    def proportional(self) -> bool:
-        return bool(self.cfg.prop_attn)
+    conserves_patches = True  # merged tokens add their sizes; nothing is dropped
 
-    @property
-    def conserves_patches(self) -> bool:
-        return True  # merged tokens add their sizes; nothing is dropped
+    def __init__(self, cfg: ToMeConfig) -> None:
+        super().__init__(cfg)
+        self.proportional = bool(cfg.prop_attn)
 
     def scoring_macs(self, block: int, tokens_in: int, count: int, host: Host) -> int:
         """Plus the matching: cosine similarities of the unprotected A tokens against the unprotected

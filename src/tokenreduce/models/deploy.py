@@ -16,7 +16,6 @@ from pathlib import Path
 
 from torch import nn
 
-from ..core.errors import TokenReduceError
 from .build import load_model
 from .checkpoint import read_checkpoint, save_checkpoint, task_weights, unwrap
 
@@ -27,16 +26,15 @@ def deploy(model: nn.Module) -> nn.Module:
     """Replace the reducer of a tokenreduce-patched ``model`` by its deployed form
     (``Reducer.for_inference``), keeping ``trace``/``dense``; an unpatched model or a reducer with
     nothing training-only is left as it is. Returns the model in eval mode."""
-    from ..adapters import timm_vit
+    from ..api import is_patched, reapply, reducer_of
 
     model = unwrap(model)
-    try:
-        patch = timm_vit.get_patch(model)
-    except TokenReduceError:
+    if not is_patched(model):
         return model.eval()
-    deployed = patch.reducer.for_inference()
-    if deployed is not patch.reducer:
-        timm_vit.apply(model, deployed, trace=patch.trace, dense=patch.dense)
+    reducer = reducer_of(model)
+    deployed = reducer.for_inference()
+    if deployed is not reducer:
+        reapply(model, deployed)
     return model.eval()
 
 

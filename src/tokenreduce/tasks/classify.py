@@ -1,8 +1,9 @@
 """``classify``: image classification with the model's own head, scored by top-1 accuracy.
 
 The loop minimises the sum of the returned losses and knows nothing about methods: a learned
-reducer's auxiliary losses arrive through ``get_info(model).aux_losses`` like any other loss, its
-auxiliary predictions through ``get_info(model).aux_outputs``, scored here with the main criterion.
+reducer's auxiliary losses arrive like any other loss, through the live record of the forward
+(``tokenreduce.capture(model)`` around it), its auxiliary predictions through the same record,
+scored here with the main criterion.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ def _info(model: nn.Module):
     from ..api import find_info
 
     return find_info(model)
+
+
+def _capture(model: nn.Module):
+    """``tokenreduce.capture(model)``: the live record of the forwards in the block, for the
+    auxiliary losses and predictions a learned reducer emits (the model keeps them detached)."""
+    from ..api import capture
+
+    return capture(model)
 
 
 def final_positions(model: nn.Module, num_tokens: int, batch: int, device: torch.device) -> Tensor:
@@ -61,7 +70,7 @@ class Classify(Task):
         ``ce``              CE(logits, y) with label smoothing ``ctx.label_smoothing``;
         ``aux/<name>``      each auxiliary loss the model's reducer emitted in this forward, and
                             the CE above (same smoothing) of each auxiliary prediction (B, 1, K)
-                            it emitted (``get_info(model).aux_outputs``, Cropr's heads);
+                            it emitted (``tokenreduce.capture``, Cropr's heads);
         ``distill_logits``  ``w * tau^2 * KL(softmax(t / tau) || softmax(s / tau))`` (batch mean),
                             any teacher with the same classes;
         ``distill_tokens``  ``w * MSE(student patch tokens, teacher tokens at the same original
@@ -118,13 +127,14 @@ class Classify(Task):
     def forward(self, images: Tensor, labels: Tensor) -> TaskOutput:
         """images (B, C, H, W), labels (B,) long."""
         want_tokens = "tokens" in self.distill
-        if want_tokens:
-            tokens = self.model.forward_features(images)  # (B, N', C)
-            logits = self.model.forward_head(tokens)
-        else:
-            logits = self.model(images)
+        with _capture(self.model) as seen:
+            if want_tokens:
+                tokens = self.model.forward_features(images)  # (B, N', C)
+                logits = self.model.forward_head(tokens)
+            else:
+                logits = self.model(images)
         losses = {"ce": F.cross_entropy(logits, labels, label_smoothing=self.ctx.label_smoothing)}
-        info = _info(self.model)
+        info = seen.last
         if info is not None:
             losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
             losses.update({f"aux/{k}": self._aux_ce(k, v, logits, labels) for k, v in info.aux_outputs.items()})

@@ -66,7 +66,7 @@ from ..core.schedule import Schedule
 from ..core.state import TokenState
 from ..methods.ctp import importance as ctp_importance
 from .base import TaskContext, TaskOutput, register_task
-from .classify import _info
+from .classify import _capture, _info
 from .fish import fish_codes
 from .hash import Hash, HashConfig, Protocol, _labels_of, binarize
 
@@ -123,7 +123,7 @@ class ImportanceProbe(Reducer):
     Config = NoParams
     name = "importance_probe"
     needs_class_token = True
-    default_where = "block"
+    where = "block"
 
     def __init__(self) -> None:
         super().__init__(NoParams())
@@ -165,17 +165,10 @@ def mask_patches(images: Tensor, idx: Tensor, grid: tuple[int, int], mask: str =
 
 def _unpatched_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` without tokenreduce's patch (the unpruned model, same weights)."""
-    from ..adapters.timm_vit import get_patch
-    from ..api import remove
+    from ..api import is_patched, remove
 
-    try:
-        patch = get_patch(model)
-    except TokenReduceError:
-        return copy.deepcopy(model)
-    # the record of the last forward is not copied: it may hold tensors of an autograd graph
-    memo = {id(patch.last): None} if patch.last is not None else {}
-    teacher = copy.deepcopy(model, memo)
-    return remove(teacher)
+    teacher = copy.deepcopy(model)
+    return remove(teacher) if is_patched(teacher) else teacher
 
 
 @register_task("eet")
@@ -269,11 +262,12 @@ class EET(Hash):
         self._ensure_codes()
         labels = _labels_of(targets)
         t = self.target_codes(targets)  # (B, bits)
-        logits = self.model(images)  # (B, C)
+        with _capture(self.model) as seen:
+            logits = self.model(images)  # (B, C)
         h = self.head(logits)  # (B, bits)
         losses = {"ce": cfg.ce_weight * F.cross_entropy(logits, labels, label_smoothing=ls),
                   "hash": cfg.hash_weight * F.mse_loss(h.float(), t)}
-        info = _info(self.model)
+        info = seen.last
         if info is not None:
             losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
         stats: dict[str, float] = {}

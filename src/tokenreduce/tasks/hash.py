@@ -65,7 +65,7 @@ from ..core.errors import SpecError, TokenReduceError
 from . import _dist
 from . import retrieval as R
 from .base import Task, TaskContext, TaskOutput, dataset_labels, register_task
-from .classify import _info
+from .classify import _capture
 
 Targets = Literal["class", "image"]
 TARGETS: tuple[str, ...] = get_args(Targets)
@@ -241,14 +241,15 @@ class Hash(Task):
     def forward(self, images: Tensor, targets: Tensor) -> TaskOutput:
         """images (B, C, H, W), targets (B,) labels or (B, 2) [label, index]."""
         labels = _labels_of(targets)
-        logits = self.model(images)  # (B, C)
+        with _capture(self.model) as seen:
+            logits = self.model(images)  # (B, C)
         h = self.head(logits)  # (B, bits)
         t = self.target_codes(targets)
         losses = {"hash": self.cfg.hash_weight * F.mse_loss(h.float(), t)}
         if self.cfg.ce_weight:
             losses["ce"] = self.cfg.ce_weight * F.cross_entropy(logits, labels,
                                                                 label_smoothing=self.ctx.label_smoothing)
-        info = _info(self.model)
+        info = seen.last
         if info is not None:
             losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
         with torch.no_grad():

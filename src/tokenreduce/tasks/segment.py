@@ -104,14 +104,11 @@ def make_dense(model: nn.Module) -> nn.Module:
     """Switch a tokenreduce-patched model to dense output in place (same reducer object, so the
     same parameters and schedule; ``forward_features`` then returns (B, p + N0, C)); an
     unpatched model is returned as it is. Returns the model."""
-    from ..adapters import timm_vit
+    from ..api import find_info, reapply
 
-    try:
-        patch = timm_vit.get_patch(model)
-    except TokenReduceError:
-        return model
-    if not patch.dense:
-        timm_vit.apply(model, patch.reducer, trace=patch.trace, dense=True)
+    info = find_info(model)
+    if info is not None and not info.dense:
+        reapply(model, dense=True)
     return model
 
 
@@ -124,7 +121,7 @@ class Segment(Task):
     gradient); the final norm is applied per token (``norm`` in ``forward_features``, or timm's
     post-pooling ``fc_norm`` in avg-pool models).
     Losses: ``ce`` (pixel mean) and ``aux/<name>`` for each auxiliary loss the reducer emitted and
-    for each auxiliary prediction (B, gh * gw, K) it emitted (``get_info(model).aux_outputs``,
+    for each auxiliary prediction (B, gh * gw, K) it emitted (``tokenreduce.capture``,
     Cropr's per-patch heads): CE per grid cell against the mask sampled at the patch grid.
     Stats: ``pixel_acc`` (percent, over the pixels the loss counts). No distillation: a
     ``--teacher`` / ``--distill`` is a clear error.
@@ -187,11 +184,12 @@ class Segment(Task):
     def forward(self, images: Tensor, masks: Tensor) -> TaskOutput:
         """images (B, C, H, W), masks (B, H, W) long in 0..classes (classes = background)."""
         self._check_masks(images, masks)
-        logits = self.pixel_logits(self.model, images)
-        losses = {"ce": F.cross_entropy(logits, masks, ignore_index=self.ignore_index)}
-        from ..api import find_info
+        from ..api import capture
 
-        info = find_info(self.model)  # None for an unpatched model: it emits none
+        with capture(self.model) as seen:
+            logits = self.pixel_logits(self.model, images)
+        losses = {"ce": F.cross_entropy(logits, masks, ignore_index=self.ignore_index)}
+        info = seen.last  # the live record; None for an unpatched model: it emits none
         if info is not None:
             losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
             losses.update({f"aux/{k}": self._aux_ce(k, v, masks) for k, v in info.aux_outputs.items()})
