@@ -52,8 +52,8 @@ re-score, s_j = sum over heads and queries of P[:, n, j]: what the aggregator tr
 
 Options (a study's arms; the defaults are the official method):
 - ``frozen=True``: the referee's control, a fixed random LINEAR scorer in place of the learned one.
-  Each module's queries are drawn exactly as the trained router's are initialised (same
-  distribution, same draw under the same seed) and never trained: they are a buffer (no gradient,
+  Each module's queries are drawn as the trained router's are initialised (``init_queries``; under
+  the same seed the first module's draw is the same) and never trained: they are a buffer (no gradient,
   in no optimizer, saved in checkpoints), no aggregator or auxiliary head is built and no
   auxiliary prediction is emitted, so the task adds no auxiliary loss. Scores, schedule, warm-up
   and cost are the official ones (s = X q, q = sum_n Q_n), so the backbone can be trained with the
