@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 from timm.models.deit import VisionTransformerDistilled
@@ -23,6 +26,21 @@ HOSTS = {
 def make_host(name: str, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return HOSTS[name]().eval()
+
+
+@contextlib.contextmanager
+def supplied(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Whatever the patched ``model``'s method needs from outside the model for a forward, as the method
+    declares it: a reducer with an ``example_inputs()`` hook (a context that supplies them, e.g. the
+    oracle's token priority) gets it entered; for every other method nothing happens."""
+    from tokenreduce import Reducer
+
+    with contextlib.ExitStack() as stack:
+        for module in model.modules():
+            hook = getattr(module, "example_inputs", None)
+            if isinstance(module, Reducer) and callable(hook):
+                stack.enter_context(hook())
+        yield model
 
 
 @pytest.fixture

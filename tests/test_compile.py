@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_host
+from conftest import make_host, supplied
 
 import tokenreduce as tr
 from tokenreduce.core.method import format_spec
@@ -35,7 +35,7 @@ def compiled_and_eager(name: str, backend: str) -> tuple[torch.Tensor, torch.Ten
     torch._dynamo.reset()
     model = tr.apply(make_host("deit"), format_spec(name, tr.get_method(name).example))
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
+    with torch.no_grad(), supplied(model):
         want = model(images)
         got = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)(images)
     return got, want

@@ -1,7 +1,9 @@
 """The contract every registered method keeps, on every host of the matrix.
 
 Parametrised over list_methods(), so a newly registered method is covered automatically; each
-method supplies ``zero`` (reduces nothing) and ``example`` (reduces on a 4-block model). What a
+method supplies ``zero`` (reduces nothing) and ``example`` (reduces on a 4-block model), and a
+method that needs inputs from outside the model (the oracle's priority) supplies them for a forward
+through its ``example_inputs()`` hook (conftest ``supplied``). What a
 method declares about itself (``learned``, ``conserves_patches``, ``where``, ``scoring_macs``,
 ``budget_family``) is held to what it does; no test here knows a method by name.
 """
@@ -13,7 +15,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import HOSTS, make_host
+from conftest import HOSTS, make_host, supplied
 
 import tokenreduce as tr
 from tokenreduce.adapters.timm_vit import check_host
@@ -52,7 +54,8 @@ def test_round_trip_restores_the_model(method, host, images):
     with torch.no_grad():
         ref = model(images)
         tr.apply(model, spec_of(method, tr.get_method(method).example))
-        reduced = model(images)
+        with supplied(model):
+            reduced = model(images)
         tr.remove(model)
         back = model(images)
     assert "forward_features" not in vars(model)
@@ -68,7 +71,7 @@ def test_round_trip_restores_the_model(method, host, images):
 def test_schedule_counts_prefix_and_sizes(method, host, images):
     model = make_host(host)
     tr.apply(model, spec_of(method, tr.get_method(method).example), trace=True)
-    with torch.no_grad():
+    with torch.no_grad(), supplied(model):
         out = model(images)
     info = tr.get_info(model)
     p = model.num_prefix_tokens
@@ -94,7 +97,7 @@ def test_schedule_counts_prefix_and_sizes(method, host, images):
 @pytest.mark.parametrize("method", METHODS)
 def test_batch_invariance(method, images):
     model = tr.apply(make_host("deit"), spec_of(method, tr.get_method(method).example))
-    with torch.no_grad():
+    with torch.no_grad(), supplied(model):
         full = model(images)
         single = torch.cat([model(images[i : i + 1]) for i in range(len(images))])
     torch.testing.assert_close(full, single, rtol=1e-4, atol=1e-5)
@@ -103,7 +106,7 @@ def test_batch_invariance(method, images):
 @pytest.mark.parametrize("method", METHODS)
 def test_gradients_reach_every_parameter(method, images):
     model = tr.apply(make_host("layerscale").train(), spec_of(method, tr.get_method(method).example))
-    with tr.capture(model) as seen:  # the live record: auxiliary losses and predictions keep their graph
+    with supplied(model), tr.capture(model) as seen:  # the live record: auxiliary outputs keep their graph
         out = model(images)
     loss = out.logsumexp(-1).mean() + sum(seen.last.aux_losses.values(), torch.tensor(0.0))
     # auxiliary predictions (a task scores them; any differentiable function of them reaches their heads)
@@ -177,7 +180,8 @@ def test_declared_scoring_macs_match_flop_counter(method, host):
         pytest.skip("needs a class token")
     model = tr.apply(make_host(host), spec_of(method, cls.example))
     report = count_macs(model)
-    measured = flop_counter_macs(model) - (report.total - report.scoring)
+    with supplied(model):
+        measured = flop_counter_macs(model) - (report.total - report.scoring)
     assert abs(report.scoring - measured) <= 0.01 * measured, (report.scoring, measured)
 
 

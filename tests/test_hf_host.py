@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY as TIMM_TINY
+from conftest import supplied
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
@@ -95,7 +96,8 @@ def test_remove_restores_state_and_outputs_exactly(method, host, images):
     with torch.no_grad():
         ref = head(model(images))
         tr.apply(model, spec(method, "example"))
-        reduced = head(model(images))
+        with supplied(model):
+            reduced = head(model(images))
         tr.remove(model)
         back = head(model(images))
     assert not hosts.is_patched(model) and all("forward" not in vars(m) for m in model.modules())
@@ -111,7 +113,7 @@ def test_remove_restores_state_and_outputs_exactly(method, host, images):
 @pytest.mark.parametrize("method,host", CASES)
 def test_schedule_counts_prefix_and_sizes(method, host, images):
     model = tr.apply(make(host), spec(method, "example"), trace=True)
-    with torch.no_grad():
+    with torch.no_grad(), supplied(model):
         out = model(images)
         assert tokens(model, images).shape[1] == tr.get_info(model).tokens_per_block[-1]
     info = tr.get_info(model)
@@ -133,7 +135,7 @@ def test_schedule_counts_prefix_and_sizes(method, host, images):
 @pytest.mark.parametrize("method", METHODS)
 def test_batch_invariance(method, images):
     model = tr.apply(make("deit"), spec(method, "example"))
-    with torch.no_grad():
+    with torch.no_grad(), supplied(model):
         full = head(model(images))
         single = torch.cat([head(model(images[i : i + 1])) for i in range(len(images))])
     torch.testing.assert_close(full, single, rtol=1e-4, atol=1e-5)
@@ -142,7 +144,7 @@ def test_batch_invariance(method, images):
 @pytest.mark.parametrize("method", METHODS)
 def test_gradients_reach_every_parameter(method, images):
     model = tr.apply(make("dinov2").train(), spec(method, "example"))  # DINOv2: LayerScale
-    with tr.capture(model) as seen:  # the live record: auxiliary losses and predictions keep their graph
+    with supplied(model), tr.capture(model) as seen:  # the live record: auxiliary outputs keep their graph
         out = head(model(images))
     loss = out.logsumexp(-1).mean() + sum(seen.last.aux_losses.values(), torch.tensor(0.0))
     loss = loss + sum((o.logsumexp(-1).mean() for o in seen.last.aux_outputs.values()), torch.tensor(0.0))
@@ -370,7 +372,8 @@ def test_cross_host_equivalence_under_every_training_free_method(twin, direction
         for method in TRAINING_FREE:
             for model in (timm_model, hf_model):
                 tr.apply(model, spec(method, "example"))
-            hf_out, timm_out = head(hf_model(images)), timm_model(images)
+            with supplied(hf_model), supplied(timm_model):
+                hf_out, timm_out = head(hf_model(images)), timm_model(images)
             assert tr.get_info(hf_model).tokens_per_block == tr.get_info(timm_model).tokens_per_block
             torch.testing.assert_close(hf_out, timm_out, rtol=0, atol=1e-5, msg=method)
     assert set(hf_to_timm(timm_to_hf(timm_model.state_dict()))) == set(timm_model.state_dict())

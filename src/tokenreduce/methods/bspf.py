@@ -22,6 +22,8 @@ attention + residual and before the MLP, per chunk m (head mean a_m = mean_h A_m
                         x_d <- (size_d x_d + sum_{i->d} w_i x_i) / (size_d + sum_{i->d} w_i)
                         size_d <- size_d + sum_{i->d} size_i                      (TokenState.merge)
     6. the following blocks attend in chunks of k tokens, so every chunk keeps its own tokens.
+With ``fuse=False`` (the prune-only ablation) step 5 is skipped: the same tokens are kept at the
+same blocks and the pruned ones are dropped.
 
 x (B, N, C) -> (B, p + sum_m k_m, C). With a partial last chunk of r < c tokens it keeps
 ceil(keep r) <= k tokens, which is again the partial last chunk of the next blocks' chunking.
@@ -70,6 +72,14 @@ Deviations:
   scoring and are never pruned (as ``chunked``).
 - Chunks are contiguous runs in raster order (not 2-D windows), as ``chunked``.
 - ``prop_attn`` (default False) optionally adds ToMe's log-size bias; the paper has none.
+
+Options (ablations; the defaults are the reading above):
+- ``fuse=False``: prune-only. The same scores, keep masks and token counts, but the pruned tokens are
+  dropped instead of fused, so the study can separate what the fusion adds from what the pruning
+  costs. Nothing then reaches the kernel (top-k has no gradient; the fusion weights were its only
+  path): it stays at its initial value and is not trainable (``requires_grad=False``, so no optimizer
+  holds it), the reducer is not ``learned``, sizes are no longer conserved, and the scoring MACs are
+  the kernel's only.
 """
 
 from __future__ import annotations
@@ -225,6 +235,21 @@ class BlockRecord:
     keep: Tensor
 
 
+def _chunk_base(num_prefix: int, start: int, count: int, size: int, device: torch.device) -> Tensor:
+    """(1, n, 1): the sequence position of the first token of each of ``count`` chunks of ``size``."""
+    return (num_prefix + start + size * torch.arange(count, device=device))[None, :, None]
+
+
+def kept_positions(num_prefix: int, groups: Sequence[tuple[int, int, int]], decision: Decision) -> Tensor:
+    """(B, p + kept) the sequence positions the decision keeps, ascending: the prefix, then every chunk's
+    kept tokens in order."""
+    ref = decision.chunks[0].keep
+    parts = [torch.arange(num_prefix, device=ref.device).expand(ref.shape[0], num_prefix)]
+    for (start, count, size), d in zip(groups, decision.chunks, strict=True):
+        parts.append((_chunk_base(num_prefix, start, count, size, ref.device) + d.keep).flatten(1))
+    return torch.cat(parts, 1)
+
+
 def fusion_plan(x: Tensor, state: TokenState, groups: Sequence[tuple[int, int, int]],
                  decision: Decision) -> tuple[ops.MergePlan, Tensor]:
     """The merge plan (retained tokens in order, each pruned token into its destination) and the merge
@@ -232,10 +257,9 @@ def fusion_plan(x: Tensor, state: TokenState, groups: Sequence[tuple[int, int, i
     B, N, C = x.shape
     p = state.num_prefix
     sizes = state.sizes(x)  # (B, N)
-    keeps = [torch.arange(p, device=x.device).expand(B, p)]
     srcs, dst_pos, weights = [], [], []
     for (start, count, size), d in zip(groups, decision.chunks, strict=True):
-        base = (p + start + size * torch.arange(count, device=x.device))[None, :, None]  # (1, n, 1)
+        base = _chunk_base(p, start, count, size, x.device)  # (1, n, 1)
         xg = x[:, p + start:p + start + count * size].unflatten(1, (count, size))  # (B, n, c, C)
         xk, xd = (ops.gather_tokens(xg.flatten(0, 1), t.flatten(0, 1)) for t in (d.keep, d.drop))  # (B n, k|r, C)
         cos = F.normalize(xd, dim=-1) @ F.normalize(xk, dim=-1).transpose(-2, -1)  # (B n, r, k)
@@ -246,11 +270,10 @@ def fusion_plan(x: Tensor, state: TokenState, groups: Sequence[tuple[int, int, i
         dst = d.keep.flatten(0, 1).gather(1, j).view(B, count, -1)  # (B, n, r) offsets in the chunk
         gain = (d.token.gather(2, d.drop) - d.token.gather(2, dst)).exp()  # (B, n, r), s_i <= s_d
         src = (base + d.drop).flatten(1)  # (B, n r) positions
-        keeps.append((base + d.keep).flatten(1))
         srcs.append(src)
         dst_pos.append((base + dst).flatten(1))
         weights.append(sizes.gather(1, src) * sigma.view(B, -1) * gain.flatten(1))
-    keep, src, to = torch.cat(keeps, 1), torch.cat(srcs, 1), torch.cat(dst_pos, 1)
+    keep, src, to = kept_positions(p, groups, decision), torch.cat(srcs, 1), torch.cat(dst_pos, 1)
     alive = torch.zeros(B, N, dtype=torch.bool, device=x.device).scatter(1, keep, True)
     slot = alive.cumsum(1) - 1  # (B, N) output slot of each retained position
     weight = sizes.scatter(1, src, torch.cat(weights, 1).to(sizes.dtype))
@@ -275,7 +298,8 @@ class BSPFConfig:
     """``size``: patch tokens per chunk; ``keep``: fraction of each chunk's tokens kept at every block of
     ``locs``; ``entries``: fraction of each attention block's entries kept by the mask; ``path``:
     'exact' or 'mirrored'; ``kernel``: the initial 3x3 kernel ('average' or 9 numbers, row by row);
-    ``prop_attn``: add log(size) to the attention logits."""
+    ``prop_attn``: add log(size) to the attention logits; ``fuse``: fuse the pruned tokens into the kept
+    ones (False: drop them, the prune-only ablation)."""
 
     size: int = 49
     keep: float = 0.5
@@ -284,6 +308,7 @@ class BSPFConfig:
     path: PathName = "exact"
     kernel: Literal["average"] | Sequence[float] = "average"
     prop_attn: bool = False
+    fuse: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
@@ -316,10 +341,13 @@ class BSPF(Reducer):
 
     def __init__(self, cfg: BSPFConfig) -> None:
         super().__init__(cfg)
-        self.kernel = nn.Parameter(torch.tensor(_kernel_values(cfg.kernel)).view(3, 3))
+        # without fusion nothing reaches the kernel (module docstring, "Options"): not trainable, not learned
+        self.kernel = nn.Parameter(torch.tensor(_kernel_values(cfg.kernel)).view(3, 3), requires_grad=cfg.fuse)
+        self.learned = cfg.fuse
         self._chunks: tuple[int, ...] = ()
         self._records: list[BlockRecord] | None = None
         self.proportional = bool(cfg.prop_attn)
+        self.conserves_patches = cfg.fuse  # every pruned token is fused into a retained one, sizes summed
 
     def bind(self, host: Host) -> Schedule:
         c = self.cfg
@@ -340,12 +368,14 @@ class BSPF(Reducer):
 
     def scoring_macs(self, block: int, tokens_in: int, count: int, host: Host) -> int:
         """Plus, per chunk of c tokens keeping k: the kernel at the scored entries (9 c^2 exact, 9 c (c+1)/2
-        mirrored), the cosine similarities (c - k) k D and the Hamming agreement (c - k) k 2c."""
+        mirrored) and, with fusion, the cosine similarities (c - k) k D and the Hamming agreement (c - k) k 2c."""
         path = PATHS[self.cfg.path]
         macs = 0
         for _, n, c in chunk_groups(tokens_in - host.num_prefix, self._chunks[block]):
             k = kept(self.cfg.keep, c)
-            macs += n * (9 * path.entries(c) + (c - k) * k * (host.dim + 2 * c))
+            macs += n * 9 * path.entries(c)
+            if self.cfg.fuse:
+                macs += n * (c - k) * k * (host.dim + 2 * c)
         return super().scoring_macs(block, tokens_in, count, host) + macs
 
     def decide(self, attn: Sequence[Tensor], path: str | None = None) -> Decision:
@@ -382,5 +412,7 @@ class BSPF(Reducer):
         decision = self.decide(attn)
         if self._records is not None:
             self._records.append(BlockRecord(state.block, [a.detach() for a in attn], decision.token_keep()))
+        if not self.cfg.fuse:  # the prune-only ablation: the same kept tokens, the others dropped
+            return state.gather(x, kept_positions(state.num_prefix, groups, decision))
         plan, weight = fusion_plan(x, state, groups, decision)
         return state.merge(x, plan, weight)

@@ -48,7 +48,17 @@ the last; before ``llf()``, every block but the last two: :func:`default_modules
 ``warmup_steps``, ``heads`` (router heads: the aggregator's softmax per head),
 ``mlp_ratio`` (0 = no MLP), ``score`` ('logits' = the official score; 'softmax' = the review's
 re-score, s_j = sum over heads and queries of P[:, n, j]: what the aggregator trains, for
-``cropr_diagnostics``), ``inference`` (the deployed form).
+``cropr_diagnostics``), ``inference`` (the deployed form), ``frozen`` (the random-scorer control).
+
+Options (a study's arms; the defaults are the official method):
+- ``frozen=True``: the referee's control, a fixed random LINEAR scorer in place of the learned one.
+  Each module's queries are drawn as the trained router's are initialised (``init_queries``; under
+  the same seed the first module's draw is the same) and never trained: they are a buffer (no gradient,
+  in no optimizer, saved in checkpoints), no aggregator or auxiliary head is built and no
+  auxiliary prediction is emitted, so the task adds no auxiliary loss. Scores, schedule, warm-up
+  and cost are the official ones (s = X q, q = sum_n Q_n), so the backbone can be trained with the
+  same recipe and compared with the learned router. ``classes`` is not needed; the reducer is not
+  ``learned`` (nothing of its own is trained).
 
 Deviations:
 - Kept tokens stay in spatial order (the official code orders them by score); the blocks are
@@ -94,6 +104,7 @@ class CroprConfig:
     mlp_ratio: float = 4.0
     score: Score = "logits"
     inference: bool = False
+    frozen: bool = False
 
 
 def _init_linear(m: nn.Module) -> None:
@@ -103,32 +114,34 @@ def _init_linear(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-class Router(nn.Module):
-    """One module's training form: queries Q (1, Nq, D), the aggregator and the auxiliary head.
+def init_queries(queries: int, dim: int) -> Tensor:
+    """Router queries Q (1, Nq, D) as the official model draws them: trunc_normal_tf_(std=D^-0.5),
+    i.e. truncated at +-2 standard deviations (the learned router's start, the frozen scorer's value)."""
+    q = torch.empty(1, queries, dim)
+    nn.init.trunc_normal_(q, std=dim**-0.5, a=-2 * dim**-0.5, b=2 * dim**-0.5)
+    return q
 
-    ``logits(x)`` (B, H, Nq, N) per head; ``forward(x)`` -> (logits, auxiliary prediction (B, Nq, K)).
+
+class Queries(nn.Module):
+    """One module's queries Q (1, Nq, D) and the router logits they give. As it stands, the frozen
+    scorer (``frozen=True``): Q is a buffer, never trained, with no aggregator or head; :class:`Router`
+    adds those and makes Q a parameter.
+
+    ``logits(x)`` (B, H, Nq, N) per head; ``collapsed()`` q = sum_n Q_n (D,).
     """
 
-    def __init__(self, dim: int, queries: int, classes: int, heads: int, mlp_ratio: float) -> None:
+    def __init__(self, dim: int, queries: int, heads: int) -> None:
         super().__init__()
-        self.dim, self.num_queries, self.classes, self.heads = dim, queries, classes, heads
-        self.mlp_ratio = mlp_ratio
+        self.dim, self.num_queries, self.heads = dim, queries, heads
         self.head_dim = dim // heads
         self.scale = self.head_dim**-0.5
-        self.queries = nn.Parameter(torch.empty(1, queries, dim))
-        # official: trunc_normal_tf_(std=D^-0.5), i.e. truncated at +-2 standard deviations
-        nn.init.trunc_normal_(self.queries, std=dim**-0.5, a=-2 * dim**-0.5, b=2 * dim**-0.5)
-        self.proj = nn.Linear(dim, dim) if heads > 1 else nn.Identity()
-        hidden = int(dim * mlp_ratio)
-        if hidden:
-            self.mlp_norm = nn.LayerNorm(dim, eps=1e-6)
-            self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
-        self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, classes))
-        self.apply(_init_linear)
+        self._set_queries(init_queries(queries, dim))
 
-    def fits(self, dim: int, queries: int, classes: int, heads: int, mlp_ratio: float) -> bool:
-        return (self.dim, self.num_queries, self.classes, self.heads, self.mlp_ratio) == (
-            dim, queries, classes, heads, mlp_ratio)
+    def _set_queries(self, q: Tensor) -> None:
+        self.register_buffer("queries", q)
+
+    def fits(self, dim: int, queries: int, classes: int | None, heads: int, mlp_ratio: float) -> bool:
+        return (self.dim, self.num_queries, self.heads) == (dim, queries, heads)
 
     def collapsed(self) -> Tensor:
         """q = sum_n Q_n, (D,)."""
@@ -140,6 +153,31 @@ class Router(nn.Module):
         q = self.queries.view(1, self.num_queries, self.heads, self.head_dim).transpose(1, 2)  # (1, H, Nq, d)
         k = x.view(B, N, self.heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
         return q @ k.transpose(-2, -1)  # (B, H, Nq, N)
+
+
+class Router(Queries):
+    """One module's training form: learned queries Q (1, Nq, D), the aggregator and the auxiliary head.
+
+    ``forward(x)`` -> (logits (B, H, Nq, N), auxiliary prediction (B, Nq, K)).
+    """
+
+    def __init__(self, dim: int, queries: int, classes: int, heads: int, mlp_ratio: float) -> None:
+        super().__init__(dim, queries, heads)
+        self.classes, self.mlp_ratio = classes, mlp_ratio
+        self.proj = nn.Linear(dim, dim) if heads > 1 else nn.Identity()
+        hidden = int(dim * mlp_ratio)
+        if hidden:
+            self.mlp_norm = nn.LayerNorm(dim, eps=1e-6)
+            self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, classes))
+        self.apply(_init_linear)
+
+    def _set_queries(self, q: Tensor) -> None:
+        self.queries = nn.Parameter(q)
+
+    def fits(self, dim: int, queries: int, classes: int | None, heads: int, mlp_ratio: float) -> bool:
+        return (self.dim, self.num_queries, self.classes, self.heads, self.mlp_ratio) == (
+            dim, queries, classes, heads, mlp_ratio)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (B, N, D), already detached -> (logits (B, H, Nq, N), prediction (B, Nq, K))."""
@@ -197,6 +235,7 @@ class Cropr(Reducer):
 
     def __init__(self, cfg: CroprConfig) -> None:
         super().__init__(cfg)
+        self.learned = not cfg.frozen  # a frozen scorer trains nothing of its own
         self.stages = nn.ModuleList()
         self._stage: dict[int, int] = {}
         self._host: Host | None = None
@@ -217,15 +256,21 @@ class Cropr(Reducer):
             raise SpecError(f"{self.name}: score={c.score!r}; choose from {', '.join(map(repr, SCORES))}")
         if not isinstance(c.mlp_ratio, (int, float)) or c.mlp_ratio < 0:
             raise SpecError(f"{self.name}: mlp_ratio={c.mlp_ratio!r} must be >= 0 (0 = no MLP in the aggregator)")
-        if not isinstance(c.inference, bool):
-            raise SpecError(f"{self.name}: inference must be True or False, got {c.inference!r}")
+        for key in ("inference", "frozen"):
+            if not isinstance(getattr(c, key), bool):
+                raise SpecError(f"{self.name}: {key} must be True or False, got {getattr(c, key)!r}")
         if host.dim % c.heads:
             raise SpecError(f"{self.name}: heads={c.heads} does not divide the model width {host.dim}")
         if c.inference:
             if c.score != "logits":
                 raise SpecError(f"{self.name}: the deployed form (inference=True) holds only q = sum of the "
                                 "queries, so it scores by logits; score='softmax' needs the training form")
+            if c.frozen:
+                raise SpecError(f"{self.name}: frozen=True is a form to train the backbone with; the deployed form "
+                                "(inference=True) is never trained: give one of them")
             return
+        if c.frozen:
+            return  # no auxiliary heads: classes is not needed
         if isinstance(c.classes, bool) or not isinstance(c.classes, int) or c.classes < 1:
             raise SpecError(
                 f"{self.name}: give classes=K, the outputs of the auxiliary heads (the task's: 10 for "
@@ -252,12 +297,19 @@ class Cropr(Reducer):
         shape = (host.dim, c.queries, c.classes, c.heads, c.mlp_ratio)
         fits = len(self.stages) == len(locs) and all(m.fits(*shape) for m in self.stages)
         if not fits:  # re-binding a trained reducer to a like host (dense=True, deploy) keeps its weights
-            make = (lambda: Collapsed(host.dim)) if c.inference else (lambda: Router(*shape))
-            self.stages = nn.ModuleList(make() for _ in locs)
+            self.stages = nn.ModuleList(self._module(host, shape) for _ in locs)
         if c.warmup_steps and not c.inference and not hasattr(self, "step"):
             self.register_buffer("step", torch.zeros((), dtype=torch.long))
         self._host = host
         return sched
+
+    def _module(self, host: Host, shape: tuple) -> nn.Module:
+        """A fresh module of the configured form: deployed (q only), frozen (random queries) or trained."""
+        if self.cfg.inference:
+            return Collapsed(host.dim)
+        if self.cfg.frozen:
+            return Queries(host.dim, self.cfg.queries, self.cfg.heads)
+        return Router(*shape)
 
     def for_inference(self) -> Reducer:
         """The deployed form: ``inference=True``, q = sum of each module's queries, no aggregator or
@@ -317,7 +369,7 @@ class Cropr(Reducer):
         if (score or self.cfg.score) == "logits":
             q = stage.collapsed().to(x.dtype)
             return (x[:, p:] @ q[:, None])[..., 0]  # (B, N - p): a 2-d product (counted as MACs)
-        if not isinstance(stage, Router):
+        if not isinstance(stage, Queries):
             raise TokenReduceError(f"{self.name}: score='softmax' needs the queries; the deployed form has only q")
         return (stage.logits(x) * stage.scale).softmax(-1).sum((1, 2))[:, p:]
 
@@ -326,12 +378,13 @@ class Cropr(Reducer):
         stage_no = self._stage[state.block]
         stage = self.stages[stage_no]
         if self.training:
-            if not isinstance(stage, Router):
+            if not isinstance(stage, Queries):
                 raise TokenReduceError(f"{self.name}: the deployed form (inference=True) has no auxiliary heads and "
                                        "cannot be trained; train from the training checkpoint")
             if stage_no == 0:
                 self._rate = self._rate_now()
             count = x.shape[1] - p - self._rate - (self.cfg.first if stage_no == 0 else 0)
+        if self.training and isinstance(stage, Router):
             logits, pred = stage(x.detach())  # the router branch: no gradient to the backbone
             state.aux_outputs[f"{self.name}{state.block}"] = pred
             if self.cfg.score == "logits":
@@ -348,4 +401,4 @@ class Cropr(Reducer):
         return state.gather(x, keep)
 
 
-__all__ = ["SCORES", "Collapsed", "Cropr", "CroprConfig", "Router"]
+__all__ = ["SCORES", "Collapsed", "Cropr", "CroprConfig", "Queries", "Router", "init_queries"]

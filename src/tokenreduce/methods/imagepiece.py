@@ -8,7 +8,7 @@ One iteration per block l in ``locs`` (after attention + residual, before the ML
 on the M non-prefix tokens x (B, M, C) with head-mean CLS attention a (B, M):
     (I)   score:  a_i = (1/H) sum_h A_h[CLS -> i]
     (II)  re-tokenize: the S = round(bottom * M) tokens with the lowest a (inattentive), in their
-          spatial order, alternate into sets A and B; each A token links to its most similar B token
+          spatial order (``order``), alternate into sets A and B; each A token links to its most similar B token
           (cosine of the head-mean keys) and the r = round(merge * M) most similar links merge,
           A into B, by the size-weighted mean  x_b <- (s_a x_a + s_b x_b) / (s_a + s_b),
           s_b <- s_a + s_b  (core.ops.subset_matching; tokens outside the S are never touched, so
@@ -43,7 +43,16 @@ Deviations / decisions (unpublished; each one a parameter):
   the merged tokens' summed attention (no extra attention is computed).
 - Similarity metric: cosine of the head-mean keys, as ToMe (the paper: "bipartite soft matching").
 - ``prop_attn=True``: proportional attention for the merged tokens, as ToMe.
+- ``order='spatial'``: the inattentive tokens alternate into A and B in raster order (the paper says
+  only "alternately").
 - Every prefix token (cls, dist, registers) is protected and never scored.
+
+Options (ablations of the decisions above; ``prop_attn=False`` is the proportional-attention one):
+- ``order``, the sequence the inattentive tokens alternate over when they split into A and B, so
+  which tokens can pair: 'spatial' (raster order, the default), 'score' (ascending CLS attention,
+  the least attended in A: tokens of neighbouring attention land in opposite sets) or 'random' (a
+  random permutation of the raster order, drawn from ``seed`` per block and set size, the same for
+  every image and every call). Only the pairing changes; the counts and the cost do not.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+import torch
 from torch import Tensor
 
 from ..core import ops
@@ -63,6 +73,8 @@ from ..core.state import TokenState
 
 Rescore = Literal["next", "same"]
 RESCORE: tuple[str, ...] = get_args(Rescore)
+Order = Literal["spatial", "score", "random"]
+ORDERS: tuple[str, ...] = get_args(Order)
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,8 @@ class ImagePieceConfig:
     keep: float = 0.8
     rescore: Rescore = "next"
     prop_attn: bool = True
+    order: Order = "spatial"
+    seed: int = 0
 
 
 def _share(f: float, m: int) -> int:
@@ -96,8 +110,9 @@ class ImagePiece(Reducer):
         super().__init__(cfg)
         self._merge_at: frozenset[int] = frozenset()
         self._prune_at: frozenset[int] = frozenset()
+        self._perms: dict[tuple[int, int], Tensor] = {}  # order='random': (block, S) -> permutation (S,)
         self.proportional = bool(cfg.prop_attn)
-        self.conserves_patches = cfg.keep == 1  # merging only: the pruning drops tokens otherwise
+        self.conserves_patches = cfg.keep >= 1.0  # merging only: the pruning drops tokens otherwise
 
     @classmethod
     def budget_family(cls, host: Host) -> list[str]:
@@ -122,6 +137,8 @@ class ImagePiece(Reducer):
         if c.rescore not in RESCORE:
             raise SpecError(f"{self.name}: rescore={c.rescore!r} is invalid; choose 'next' (re-score at the "
                             "next block) or 'same' (at the merging block)")
+        if c.order not in ORDERS:
+            raise SpecError(f"{self.name}: order={c.order!r} is invalid; choose from {', '.join(map(repr, ORDERS))}")
         locs = check_locs(c.locs, host.depth, self.name)
         if c.rescore == "next" and locs and locs[-1] + 1 >= host.depth:
             raise SpecError(f"{self.name}: rescore='next' prunes at the block after each loc, but block "
@@ -181,6 +198,22 @@ class ImagePiece(Reducer):
 
     # ----- forward ------------------------------------------------------------------------------------
 
+    def _arrange(self, lowest: Tensor, block: int, ascending: bool = True) -> Tensor:
+        """The inattentive positions ``lowest`` (B, S), by CLS attention (least attended first if
+        ``ascending``, else most), in the sequence that alternates into A and B (``order``)."""
+        order = self.cfg.order
+        if order == "score":
+            return lowest if ascending else lowest.flip(1)
+        spatial = lowest.sort(dim=1).values  # (B, S)
+        if order == "spatial":
+            return spatial
+        S = spatial.shape[1]
+        perm = self._perms.get((block, S))
+        if perm is None or perm.device != spatial.device:
+            gen = torch.Generator().manual_seed(((int(self.cfg.seed) * 1_000_003 + block) * 1_000_003 + S) % 2**63)
+            perm = self._perms[(block, S)] = torch.randperm(S, generator=gen).to(spatial.device)
+        return spatial[:, perm]
+
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p = state.num_prefix
         m = x.shape[1] - p
@@ -196,10 +229,10 @@ class ImagePiece(Reducer):
             left = m - k
             order = key.argsort(dim=1, descending=True)  # (B, N)
             survivors = order[:, :p + left]  # (B, p + left) the kept tokens, any order
-            # the S lowest-scoring survivors, in spatial order
-            subset = order[:, p + left - _share(self.cfg.bottom, left):p + left].sort(dim=1).values
-        else:
-            subset = key.topk(_share(self.cfg.bottom, m), dim=1, largest=False).indices.sort(dim=1).values  # (B, S)
+            # the S lowest-scoring survivors, most attended first
+            subset = self._arrange(order[:, p + left - _share(self.cfg.bottom, left):p + left], state.block, False)
+        else:  # the S lowest-scoring tokens, least attended first
+            subset = self._arrange(key.topk(_share(self.cfg.bottom, m), dim=1, largest=False).indices, state.block)
         plan = ops.subset_matching(info.keys.mean(dim=1), subset, r, survivors)  # keys (B, H, N, d) -> (B, N, d)
         x = state.merge(x, plan)
         if k and same:  # a merged token scores the attention its members drew

@@ -40,6 +40,10 @@ official code, which swaps them (row i % gw, column i // gw: the transposed patc
 Retrieval evaluation, protocols, metrics: exactly the ``hash`` task's (asymmetric database = the
 FISH codes of the training items).
 
+Options (arms a study can switch; the defaults are EET's): ``fish_sigma`` (> 0) and ``fish_delta``
+(> 0), the weights of the label fit and of the quantisation term of the FISH objective, and
+``fish_iters`` (>= 1), its block-coordinate rounds (:mod:`.fish`).
+
 Deviations: the official CE is plain (ours takes the run's ``label_smoothing``; the recipe sets 0);
 the teacher's importance comes from its training-mode forward, as in the official code; with
 ``dkt`` and ``drg`` both off no teacher is built (the arms of the benchmark without EET's parts).
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +72,7 @@ from ..core.state import TokenState
 from ..methods.ctp import importance as ctp_importance
 from .base import TaskContext, TaskOutput, register_task
 from .classify import _capture, _info
-from .fish import fish_codes
+from .fish import DELTA, ITERS, SIGMA, fish_codes
 from .hash import Hash, HashConfig, Protocol, _labels_of, binarize
 
 Mask = Literal["grid", "official"]
@@ -83,7 +88,8 @@ class EETConfig:
     """``bits``; ``dkt``, ``drg``: EET's two parts on/off; ``w``: patches DRG masks; ``mask``:
     'grid' | 'official' (module docstring); ``teacher``: 'joint' | 'frozen'; loss weights
     ``ce_weight`` (clean and masked CE), ``hash_weight``, ``dkt_weight``; ``code_seed``: seed of the
-    FISH targets (None: the run's seed); ``protocol``, ``db_subset``, ``ks``: as ``hash``."""
+    FISH targets (None: the run's seed); ``fish_sigma``, ``fish_delta``, ``fish_iters``: the FISH
+    solver's sigma, delta and iterations (:mod:`.fish`); ``protocol``, ``db_subset``, ``ks``: as ``hash``."""
 
     bits: int = 32
     dkt: bool = True
@@ -95,6 +101,9 @@ class EETConfig:
     hash_weight: float = 1.0
     dkt_weight: float = 1.0
     code_seed: int | None = None
+    fish_sigma: float = SIGMA
+    fish_delta: float = DELTA
+    fish_iters: int = ITERS
     protocol: Protocol = "both"
     db_subset: int | None = None
     ks: int | tuple[int, ...] = (1, 10, 100, 1000)
@@ -113,6 +122,14 @@ class EETConfig:
             raise SpecError(f"eet: unknown teacher {self.teacher!r}; choose from {', '.join(TEACHERS)}")
         if not self.dkt_weight >= 0:
             raise SpecError(f"eet: dkt_weight must be >= 0, got {self.dkt_weight}")
+        for name in ("fish_sigma", "fish_delta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise SpecError(f"eet: {name} must be a finite number > 0 (a weight of the FISH objective), got "
+                                f"{value!r}")
+        if isinstance(self.fish_iters, bool) or not isinstance(self.fish_iters, int) or self.fish_iters < 1:
+            raise SpecError(f"eet: fish_iters must be an integer >= 1 (rounds of the FISH solver), got "
+                            f"{self.fish_iters!r}")
 
 
 class ImportanceProbe(Reducer):
@@ -240,8 +257,10 @@ class EET(Hash):
         if labels.numel() == 0:
             raise TokenReduceError("eet: no training labels to solve the FISH targets for; bind the task with "
                                    "TaskContext.train_labels (training) or load a trained run's checkpoint")
-        seed = self.ctx.seed if self.cfg.code_seed is None else self.cfg.code_seed
-        res = fish_codes(labels.cpu(), self.cfg.bits, num_classes=self.class_codes.shape[0], seed=seed)
+        cfg = self.cfg
+        seed = self.ctx.seed if cfg.code_seed is None else cfg.code_seed
+        res = fish_codes(labels.cpu(), cfg.bits, num_classes=self.class_codes.shape[0], seed=seed,
+                         iters=cfg.fish_iters, sigma=cfg.fish_sigma, delta=cfg.fish_delta)
         self.set_image_codes(res.codes)
         self.codes_solved.fill_(True)
         self._solved = True

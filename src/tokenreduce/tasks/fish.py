@@ -5,7 +5,9 @@ solves, once before training, one code per training image from the labels alone:
 
     min_{P, V, R, B}  sigma * ||L - P V||_F^2 + delta * ||B - R V||_F^2
     L (C, n) one-hot labels,  V (k, n) real latent codes,  P (C, k) class proxies,
-    R (k, k) orthogonal rotation,  B (k, n) in {-1, +1},  k = bits,  sigma = 1, delta = 1e-4.
+    R (k, k) orthogonal rotation,  B (k, n) in {-1, +1},  k = bits,  sigma = 1, delta = 1e-4
+    (the official values; :func:`fish_codes` takes others, and the ``eet`` task passes its
+    ``fish_sigma``, ``fish_delta``, ``fish_iters``).
 
 Initialisation: V ~ N(0, 1), B random signs, R by Procrustes from B V^T. Then 15 iterations of
 block-coordinate descent, each step the exact minimiser of the objective in its block:
@@ -29,6 +31,7 @@ the same positive-definite matrix, solved directly here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -99,7 +102,7 @@ def fish_codes(labels: Tensor, bits: int, *, num_classes: int | None = None, see
     (module docstring: the objective, the four exact steps, the deviations from the paper)."""
     if not isinstance(bits, int) or bits < 1:
         raise TokenReduceError(f"FISH targets need bits >= 1, got {bits!r}")
-    if iters < 1 or sigma <= 0 or delta <= 0:
+    if not (iters >= 1 and 0 < sigma < math.inf and 0 < delta < math.inf):
         raise TokenReduceError(f"FISH targets need iters >= 1, sigma > 0, delta > 0; got {iters}, {sigma}, {delta}")
     lab = one_hot_labels(labels, num_classes)  # (C, n)
     n = lab.shape[1]
