@@ -1,6 +1,6 @@
 """``tokenreduce demo``: the built-in default run, from a fresh clone in minutes on 2 CPU cores.
 
-1. the reference model of the test bed (``--data``, :data:`TESTBEDS`): on the scenes the
+1. the reference model of the test bed (``--testbed``, :data:`TESTBEDS`): on the scenes the
    ``scenes-vit`` checkpoint shipped with the package; on Fashion-MNIST the cached ``fmnist-vit``
    checkpoint, else a short version of its recipe trained into the cache (a checkpoint: an
    interrupted demo resumes it, a second demo reuses it);
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
+from . import vocab
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def _tiny(img_size: int) -> dict[str, Any]:
                        "depth": 4, "num_heads": 2, "mlp_ratio": 2.0}}
 
 
-#: ``--data``: the scene test bed (a 12-block, 196-patch reference shipped with the package: nothing to
+#: ``--testbed``: the scene test bed (a 12-block, 196-patch reference shipped with the package: nothing to
 #: train; 2000 test scenes keep the demo within 5 minutes on 2 cores), or the 28x28 Fashion-MNIST one
 #: (its reference from the cache, else a short stand-in trained now: 4-5 min on 2 cores, about 75% top-1).
 TESTBEDS = {
@@ -59,6 +60,8 @@ TESTBEDS = {
                              "warmup_epochs": 0.1}),
 }
 DEFAULT_TESTBED = "fmnist"
+#: Flags of demo's own (the rest is the shared vocabulary, commands/vocab.py).
+OWN_FLAGS = ("--testbed", "--subset")
 QUICK_TRAIN = {"epochs": 1, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 0.2, "subset": 512, "eval_subset": 200}
 FULL = {"short_subset": 5000, "budgets": "1.5,2,2.5", "seeds": "0,1,2", "rule": "measured",
         "images": 3,
@@ -74,17 +77,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "measured speed-up on the reference Fashion-MNIST ViT (cached, or a short version trained now): "
         "table, results.json/csv, pareto.png and visualisations. Under 10 minutes on 2 CPU cores.",
     )
-    p.add_argument("--out", default="runs/demo", metavar="DIR", help="output directory (default: %(default)s)")
-    p.add_argument("--data", choices=sorted(TESTBEDS), default=DEFAULT_TESTBED,
+    vocab.add_out_dir(p, default="runs/demo")
+    p.add_argument("--testbed", choices=sorted(TESTBEDS), default=DEFAULT_TESTBED,
                    help="test bed: 'scenes' (one garment on clutter, 56x56, a 12-block 196-patch reference shipped "
                    "with the package) or 'fmnist' (28x28 Fashion-MNIST, 49 patches, 6 blocks) (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="seconds-long smoke run on a tiny model (numbers are noise)")
-    p.add_argument("--threads", type=int,
-                   help="torch CPU threads (default: torch.get_num_threads(), the physical cores or OMP_NUM_THREADS)")
+    vocab.renamed(p, "--data", "--testbed", "demo runs on a built-in test bed, not a dataset")
+    vocab.add_quick(p, "a tiny model trained on 512 images, 200 test images, 2 budgets, short timings")
+    vocab.add_threads(p)
     p.add_argument("--subset", type=int, help="test images (default: a fixed 2000 scenes; on fmnist all 10000 with "
                    "the cached reference, a fixed 5000 with the short one; 200 with --quick)")
-    p.add_argument("--budgets", help="target speed-ups (default: 1.5,2,2.5; quick 1.5,2)")
-    p.add_argument("--seeds", help="seeds of random (default: 0,1,2; quick 0,1)")
+    vocab.add_budgets(p, "default 1.5,2,2.5; quick 1.5,2")
+    vocab.add_seeds(p, default=None, note="default 0,1,2; quick 0,1")
     p.set_defaults(func=run)
 
 
@@ -156,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     speed = {**mode["speed"], "threads": args.threads}
 
-    bed = TESTBEDS[args.data]
+    bed = TESTBEDS[args.testbed]
     ckpt, origin, full = reference(args.quick, args.threads, bed)
     t_ref = time.perf_counter() - t0
     ref = ev.load_reference(ckpt)
