@@ -53,9 +53,9 @@ def test_every_flag_of_every_command_is_the_vocabularys_or_declared_as_its_own()
 
 
 def test_the_check_catches_a_stray_flag():
-    p = subparsers(build_parser())["eval"]
-    p.add_argument("--batch-size-of-mine", type=int)
-    assert stray_flags("eval", p, own_flags("eval")) == ["eval --batch-size-of-mine"]
+    p = subparsers(build_parser())["train"]
+    p.add_argument("--batch", type=int)
+    assert stray_flags("train", p, own_flags("train")) == ["train --batch"]
 
 
 def test_one_threads_default_in_every_command():
@@ -131,6 +131,7 @@ def test_the_package_imports_light_and_loads_the_api_on_use():
     (["eval", "--checkpoint", "ref", "--eval-batch", "16"], "--eval-batch is now --eval-batch-size"),
     (["eval", "--checkpoint", "ref", "--checkpoint", "tuned"], "fine-tuned checkpoints go to --finetuned PATH"),
     (["export", "--onnx", "m.onnx", "--batch", "2"], "--batch is now --batch-size"),
+    (["export", "--onnx", "m.onnx", "--checkpoint", "m.pth"], "--checkpoint is a tokenreduce checkpoint"),
     (["demo", "--data", "scenes"], "--data is now --testbed"),
 ])
 def test_an_old_spelling_fails_with_one_line_naming_the_new_one(argv, new, capsys):

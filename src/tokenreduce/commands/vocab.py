@@ -108,8 +108,9 @@ class _Checkpoint(argparse.Action):
         if getattr(namespace, self.dest, None) not in (None, self.default):
             fail(parser, f"--checkpoint is given once{'; ' + self.again if self.again else ''}")
         if Path(values).suffix in FOREIGN_WEIGHTS:
+            weights = any("--weights" in a.option_strings for a in parser._actions)
             fail(parser, f"--checkpoint is a tokenreduce checkpoint (a .safetensors file or a training directory), "
-                 f"got {values}; a timm state_dict goes to --weights PATH")
+                 f"got {values}" + ("; a timm state_dict goes to --weights PATH" if weights else ""))
         setattr(namespace, self.dest, values)
 
 
