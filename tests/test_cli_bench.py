@@ -25,7 +25,7 @@ def one_line_error(capsys, argv: list[str], match: str) -> None:
 
 def test_bench_end_to_end_writes_every_spec(tmp_path, capsys):
     out = tmp_path / "results.json"
-    argv = ["bench", *TINY, "--quick", "--threads", "1", "--match-random", "--out", str(out)]
+    argv = ["bench", *TINY, "--quick", "--threads", "1", "--match-random", "--out", str(tmp_path)]
     for spec in SPECS:
         argv += ["--spec", spec]
     assert main(argv) == 0
@@ -56,14 +56,14 @@ def test_bench_loads_a_checkpoint(tmp_path, capsys):
     sd = model.state_dict()
     sd.pop("head.weight")
     torch.save(sd, bad)
-    assert main(["bench", *TINY, "--quick", "--repeats", "1", "--checkpoint", str(good)]) == 0
+    assert main(["bench", *TINY, "--quick", "--repeats", "1", "--weights", str(good)]) == 0
     capsys.readouterr()
-    one_line_error(capsys, ["bench", *TINY, "--quick", "--checkpoint", str(bad)], "missing 1 keys (e.g. head.weight)")
-    one_line_error(capsys, ["bench", *TINY, "--checkpoint", str(tmp_path / "none.pth")], "does not exist")
+    one_line_error(capsys, ["bench", *TINY, "--quick", "--weights", str(bad)], "missing 1 keys (e.g. head.weight)")
+    one_line_error(capsys, ["bench", *TINY, "--weights", str(tmp_path / "none.pth")], "does not exist")
 
 
 def test_inspect_prints_schedule_and_macs(capsys):
-    assert main(["inspect", *TINY, "--method", "evit(keep=0.5, locs=(1, 3))"]) == 0
+    assert main(["inspect", *TINY, "--spec", "evit(keep=0.5, locs=(1, 3))"]) == 0
     out = capsys.readouterr().out
     assert "16 -> 9 -> 6 non-prefix tokens at blocks [1, 3] (attn)" in out
     assert "tokens     17 10 10 7 7 7" in out
@@ -72,12 +72,12 @@ def test_inspect_prints_schedule_and_macs(capsys):
 
 @pytest.mark.parametrize(("argv", "match"), [
     (["bench", "--model", "deit_smal", "--quick"], "close names: deit_small"),
-    (["inspect", "--model", "deit_smal", "--method", "tome"], "unknown timm model"),
+    (["inspect", "--model", "deit_smal", "--spec", "tome"], "unknown timm model"),
     (["bench", *TINY, "--quick", "--spec", "evit(keep="], "malformed spec"),
     (["bench", *TINY, "--quick", "--spec", "nosuch(r=1)"], "unknown method"),
-    (["inspect", *TINY, "--method", "evit(locs=(3, 9))"], "beyond the model's depth 6"),
-    (["inspect", *TINY, "--method", "tome(r=(1, 2))"], "r has 2 entries"),
-    (["bench", *TINY, "--quick", "--batch", "0"], "--batch"),
+    (["inspect", *TINY, "--spec", "evit(locs=(3, 9))"], "beyond the model's depth 6"),
+    (["inspect", *TINY, "--spec", "tome(r=(1, 2))"], "r has 2 entries"),
+    (["bench", *TINY, "--quick", "--batch-size", "0"], "--batch-size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, match):
     one_line_error(capsys, argv, match)
@@ -103,8 +103,8 @@ def test_bench_backend_compile_times_every_case_compiled(tmp_path, capsys, monke
     # the code generation (tens of seconds per graph on 2 cores); inductor itself: tests/test_compile.py
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     out = tmp_path / "results.json"
-    assert main(["bench", *TINY, "--quick", "--batch", "1", "--repeats", "2", "--threads", "1", "--backend",
-                 "compile", "--spec", "tome(r=2)", "--out", str(out)]) == 0
+    assert main(["bench", *TINY, "--quick", "--batch-size", "1", "--repeats", "2", "--threads", "1", "--backend",
+                 "compile", "--spec", "tome(r=2)", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
     assert "backend compile" in printed and data["provenance"]["backend"] == "compile"
@@ -144,12 +144,12 @@ def test_bench_times_the_model_of_a_tokenreduce_checkpoint(tmp_path, capsys, mon
     ckpt = tmp_path / "ref.safetensors"
     save_checkpoint(ckpt, build_model(cfg), meta={"model": cfg, "spec": None})
     out = tmp_path / "results.json"
-    assert main(["bench", "--reference", str(ckpt), "--quick", "--repeats", "1", "--spec", "tome(r=2)",
-                 "--out", str(out)]) == 0
+    assert main(["bench", "--checkpoint", str(ckpt), "--quick", "--repeats", "1", "--spec", "tome(r=2)",
+                 "--out", str(tmp_path)]) == 0
     data = json.loads(out.read_text())
     assert data["model"]["reference"] == str(ckpt) and data["model"]["img_size"] == [28, 28]
     assert data["results"][-1]["tokens_per_block"] == [15, 13]
     assert "vit_tiny_patch16_224  28x28" in capsys.readouterr().out
-    one_line_error(capsys, ["bench", "--reference", str(ckpt), "--model", "test_vit"], "leave out --model")
+    one_line_error(capsys, ["bench", "--checkpoint", str(ckpt), "--model", "test_vit"], "leave out --model")
     monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
-    one_line_error(capsys, ["bench", "--reference", "fmnist-vit", "--quick"], "no trained fmnist-vit checkpoint")
+    one_line_error(capsys, ["bench", "--checkpoint", "fmnist-vit", "--quick"], "no trained fmnist-vit checkpoint")

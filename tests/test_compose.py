@@ -243,7 +243,7 @@ def test_inspect_shows_a_composite(capsys):
     from tokenreduce.cli import main
 
     spec = "imagepiece(locs=(1,), merge=0.1, keep=0.9) + evit(keep=0.5, locs=(3,))"
-    assert main(["inspect", "--model", "test_vit", "--img-size", "64", "--method", spec]) == 0
+    assert main(["inspect", "--model", "test_vit", "--img-size", "64", "--spec", spec]) == 0
     out = capsys.readouterr().out
     assert "imagepiece(locs=(1,), bottom=0.3, merge=0.1, keep=0.9" in out and " + evit(keep=0.5" in out
     assert "MACs/image unpatched" in out

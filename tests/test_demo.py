@@ -42,7 +42,7 @@ def test_demo_uses_the_cores_torch_has_whatever_the_load_average(tmp_path, monke
 def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
-    assert main(["demo", "--data", "fmnist", "--quick", "--threads", "1", "--out", str(out)]) == 0
+    assert main(["demo", "--testbed", "fmnist", "--quick", "--threads", "1", "--out", str(out)]) == 0
     printed, err = capsys.readouterr()
     data = json.loads((out / "results.json").read_text())
     rows = data["results"]
@@ -61,7 +61,7 @@ def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsy
 
     ckpt = tmp_path / "cache" / "demo-quick-fashion_mnist" / "model.safetensors"
     stamp = ckpt.stat().st_mtime_ns
-    assert main(["demo", "--data", "fmnist", "--quick", "--threads", "1", "--out", str(out), "--budgets", "1.5",
+    assert main(["demo", "--testbed", "fmnist", "--quick", "--threads", "1", "--out", str(out), "--budgets", "1.5",
                  "--seeds", "0"]) == 0
     assert ckpt.stat().st_mtime_ns == stamp  # reused, not retrained
 
@@ -70,7 +70,7 @@ def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsy
 def test_demo_quick_on_the_scenes_draws_the_object(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
-    assert main(["demo", "--data", "scenes", "--quick", "--threads", "1", "--out", str(out), "--budgets", "1.5",
+    assert main(["demo", "--testbed", "scenes", "--quick", "--threads", "1", "--out", str(out), "--budgets", "1.5",
                  "--seeds", "0"]) == 0
     data = json.loads((out / "results.json").read_text())
     assert data["data"]["name"] == "fmnist_scenes" and data["data"]["n"] == 200

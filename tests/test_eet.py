@@ -248,8 +248,8 @@ def test_tiny_eet_run_trains_resumes_bit_identically_and_evaluates(data: str, tm
     # the evaluation command reads the run's own task tensors (head, FISH codes) and gives the same mAP
     out = tmp_path / "eval"
     assert main(["eval", "--checkpoint", str(tmp_path / "a" / "model.safetensors"), "--spec", TINY_PRUNE, "--data",
-                 data, "--out", str(out), "--threads", "1", "--repeats", "1", "--warmup", "0", "--batch", "4",
-                 "--eval-batch", "16"]) == 0
+                 data, "--out", str(out), "--threads", "1", "--repeats", "1", "--warmup", "0", "--batch-size", "4",
+                 "--eval-batch-size", "16"]) == 0
     rows = json.loads((out / "results.json").read_text())["results"]
     mine = [r for r in rows if r["kind"] == "training-free" and r["spec"] == TINY_PRUNE]
     assert mine and mine[0]["metric"] == "map" and mine[0]["map"] == pytest.approx(full["map"])

@@ -25,7 +25,8 @@ MODEL = {"name": "vit_tiny_patch16_224",
          "kwargs": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 4,
                     "num_heads": 2, "mlp_ratio": 2.0}}
 LEARNED = "dynamicvit(keep=0.5, locs=(1, 2))"
-FAST = ["--subset", "48", "--threads", "1", "--repeats", "1", "--warmup", "0", "--batch", "4", "--eval-batch", "16"]
+FAST = ["--subset", "48", "--threads", "1", "--repeats", "1", "--warmup", "0", "--batch-size", "4",
+        "--eval-batch-size", "16"]
 needs_fmnist = pytest.mark.skipif(not (SYSTEM_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
                                   reason=f"Fashion-MNIST is not installed in {SYSTEM_DIR}")
 
@@ -60,7 +61,7 @@ def test_eval_writes_json_csv_png_with_every_spec(tmp_path, ckpt, capsys):
     save_checkpoint(tuned, model, meta={"model": MODEL, "spec": LEARNED, "config": {"seed": 7}})
     specs = ["tome(r=4)", "random(keep=0.5, locs=(1, 2))"]
     out = tmp_path / "out"
-    argv = ["eval", "--checkpoint", str(ckpt), "--checkpoint", str(tuned), "--budgets", "1.5,2",
+    argv = ["eval", "--checkpoint", str(ckpt), "--finetuned", str(tuned), "--budgets", "1.5,2",
             "--methods", "evit,topk", "--seeds", "0,1", "--out", str(out), *FAST]
     for s in specs:
         argv += ["--spec", s]
@@ -158,7 +159,7 @@ def test_eval_reports_the_checkpoints_task_metric_with_its_own_weights(tmp_path,
     ref = save_task_checkpoint(tmp_path / "ref.safetensors", task_spec)
     tuned = save_task_checkpoint(tmp_path / "tuned.safetensors", task_spec, spec="tome(r=4)", seed=1)
     out = tmp_path / "out"
-    assert main(["eval", "--checkpoint", str(tmp_path / "ref.safetensors"), "--checkpoint",
+    assert main(["eval", "--checkpoint", str(tmp_path / "ref.safetensors"), "--finetuned",
                  str(tmp_path / "tuned.safetensors"), "--spec", "topk(keep=0.5, locs=(1,))", "--data", str(data),
                  "--out", str(out), *FAST]) == 0
     printed = capsys.readouterr().out
@@ -188,8 +189,8 @@ def test_eval_adds_default_budgets_only_when_nothing_else_is_asked(tmp_path, ckp
     save_checkpoint(tuned, tiny_model(1), meta={"model": MODEL, "spec": "tome(r=4)", "config": {"seed": 1}})
     base = ["eval", "--checkpoint", str(ckpt), "--data", str(data), *FAST, "--methods", "topk"]
     for more, kinds in (([], ["unpatched", "training-free", "training-free"]),
-                        (["--checkpoint", str(tuned)], ["unpatched", "fine-tuned"]),
-                        (["--checkpoint", str(tuned), "--budgets", "2"], ["unpatched", "training-free", "fine-tuned"])):
+                        (["--finetuned", str(tuned)], ["unpatched", "fine-tuned"]),
+                        (["--finetuned", str(tuned), "--budgets", "2"], ["unpatched", "training-free", "fine-tuned"])):
         out = tmp_path / f"out{len(more)}"
         assert main([*base, *more, "--out", str(out)]) == 0
         capsys.readouterr()
@@ -214,7 +215,7 @@ def test_eval_refuses_a_fine_tuned_checkpoint_of_another_task(tmp_path, capsys):
     data = make_synthetic(tmp_path / "fmnist", n_train=20, n_test=12)
     save_task_checkpoint(tmp_path / "ref.safetensors", "classify")
     save_task_checkpoint(tmp_path / "hash.safetensors", "hash(bits=8)", spec="tome(r=4)")
-    one_line_error(capsys, ["eval", "--checkpoint", str(tmp_path / "ref.safetensors"), "--checkpoint",
+    one_line_error(capsys, ["eval", "--checkpoint", str(tmp_path / "ref.safetensors"), "--finetuned",
                             str(tmp_path / "hash.safetensors"), "--data", str(data), *FAST],
                    "must share the reference's task")
 

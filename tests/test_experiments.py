@@ -76,7 +76,7 @@ def _recall_at_kept(r: dict[str, Any], report: str) -> None:
     assert r["blocks"], "no block reduced"
     for b in r["blocks"]:
         assert 1 <= b["kept"] < b["of"]
-        assert all(_within(b[k], 0, 1) for k in ("base_rate", "spec", "matched", "oracle")), b
+        assert all(_within(b[k], 0, 1) for k in ("base_rate", "spec", "matched", "oracle_recall")), b
         assert len(b["matched_seeds"]) == 2 and _within(b["matched_std"], 0, 1)
         assert f"| {b['block']} | {b['kept']} / {b['of']} | {b['base_rate']:.3f} | {b['spec']:.3f} |" in report
 

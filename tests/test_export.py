@@ -224,7 +224,7 @@ def test_export_command_exports_a_trained_checkpoint(tmp_path, capsys):
 
 @pytest.mark.parametrize(("argv", "match"), [
     (["--checkpoint", "x.safetensors", "--model", "test_vit"], "leave out --model"),
-    (["--model", "test_vit", "--batch", "0"], "--batch must be >= 1"),
+    (["--model", "test_vit", "--batch-size", "0"], "--batch-size must be >= 1"),
     (["--model", "test_vit", "--spec", "nosuch(r=1)"], "unknown method"),
     (["--model", "test_vit", "--spec", "tome(r=1)", "--exporter", "classic", "--opset", "13"],
      "needs ONNX opset >= 16"),

@@ -4,7 +4,7 @@ Two runs into one --out (the second is refused; a killed run leaves no stale loc
 settings that contradict the run's (refused, naming them; runtime ones change and are reported),
 Ctrl-C (one line, exit 130, the exact --resume command for a training), outputs that cannot be
 written and bad --threads / --device / --budgets (refused before any work), a non-finite loss or
-metric (the run fails, naming it; JSON stays strict), bench --reference of nothing, the FX-trace
+metric (the run fails, naming it; JSON stays strict), bench --checkpoint of nothing, the FX-trace
 refusal's reason; and a bug of ours keeps its traceback instead of passing for bad input.
 """
 
@@ -153,7 +153,7 @@ def test_ctrl_c_in_other_commands_is_one_line_and_exit_130(argv, ckpt, tmp_path,
                          (demo, "reference")]:
         monkeypatch.setattr(module, name, interrupt)
     argv = [str(ckpt) if a == "CKPT" else a for a in argv]
-    out = ["--out", str(tmp_path / ("out.json" if argv[0] == "bench" else "out"))]
+    out = ["--out", str(tmp_path / "out")]
     one_line(capsys, [*argv, *out], f"tokenreduce {argv[0]}: interrupted", rc=130)
 
 
@@ -230,7 +230,7 @@ def test_train_flags_are_checked_first(argv, match, data, tmp_path, monkeypatch,
     (["eval", "--checkpoint", "CKPT", "--budgets", "inf"], "must be > 1"),
     (["bench", *BENCH, "--threads", "0"], "--threads must be >= 1"),
     (["bench", *BENCH, "--device", "nonsense"], "unknown device 'nonsense'"),
-    (["bench", *BENCH, "--out", "FILE/r.json"], "its folder"),
+    (["bench", *BENCH, "--out", "FILE/r"], "cannot be written (a file is in the way)"),
     (["demo", "--quick", "--threads", "0"], "--threads must be >= 1"),
     (["demo", "--quick", "--out", "FILE/demo"], "cannot be written"),
     (["demo", "--quick", "--budgets", "0.9"], "must be > 1"),
@@ -250,7 +250,7 @@ def test_output_and_resource_flags_are_checked_before_any_work(argv, match, ckpt
 def test_unreachable_budgets_are_refused_and_tables_show_the_picks_speed_up(ckpt, tmp_path, capsys):
     data = make_synthetic(tmp_path / "fmnist", n_train=32, n_test=32)
     fast = ["--checkpoint", str(ckpt), "--data", str(data), "--methods", "evit,tome", "--seeds", "0", "--threads",
-            "1", "--repeats", "1", "--warmup", "0", "--batch", "4", "--eval-batch", "16"]
+            "1", "--repeats", "1", "--warmup", "0", "--batch-size", "4", "--eval-batch-size", "16"]
     err = one_line(capsys, ["eval", *fast, "--budgets", "100", "--out", str(tmp_path / "x")],
                    "no training-free method reaches 100x on this model")
     assert "choose --budgets up to" in err and not (tmp_path / "x" / "results.json").exists()
@@ -274,8 +274,8 @@ def test_find_budgets_refuses_a_target_no_method_reaches():
         find_budgets(model, ["evit"], [float("nan")])
 
 
-def test_bench_reference_that_is_neither_a_path_nor_a_recipe(tmp_path, capsys):
-    err = one_line(capsys, ["bench", "--reference", str(tmp_path / "does/not/exist"), "--quick"],
+def test_bench_checkpoint_that_is_neither_a_path_nor_a_recipe(tmp_path, capsys):
+    err = one_line(capsys, ["bench", "--checkpoint", str(tmp_path / "does/not/exist"), "--quick"],
                    "no such file or directory, and not a recipe name")
     assert "fmnist-vit-smoke" in err
 
@@ -293,7 +293,7 @@ def test_fx_tracing_is_refused_for_what_it_is():
 
 @pytest.mark.parametrize(("target", "argv"), [
     ("tokenreduce.models.build.build_model", ["bench", *BENCH]),  # a bug while building the model
-    ("torch.load", ["bench", *BENCH, "--checkpoint", "CKPT_PTH"]),  # a bug while reading a state_dict
+    ("torch.load", ["bench", *BENCH, "--weights", "CKPT_PTH"]),  # a bug while reading a state_dict
     ("safetensors.torch.load", ["eval", "--checkpoint", "CKPT", "--spec", "tome(r=2)"]),  # reading a checkpoint
 ])
 def test_a_bug_of_ours_keeps_its_traceback(target, argv, ckpt, tmp_path, monkeypatch, capsys):
@@ -309,7 +309,7 @@ def test_a_bug_of_ours_keeps_its_traceback(target, argv, ckpt, tmp_path, monkeyp
     module, name = target.rsplit(".", 1)
     monkeypatch.setattr(f"{module}.{name}", bug)
     with pytest.raises(KeyError, match="a bug of ours"):
-        main([*argv, "--out", str(tmp_path / ("r.json" if argv[0] == "bench" else "out"))])
+        main([*argv, "--out", str(tmp_path / "out")])
     assert "error:" not in capsys.readouterr().err
 
 

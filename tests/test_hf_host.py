@@ -392,11 +392,11 @@ def test_inspect_and_bench_take_a_transformers_config(tmp_path, capsys):
 
     folder = tmp_path / "deit"
     make("deit").save_pretrained(folder)
-    assert main(["inspect", "--hf-config", str(folder), "--method", "tome(r=8)"]) == 0
+    assert main(["inspect", "--hf-config", str(folder), "--spec", "tome(r=8)"]) == 0
     printed = capsys.readouterr().out
     assert "4 blocks, dim 64, 2 heads, 64 patches (8x8)" in printed and "2 tokens (cls, dist)" in printed
     assert "58 50 42 34" in printed
-    assert main(["inspect", "--hf-config", str(folder), "--pretrained", "--method", "tome(r=8)"]) == 0
+    assert main(["inspect", "--hf-config", str(folder), "--pretrained", "--spec", "tome(r=8)"]) == 0
     bench = ["bench", "--hf-config", "dinov2-tiny", "--quick", "--threads", "1"]
     assert main([*bench, "--spec", "evit(keep=0.5, locs=(1, 2))"]) == 0
     assert "dinov2-tiny  32x32" in capsys.readouterr().out

@@ -172,16 +172,16 @@ def test_every_writer_records_the_same_provenance_keys(ckpt, data, tmp_path):
     assert main(["train", *TINY_FLAGS, "--data", data, "--epochs", "1", "--subset", "32", "--out", str(runs),
                  "--results", str(tmp_path / "train.json")]) == 0
     assert main(["eval", "--checkpoint", str(ckpt), "--spec", "tome(r=2)", "--data", data, "--subset", "8",
-                 "--threads", "1", "--repeats", "1", "--warmup", "0", "--batch", "2", "--eval-batch", "8",
+                 "--threads", "1", "--repeats", "1", "--warmup", "0", "--batch-size", "2", "--eval-batch-size", "8",
                  "--seeds", "0", "--out", str(tmp_path / "eval")]) == 0
     assert main(["bench", "--model", "test_vit", "--img-size", "32", "--quick", "--threads", "1",
-                 "--out", str(tmp_path / "bench.json")]) == 0
+                 "--out", str(tmp_path / "bench")]) == 0
     assert main(["experiment", "_pipeline_noop", "--threads", "1", "--results", str(tmp_path / "exp.json")]) == 0
     docs = {"train --results": json.loads((tmp_path / "train.json").read_text()),
             "train metrics.json": {"provenance": json.loads((runs / "metrics.json").read_text())["provenance"]},
             "checkpoint meta": {"provenance": load_model(runs)[1]["metrics"]["provenance"]},
             "eval": json.loads((tmp_path / "eval" / "results.json").read_text()),
-            "bench": json.loads((tmp_path / "bench.json").read_text()),
+            "bench": json.loads((tmp_path / "bench" / "results.json").read_text()),
             "experiment": json.loads((tmp_path / "exp.json").read_text())}
     for writer, doc in docs.items():
         prov = doc["provenance"]

@@ -108,7 +108,7 @@ def _one_line_error(capsys, argv: list[str], match: str) -> None:
 
 
 @pytest.mark.parametrize("argv", [
-    ["inspect", "--model", "test_vit", "--img-size", "64", "--method", "tome(r=1.5)"],
+    ["inspect", "--model", "test_vit", "--img-size", "64", "--spec", "tome(r=1.5)"],
     ["train", "--model", "test_vit", "--img-size", "64", "--spec", "tome(r=1.5)", "--epochs", "1"],
 ])
 def test_commands_exit_2_with_one_line(capsys, tmp_path, argv):

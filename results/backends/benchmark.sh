@@ -29,7 +29,8 @@ run() {  # run NAME BACKEND ARGS...: one bench run, skipped when its JSON exists
   shift 2
   if [ -f "$out/$name-$backend.json" ]; then echo "skip $name-$backend (done)"; return; fi
   tokenreduce bench --backend "$backend" --threads "$threads" --match-random "$@" \
-    --out "$out/$name-$backend.json" > "$out/$name-$backend.txt.part"
+    --out "$out/$name-$backend.d" > "$out/$name-$backend.txt.part"
+  mv "$out/$name-$backend.d/results.json" "$out/$name-$backend.json" && rmdir "$out/$name-$backend.d"
   mv "$out/$name-$backend.txt.part" "$out/$name-$backend.txt"
 }
 
@@ -41,10 +42,10 @@ while IFS=$'\t' read -r label spec; do
 done < results/fmnist/picks.tsv
 
 if [ "$what" = deit ] || [ "$what" = all ]; then
-  for b in $backends; do run deit_small "$b" --model deit_small_patch16_224 --batch 32 --repeats "$repeats" "${deit_specs[@]}"; done
+  for b in $backends; do run deit_small "$b" --model deit_small_patch16_224 --batch-size 32 --repeats "$repeats" "${deit_specs[@]}"; done
 fi
 if [ "$what" = fmnist ] || [ "$what" = all ]; then
-  for b in $backends; do run fmnist "$b" --reference fmnist-vit --batch 32 --repeats "$repeats" "${fmnist_specs[@]}"; done
+  for b in $backends; do run fmnist "$b" --checkpoint fmnist-vit --batch-size 32 --repeats "$repeats" "${fmnist_specs[@]}"; done
 fi
 if [ "$what" = smoke ]; then
   for b in eager onnxruntime; do

@@ -80,7 +80,7 @@ speed() {
   if [ -f "$out/fmnist_speed/results.json" ]; then echo "done: $out/fmnist_speed"; return; fi
   ckpts=()
   for name in full chunked bspf; do
-    for seed in $seeds; do ckpts+=(--checkpoint "$runs/$name-s$seed"); done
+    for seed in $seeds; do ckpts+=(--finetuned "$runs/$name-s$seed"); done
   done
   # the training-free chunked spec on the reference is timed too (and keeps eval from adding budget cases)
   tokenreduce eval --checkpoint "${TOKENREDUCE_CACHE:-cache}/fmnist-vit" --spec "$CHUNKED" "${ckpts[@]}" --threads "$threads" \
@@ -90,8 +90,10 @@ speed() {
 deit() {
   tokenreduce bench --model deit_small_patch16_224 --spec 'chunked(size=49)' \
     --spec 'bspf(size=49, keep=0.5, locs=(3, 6, 9))' --spec "bspf(size=49, keep=0.5, locs=(3, 6, 9), path='mirrored')" \
-    --spec 'bspf(size=49, keep=0.5, locs=(3, 7))' --match-random --threads "$threads" --batch 32 --repeats 10 \
-    --out "$out/bench_deit_small_cpu$threads.json" > "$out/bench_deit_small_cpu$threads.txt"
+    --spec 'bspf(size=49, keep=0.5, locs=(3, 7))' --match-random --threads "$threads" --batch-size 32 --repeats 10 \
+    --out "$out/bench_deit_small_cpu$threads.d" > "$out/bench_deit_small_cpu$threads.txt"
+  mv "$out/bench_deit_small_cpu$threads.d/results.json" "$out/bench_deit_small_cpu$threads.json"
+  rmdir "$out/bench_deit_small_cpu$threads.d"
   cat "$out/bench_deit_small_cpu$threads.txt"
 }
 

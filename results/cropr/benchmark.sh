@@ -83,12 +83,13 @@ if [ "$what" = bench ]; then
   l10="locs=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)"
   c8="counts=(187, 179, 171, 163, 155, 147, 139, 131, 123, 115"
   if [ ! -f "$out/bench_deit_small_cpu2.json" ]; then
-    tokenreduce bench --model deit_small_patch16_224 --threads "$threads" --batch 32 --repeats 10 \
+    tokenreduce bench --model deit_small_patch16_224 --threads "$threads" --batch-size 32 --repeats 10 \
       --spec "cropr(r=8, inference=True)" --spec "random($c8, 107), $l11, where='block')" \
       --spec "cropr(r=16, inference=True)" \
       --spec "random(counts=(179, 163, 147, 131, 115, 99, 83, 67, 51, 35, 19), $l11, where='block')" \
       --spec "cropr(r=8, $l10, inference=True) + llf()" --spec "random($c8), $l10, where='block') + llf()" \
-      --out "$out/bench_deit_small_cpu2.json" > "$out/bench_deit_small_cpu2.txt"
+      --out "$out/bench_deit_small_cpu2.d" > "$out/bench_deit_small_cpu2.txt"
+    mv "$out/bench_deit_small_cpu2.d/results.json" "$out/bench_deit_small_cpu2.json" && rmdir "$out/bench_deit_small_cpu2.d"
   fi
 fi
 

@@ -45,7 +45,7 @@ if [ "$what" = train ] || [ "$what" = all ]; then
 fi
 if [ "$what" = speed ] || [ "$what" = all ]; then
   if [ ! -f "$out/speed/results.json" ]; then
-    tokenreduce eval --checkpoint "$runs/a16-s0/model.safetensors" --checkpoint "$runs/b16-s0/model.safetensors" \
+    tokenreduce eval --checkpoint "$runs/a16-s0/model.safetensors" --finetuned "$runs/b16-s0/model.safetensors" \
       --spec 'ctp()' --threads "$threads" --out "$out/speed"
   fi
 fi

@@ -52,7 +52,7 @@ specs=()
 while IFS=$'\t' read -r name spec; do
   specs+=(--spec "$spec")
   for seed in 0 1 2; do
-    checkpoints+=(--checkpoint "$FT_DIR/$name-s$seed")
+    checkpoints+=(--finetuned "$FT_DIR/$name-s$seed")
     if [ "$what" = ft ] || [ "$what" = all ]; then finetune "$name" "$spec" "$seed"; fi
   done
 done < "$OUT/picks.tsv"
@@ -61,7 +61,7 @@ done < "$OUT/picks.tsv"
 #    one run with the reference
 if { [ "$what" = final ] || [ "$what" = all ]; } && [ ! -f "$OUT/finetuned/results.json" ]; then
   for dir in "${checkpoints[@]}"; do
-    if [ "$dir" != --checkpoint ] && [ ! -f "$dir/model.safetensors" ]; then
+    if [ "$dir" != --finetuned ] && [ ! -f "$dir/model.safetensors" ]; then
       echo "fine-tune $dir is not finished: run the ft step first" >&2; exit 1
     fi
   done

@@ -5,7 +5,7 @@
 #   train  every arm below x seeds 0 1 2 from scratch with the SAME short recipe (fmnist-vit-short: the
 #          fmnist-vit model, 4 epochs on a fixed 20 000 training images, full test set at the end), the
 #          reducer active in training; a finished run (its results JSON exists) is skipped
-#   speed  tokenreduce bench --reference on the seed-0 checkpoint of each stem's unreduced arm: every spec of
+#   speed  tokenreduce bench --checkpoint on the seed-0 checkpoint of each stem's unreduced arm: every spec of
 #          that stem, each with a random pruner at its counts, the unreduced model and the zero-reduction control
 #          in one interleaved run (img/s at batch 32, latency at batch 1; the weights do not change the cost)
 #          -> results/imagepiece/speed-{conv,patch}.{json,txt}, ~5 min each on idle cores
@@ -112,8 +112,9 @@ if [ "$what" = speed ] || [ "$what" = all ]; then
       IFS='|' read -r name arm_stem spec <<< "$arm"
       if [ "$arm_stem" = "$stem" ] && [ -n "$spec" ]; then specs+=(--spec "$spec"); fi
     done
-    tokenreduce bench --reference "$runs/$stem-none-s$first" "${specs[@]}" --match-random --threads "$threads" \
-      --batch 32 --repeats 10 --out "$out/speed-$stem.json" > "$out/speed-$stem.txt"
+    tokenreduce bench --checkpoint "$runs/$stem-none-s$first" "${specs[@]}" --match-random --threads "$threads" \
+      --batch-size 32 --repeats 10 --out "$out/speed-$stem.d" > "$out/speed-$stem.txt"
+    mv "$out/speed-$stem.d/results.json" "$out/speed-$stem.json" && rmdir "$out/speed-$stem.d"
     cat "$out/speed-$stem.txt"
   done
 fi
@@ -124,8 +125,9 @@ if [ "$what" = deit ] || [ "$what" = all ]; then
     --spec 'evit(keep=0.7, locs=(3, 6, 9))' \
     --spec 'imagepiece(locs=(1, 2, 3, 4, 5, 6, 7))' \
     --spec 'imagepiece(keep=1.0) + evit(keep=0.7, locs=(3, 6, 9))' \
-    --match-random --threads "$threads" --batch 32 --repeats 10 \
-    --out "$out/bench_deit_small_cpu2.json" > "$out/bench_deit_small_cpu2.txt"
+    --match-random --threads "$threads" --batch-size 32 --repeats 10 \
+    --out "$out/bench_deit_small_cpu2.d" > "$out/bench_deit_small_cpu2.txt"
+  mv "$out/bench_deit_small_cpu2.d/results.json" "$out/bench_deit_small_cpu2.json" && rmdir "$out/bench_deit_small_cpu2.d"
   cat "$out/bench_deit_small_cpu2.txt"
 fi
 

@@ -1,7 +1,9 @@
 """The ``tokenreduce`` command line. Each subcommand lives in ``tokenreduce.commands.<name>`` and
 exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``.
 
-Methods are addressed only by spec strings like ``'evit(keep=0.7, locs=(3, 6, 9))'``.
+Methods are addressed only by spec strings like ``'evit(keep=0.7, locs=(3, 6, 9))'``. Every flag two
+commands share is declared once, with one meaning, in ``tokenreduce.commands.vocab``. Building the parser
+imports no torch (command modules import it inside ``run``), so ``--help`` answers at once.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ fi
 if [ "$what" != ft ]; then
   ckpts=()
   for arm in random-1.5x topk-1.5x "$name"; do
-    for seed in 0 1 2; do ckpts+=(--checkpoint "$FT_DIR/$arm-s$seed"); done
+    for seed in 0 1 2; do ckpts+=(--finetuned "$FT_DIR/$arm-s$seed"); done
   done
   tokenreduce eval --checkpoint "$REF" "${ckpts[@]}" --spec "$spec" --seeds 0,1,2 --threads "$THREADS" \
       --backend "$BACKEND" --out "$out"

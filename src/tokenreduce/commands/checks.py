@@ -16,6 +16,17 @@ def threads(n: int | None, flag: str = "--threads") -> None:
         raise TokenReduceError(f"{flag} must be >= 1, got {n}")
 
 
+def resolve_threads(n: int | None, flag: str = "--threads") -> int:
+    """``n`` checked, or torch's own default (``torch.get_num_threads()``) for None: what ``--threads``
+    defaults to in every command."""
+    threads(n, flag)
+    if n is not None:
+        return n
+    import torch
+
+    return torch.get_num_threads()
+
+
 def device(name: str) -> str:
     """``name`` if torch knows it and this machine has it (train.dist.resolve_device), else a TokenReduceError."""
     from ..train.dist import resolve_device

@@ -1,6 +1,6 @@
 """``tokenreduce demo``: the built-in default run, from a fresh clone in minutes on 2 CPU cores.
 
-1. the reference model of the test bed (``--data``, :data:`TESTBEDS`): on the scenes the
+1. the reference model of the test bed (``--testbed``, :data:`TESTBEDS`): on the scenes the
    ``scenes-vit`` checkpoint shipped with the package; on Fashion-MNIST the cached ``fmnist-vit``
    checkpoint, else a short version of its recipe trained into the cache (a checkpoint: an
    interrupted demo resumes it, a second demo reuses it);
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
+from . import vocab
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ def _tiny(img_size: int) -> dict[str, Any]:
                        "depth": 4, "num_heads": 2, "mlp_ratio": 2.0}}
 
 
-#: ``--data``: the scene test bed (a 12-block, 196-patch reference shipped with the package: nothing to
-#: train; 1000 test scenes and two targets keep a fresh clone's install + demo within 5 minutes on 2
+#: ``--testbed``: the scene test bed (a 12-block, 196-patch reference shipped with the package: nothing
+#: to train; 1000 test scenes and two targets keep a fresh clone's install + demo within 5 minutes on 2
 #: cores: a standard error of 1.5 points on top-1, less on the differences between rows, which share
 #: the images), or the 28x28 Fashion-MNIST one (its reference from the cache, else a short stand-in
 #: trained now: 4-5 min on 2 cores, about 75% top-1).
@@ -64,6 +65,8 @@ TESTBEDS = {
                              "warmup_epochs": 0.1}),
 }
 DEFAULT_TESTBED = "scenes"
+#: Flags of demo's own (the rest is the shared vocabulary, commands/vocab.py).
+OWN_FLAGS = ("--testbed", "--subset")
 QUICK_TRAIN = {"epochs": 1, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 0.2, "subset": 512, "eval_subset": 200}
 FULL = {"short_subset": 5000, "seeds": "0,1,2", "rule": "measured",
         "images": 3,
@@ -77,21 +80,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "demo", help="the built-in default: every training-free method at 1.5x/2x on the scene test bed",
         description="Evaluate every registered training-free method at the specs closest to 1.5x and 2x measured "
         "speed-up on the scene test bed's reference (a 12-block, 196-patch ViT shipped with the package; "
-        "--data fmnist: the 28x28 Fashion-MNIST one, cached or a short version trained now): table, "
+        "--testbed fmnist: the 28x28 Fashion-MNIST one, cached or a short version trained now): table, "
         "results.json/csv, pareto.png and visualisations. About 3 minutes on 2 CPU cores.",
     )
-    p.add_argument("--out", default="runs/demo", metavar="DIR", help="output directory (default: %(default)s)")
-    p.add_argument("--data", choices=sorted(TESTBEDS), default=DEFAULT_TESTBED,
+    vocab.add_out_dir(p, default="runs/demo")
+    p.add_argument("--testbed", choices=sorted(TESTBEDS), default=DEFAULT_TESTBED,
                    help="test bed: 'scenes' (one garment on clutter, 56x56, a 12-block 196-patch reference shipped "
                    "with the package) or 'fmnist' (28x28 Fashion-MNIST, 49 patches, 6 blocks) (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="seconds-long smoke run on a tiny model (numbers are noise)")
-    p.add_argument("--threads", type=int,
-                   help="torch CPU threads (default: torch.get_num_threads(), the physical cores or OMP_NUM_THREADS)")
+    vocab.renamed(p, "--data", "--testbed", "demo runs on a built-in test bed, not a dataset")
+    vocab.add_quick(p, "a tiny model trained on 512 images, 200 test images, 2 budgets, short timings")
+    vocab.add_threads(p)
     p.add_argument("--subset", type=int, help="test images (default: a fixed 1000 scenes; on fmnist all 10000 with "
                    "the cached reference, a fixed 5000 with the short one; 200 with --quick)")
-    p.add_argument("--budgets", help="target speed-ups (default: 1.5,2 on the scenes, 1.5,2,2.5 on fmnist; "
-                   "quick 1.5,2)")
-    p.add_argument("--seeds", help="seeds of random (default: 0,1,2; quick 0,1)")
+    vocab.add_budgets(p, "default 1.5,2 on the scenes, 1.5,2,2.5 on fmnist; quick 1.5,2")
+    vocab.add_seeds(p, default=None, note="default 0,1,2; quick 0,1")
     p.set_defaults(func=run)
 
 
@@ -150,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     mode = QUICK if args.quick else FULL
-    bed = TESTBEDS[args.data]
+    bed = TESTBEDS[args.testbed]
     targets = check_targets(ev.parse_list(args.budgets or mode.get("budgets", bed.budgets), "--budgets"))
     seeds = ev.parse_list(args.seeds or mode["seeds"], "--seeds", int)
     if not seeds:

@@ -1,9 +1,9 @@
 """``tokenreduce eval``: the task's metric, MACs, throughput and latency of several specs on a checkpoint.
 
-The first ``--checkpoint`` is the reference (evaluated unpatched; the first row) and names the task
-it was trained for (classify: top1, hash: map, segment: miou); ``--spec`` adds training-free specs,
+``--checkpoint`` is the reference (evaluated unpatched; the first row) and names the task it was
+trained for (classify: top1, hash: map, segment: miou); ``--spec`` adds training-free specs,
 ``--budgets`` adds, for every training-free method, the spec closest to each target speed-up
-(bench/budgets.py), and further ``--checkpoint`` s are fine-tuned models (each carries its spec in
+(bench/budgets.py), and ``--finetuned`` (repeatable) adds fine-tuned models (each carries its spec in
 its metadata; checkpoints of one spec make one row, mean and std over them). Stochastic methods run
 once per ``--seeds`` seed. Writes results.json (provenance + rows), results.csv, pareto.png and the
 task's figures to ``--out``; the pipeline is bench/evaluation.py.
@@ -15,8 +15,11 @@ import argparse
 import time
 from pathlib import Path
 
-from ..bench.evaluation import SPEED
-from .bench import add_backend_arg
+from . import vocab
+from .bench import DEFAULTS
+
+#: Flags of eval's own (the rest is the shared vocabulary, commands/vocab.py).
+OWN_FLAGS = ("--methods", "--budget-rule", "--match-random", "--subset")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,39 +33,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         "pareto.png to --out.",
         epilog="Example: tokenreduce eval --checkpoint cache/fmnist-vit --spec 'tome(r=4)' --budgets 1.5,2",
     )
-    p.add_argument("--checkpoint", action="append", required=True, metavar="PATH",
-                   help="the reference checkpoint (file or training directory); repeat to add fine-tuned ones")
-    add_eval_args(p)
-    p.add_argument("--spec", action="append", default=[], metavar="SPEC",
-                   help="training-free spec to evaluate, e.g. 'evit(keep=0.7, locs=(1, 3, 4))'; repeatable")
-    p.add_argument("--budgets", metavar="X,Y", help="target speed-ups, e.g. 1.5,2: one spec per training-free method "
-                   "and target (default when neither --spec nor fine-tuned checkpoints are given: 1.5,2)")
+    vocab.add_checkpoint(p, required=True, note="the reference, evaluated unpatched (the first row)",
+                         again="fine-tuned checkpoints go to --finetuned PATH (repeatable)")
+    vocab.add_finetuned(p)
+    vocab.add_spec(p, repeat=True, note="training-free specs to evaluate")
+    vocab.add_budgets(p, "default when neither --spec nor --finetuned is given: 1.5,2")
     p.add_argument("--methods", metavar="A,B", help="methods for --budgets (default: every training-free one)")
     p.add_argument("--budget-rule", choices=("macs", "measured"), default="macs",
                    help="pick budget specs by analytic MACs (default) or by a short timing run")
     p.add_argument("--match-random", action="store_true",
                    help="per training-free spec (given or picked), also the random pruner with the same per-block "
                    "token counts, over --seeds")
-    p.add_argument("--out", default="runs/eval", metavar="DIR", help="output directory (default: %(default)s)")
-    p.set_defaults(func=run)
-
-
-def add_eval_args(p: argparse.ArgumentParser) -> None:
-    """Data and measurement flags."""
-    p.add_argument("--data", metavar="NAME_OR_DIR",
-                   help="fashion_mnist, a directory of its idx files, or an image folder ROOT/{train,val}/<class>/ "
-                   "(default: the checkpoint's dataset)")
-    p.add_argument("--data-dir", metavar="DIR", help="where a named dataset's files are")
-    p.add_argument("--download", action="store_true", help="fetch a missing named dataset (network)")
+    vocab.add_out_dir(p, default="runs/eval")
+    vocab.add_data(p, note="default: the checkpoint's dataset")
     p.add_argument("--subset", type=int, metavar="N", help="a fixed random N of the test images (seed 0)")
-    p.add_argument("--seeds", default="0,1,2", help="seeds of stochastic methods (default: %(default)s)")
-    p.add_argument("--batch", type=int, default=SPEED["batch"], help="throughput batch size (default: %(default)s)")
-    p.add_argument("--eval-batch", type=int, default=250,
-                   help="batch size for the task's metric (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=SPEED["repeats"], help="timed rounds (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=SPEED["warmup"], help="untimed rounds (default: %(default)s)")
-    add_backend_arg(p)
+    vocab.add_seeds(p, default="0,1,2")
+    vocab.add_batch_size(p, default=DEFAULTS["batch"], note="timed throughput")
+    vocab.renamed(p, "--batch", "--batch-size")
+    vocab.add_eval_batch_size(p, default=250)
+    vocab.renamed(p, "--eval-batch", "--eval-batch-size")
+    vocab.add_threads(p)
+    vocab.add_timing(p, DEFAULTS)
+    p.set_defaults(warmup=DEFAULTS["warmup"], repeats=DEFAULTS["repeats"])
+    vocab.add_backend(p)
+    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,33 +75,34 @@ def run(args: argparse.Namespace) -> int:
     if args.budgets is not None:
         targets = check_targets(ev.parse_list(args.budgets, "--budgets"))
     else:
-        targets = [] if args.spec or args.checkpoint[1:] else [1.5, 2.0]
+        targets = [] if args.spec or args.finetuned else [1.5, 2.0]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
-    checks.threads(args.threads)
+    args.threads = checks.resolve_threads(args.threads)
     checks.writable_dir(args.out)
     for spec in args.spec:  # a malformed spec fails before anything is loaded
         build_reducer(spec)
-    speed = ev.speed_settings(batch=args.batch, warmup=args.warmup, repeats=args.repeats, threads=args.threads,
-                              eval_batch=args.eval_batch, backend=args.backend)
+    speed = ev.speed_settings(batch=args.batch_size, warmup=args.warmup, repeats=args.repeats, threads=args.threads,
+                              eval_batch=args.eval_batch_size, backend=args.backend)
     torch.set_num_threads(args.threads)
     res = ev.evaluate(ev.EvalRequest(
-        args.checkpoint[0], specs=args.spec, targets=targets, methods=methods, rule=args.budget_rule,
-        match_random=args.match_random, finetuned=args.checkpoint[1:], seeds=seeds, eval_batch=args.eval_batch,
+        args.checkpoint, specs=args.spec, targets=targets, methods=methods, rule=args.budget_rule,
+        match_random=args.match_random, finetuned=args.finetuned, seeds=seeds, eval_batch=args.eval_batch_size,
         speed=speed, data=args.data, data_dir=args.data_dir, download=args.download, subset=args.subset))
     data_info = res.data.info
-    print(f"{args.checkpoint[0]}  task {res.ref.task.spec()}  {data_info['name']} ({data_info['which']})  batch "
-          f"{args.batch} (latency: batch 1)  {ev.threads_text(args.threads)}  backend {args.backend}  seeds {seeds}")
+    print(f"{args.checkpoint}  task {res.ref.task.spec()}  {data_info['name']} ({data_info['which']})  "
+          f"batch {args.batch_size} (latency: batch 1)  {ev.threads_text(args.threads)}  backend {args.backend}  "
+          f"seeds {seeds}")
     print(ev.table(res.rows), flush=True)
     info = {
-        "provenance": provenance(argv=args.argv, threads=args.threads, batch_sizes=[args.batch, 1],
-                                 seed=seeds[0] if seeds else None, seeds=seeds, eval_batch=args.eval_batch,
+        "provenance": provenance(argv=args.argv, threads=args.threads, batch_sizes=[args.batch_size, 1],
+                                 seed=seeds[0] if seeds else None, seeds=seeds, eval_batch=args.eval_batch_size,
                                  backend=args.backend, **get_backend(args.backend).versions(),
                                  wall_s=round(time.perf_counter() - t0, 1)),
-        "reference": {"checkpoint": args.checkpoint[0], "model": res.ref.meta.get("model"),
+        "reference": {"checkpoint": args.checkpoint, "model": res.ref.meta.get("model"),
                       "spec": res.ref.meta.get("spec"), "task": res.ref.task.spec()},
         "data": data_info, "speed": speed, "budgets": res.budgets,
         "match_random": args.match_random,
     }
     ev.write_outputs(Path(args.out), res.rows, info, f"{data_info['name']}, {data_info['n']} test images, "
-                     f"{ev.threads_text(args.threads)}, batch {args.batch}, {args.backend}", task=res.ref.task)
+                     f"{ev.threads_text(args.threads)}, batch {args.batch_size}, {args.backend}", task=res.ref.task)
     return 0

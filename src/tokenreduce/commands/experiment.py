@@ -12,6 +12,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+from . import vocab
+
+#: Flags of experiment's own (the rest is the shared vocabulary, commands/vocab.py).
+OWN_FLAGS = ("--smoke",)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -22,10 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("spec", nargs="?", metavar="SPEC", help="experiment spec, e.g. \"name(key=value)\"")
     p.add_argument("--smoke", action="store_true", help="the tiny end-to-end version (seconds; what the tests run)")
-    p.add_argument("--out", metavar="DIR", help="folder for the files it writes (default runs/experiments/NAME)")
-    p.add_argument("--results", metavar="PATH", help="write results + provenance as JSON here")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: %(default)s)")
+    vocab.add_out_dir(p, default=None, note="for the files it writes (default runs/experiments/NAME)")
+    vocab.add_results(p)
+    vocab.add_threads(p)
+    vocab.add_device(p)
     p.set_defaults(func=run)
 
 
@@ -52,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     checks.device(args.device)
     if args.results:
         checks.writable_file(args.results, "--results")
-    threads = args.threads if args.threads is not None else torch.get_num_threads()
+    threads = checks.resolve_threads(args.threads)
     torch.set_num_threads(threads)
     out_dir = checks.writable_dir(args.out) if args.out else Path("runs/experiments") / exp.name
     _log(f"experiment {exp.spec()}{' (smoke)' if args.smoke else ''}: {threads} threads, {args.device}")

@@ -7,7 +7,12 @@ from __future__ import annotations
 import argparse
 
 from ..core.errors import TokenReduceError
-from ..core.onnx import EXPORTERS
+from . import vocab
+
+#: ``--exporter`` choices: ``tokenreduce.core.onnx.EXPORTERS`` (a test keeps them equal; this module stays light).
+EXPORTERS = ("dynamo", "classic")
+#: Flags of export's own (the rest is the shared vocabulary, commands/vocab.py).
+OWN_FLAGS = ("--onnx", "--dynamic-batch", "--exporter", "--opset", "--atol")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,21 +20,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export", help="export a model and its method to ONNX (static token counts), checked with onnxruntime",
         description="Export a timm ViT (random or pretrained weights, or a trained tokenreduce checkpoint) with "
         "a method applied to ONNX. Every token count is static (the method's schedule), the batch size is "
-        "fixed (--batch) unless --dynamic-batch. The file is run with onnxruntime on the same random images "
+        "fixed (--batch-size) unless --dynamic-batch. The file is run with onnxruntime on the same random images "
         "as the eager model and the largest difference is reported; above --atol the command fails. "
         "Needs: pip install 'tokenreduce[export]'.",
     )
-    p.add_argument("--model", help="timm model name (default: deit_small_patch16_224; not with --checkpoint)")
-    p.add_argument("--checkpoint", metavar="PATH",
-                   help="a tokenreduce checkpoint (file or training output directory): its model, stem, "
-                   "transforms and method, deployed without training-only parts")
-    p.add_argument("--spec", metavar="SPEC", help="method spec, e.g. 'tome(r=13)' (replaces a checkpoint's own)")
+    vocab.add_model(p, default=None, note=f"default {vocab.DEFAULT_MODEL}; not with --checkpoint")
+    vocab.add_checkpoint(p, note="its model, stem, transforms and method, deployed without training-only parts")
+    vocab.add_spec(p, note="replaces a checkpoint's own")
     p.add_argument("--onnx", required=True, metavar="PATH", help="the .onnx file to write")
-    p.add_argument("--img-size", type=int, metavar="N", help="input resolution (default: the model's)")
-    p.add_argument("--pretrained", action="store_true", help="timm's pretrained weights (needs the Hugging Face hub)")
-    p.add_argument("--batch", type=int, default=1, help="batch size of the exported graph (default: %(default)s)")
+    vocab.add_img_size(p)
+    vocab.add_pretrained(p)
+    vocab.add_batch_size(p, default=1, note="of the exported graph")
+    vocab.renamed(p, "--batch", "--batch-size")
     p.add_argument("--dynamic-batch", action="store_true",
-                   help="one file for every batch size (a symbolic batch axis; traced at max(--batch, 2) images "
+                   help="one file for every batch size (a symbolic batch axis; traced at max(--batch-size, 2) images "
                    "and checked at that batch and at 1)")
     p.add_argument("--exporter", choices=EXPORTERS, default="dynamo",
                    help="torch's exporter: dynamo (torch.onnx.export(dynamo=True), every method) or classic "
@@ -38,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ONNX opset (default: the exporter's); refused below what the method needs (a merge: 16)")
     p.add_argument("--atol", type=float, default=1e-3,
                    help="largest allowed |onnxruntime - eager| on the check inputs (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random check images (default: %(default)s)")
+    vocab.add_seed(p, of=" of the random check images")
     p.set_defaults(func=run)
 
 
@@ -47,13 +51,13 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.export import export_onnx, load_for_export
     from . import checks
 
-    if args.batch < 1:
-        raise TokenReduceError(f"--batch must be >= 1, got {args.batch}")
+    if args.batch_size < 1:
+        raise TokenReduceError(f"--batch-size must be >= 1, got {args.batch_size}")
     checks.writable_file(args.onnx, "--onnx")
     model, what = load_for_export(model=args.model, checkpoint=args.checkpoint, spec=args.spec,
                                   img_size=args.img_size, pretrained=args.pretrained)
     log(f"exporting {what} to {args.onnx}")
-    res = export_onnx(model, args.onnx, batch=args.batch, seed=args.seed, dynamic_batch=args.dynamic_batch,
+    res = export_onnx(model, args.onnx, batch=args.batch_size, seed=args.seed, dynamic_batch=args.dynamic_batch,
                       exporter=args.exporter, opset=args.opset)
     print(f"wrote {res.path} ({res.size_bytes / 1e6:.1f} MB, ONNX opset {res.opset}, {res.exporter} exporter): {what}")
     shape = ("batch", *res.input_shape[1:]) if res.dynamic_batch else tuple(res.input_shape)

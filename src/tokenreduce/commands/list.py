@@ -1,5 +1,5 @@
 """``tokenreduce list``: what spec strings can name - methods, tasks, stems and model transforms -
-with their parameters and defaults."""
+with their parameters and defaults, and the training recipes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
+#: Flags of list's own: none.
+OWN_FLAGS: tuple[str, ...] = ()
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("list", help="list the token-reduction methods, tasks, stems and model transforms")
+    p = sub.add_parser("list", help="list the token-reduction methods, tasks, stems, model transforms and recipes")
     p.set_defaults(func=run)
 
 
@@ -35,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models.stems import canonical_stem
     from ..models.transforms import canonical_transform
     from ..tasks import get_task, list_tasks
+    from ..train.recipes import RECIPES
 
     def method(name: str) -> tuple[str, str]:
         cls = get_method(name)
@@ -51,4 +55,5 @@ def run(args: argparse.Namespace) -> int:
     _section("stems (tokenreduce train --stem):", list_stems(), lambda n: (canonical_stem(n), ""))
     _section("model transforms (tokenreduce train --transform):", list_transforms(),
              lambda n: (canonical_transform(n), ""))
+    _section("recipes (tokenreduce train --recipe):", list(RECIPES), lambda n: (n, RECIPES[n]["description"]))
     return 0

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import vocab
+
 #: CLI flag -> timm create_model kwarg.
 MODEL_FLAGS = {"img_size": "img_size", "patch_size": "patch_size", "in_chans": "in_chans", "dim": "embed_dim",
                "depth": "depth", "heads": "num_heads", "mlp_ratio": "mlp_ratio", "num_classes": "num_classes",
@@ -27,25 +29,34 @@ NOT_FIELDS = (*MODEL_FLAGS, "pretrained", "stem", "transform", "bits", "results"
 NO_FLAG: dict[str, str] = {}
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from ..tasks import get_task, list_tasks
-    from ..train.optim import OPTIMIZERS
-    from ..train.recipes import RECIPES
+#: ``--optimizer`` choices: the names in ``tokenreduce.train.optim.OPTIMIZERS`` (a test keeps them equal;
+#: this module stays light so that ``tokenreduce train --help`` does not import torch).
+OPTIMIZERS = ("adamw", "sgd")
+#: Flags of train's own (the rest is the shared vocabulary, commands/vocab.py).
+OWN_FLAGS = (
+    "--recipe", "--patch-size", "--in-chans", "--dim", "--depth", "--heads", "--mlp-ratio", "--num-classes",
+    "--drop-path", "--stem", "--transform", "--init", "--task", "--bits", "--teacher", "--distill", "--distill-weight",
+    "--distill-tau",
+    "--augment", "--subset", "--eval-subset", "--epochs", "--optimizer", "--lr", "--min-lr", "--momentum",
+    "--weight-decay", "--warmup-epochs", "--label-smoothing", "--grad-clip", "--amp", "--resume", "--force",
+    "--ckpt-every", "--eval-every", "--deterministic", "--workers", "--quiet",
+)
 
-    tasks = "; ".join(f"{t} (metric {get_task(t).metric})" for t in list_tasks())
-    recipes = "; ".join(f"{k}: {v['description']}" for k, v in RECIPES.items())
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train", help="train a ViT from scratch or fine-tune a reduced model",
         description="Train a timm ViT (from scratch, or from --init CKPT) for a --task (default classify) with an "
         "optional reducer --spec, optional distillation from --teacher CKPT. Checkpoints (safetensors + JSON) go to "
         "--out; --resume continues an interrupted run exactly. Multi-process: "
         "torchrun --nproc_per_node N -m tokenreduce.cli train ...",
-        epilog=f"Tasks: {tasks}. Recipes: {recipes}. Example: tokenreduce train --recipe fmnist-vit",
+        epilog="Tasks (with their metrics) and recipes: tokenreduce list. "
+        "Example: tokenreduce train --recipe fmnist-vit",
     )
     g = p.add_argument_group("model")
-    g.add_argument("--recipe", help="named recipe (model + optimiser + schedule); flags override it")
-    g.add_argument("--model", help="timm model name, e.g. vit_tiny_patch16_224 (the size flags override it)")
-    g.add_argument("--img-size", type=int)
+    g.add_argument("--recipe", help="named recipe (model + optimiser + schedule; tokenreduce list); flags override it")
+    vocab.add_model(g, default=None, note="e.g. vit_tiny_patch16_224 (the size flags override it)")
+    vocab.add_img_size(g)
     g.add_argument("--patch-size", type=int)
     g.add_argument("--in-chans", type=int, help="1 (grayscale) or 3")
     g.add_argument("--dim", type=int, help="embedding width")
@@ -54,36 +65,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--mlp-ratio", type=float)
     g.add_argument("--num-classes", type=int, help="default: the dataset's")
     g.add_argument("--drop-path", type=float, help="stochastic depth rate")
-    g.add_argument("--pretrained", action="store_true", default=None, help="start from timm's weights (network)")
+    vocab.add_pretrained(g, default=None)
     g.add_argument("--stem", metavar="SPEC", help="patch embedding: 'patch' (timm's, default) or 'conv' "
                    "(local-coherence conv stem on the same token grid); see tokenreduce list")
     g.add_argument("--transform", action="append", metavar="SPEC",
                    help="model transform applied after building, e.g. 'tie_qk' (shared W_q = W_k); repeatable; "
                    "with --init, applied on top of the checkpoint's model, starting from its weights")
-    g.add_argument("--spec", help="reducer to fine-tune with, e.g. 'evit(keep=0.7, locs=(3,))'")
-    g.add_argument("--init", metavar="CKPT", help="start from this checkpoint's model and weights")
+    vocab.add_spec(g, note="the reducer to fine-tune with")
+    g.add_argument("--init", metavar="CKPT", help="start from this tokenreduce checkpoint's model and weights")
     g.add_argument("--task", metavar="SPEC",
-                   help=f"what to train for, a task spec, e.g. 'hash(bits=32)' (default classify); tasks: {tasks}")
+                   help="what to train for, a task spec, e.g. 'hash(bits=32)' (default classify; tokenreduce list)")
     g.add_argument("--bits", type=int, metavar="N", help="code length of a hashing task: sets bits=N in the task spec "
                    "(from --task or the recipe)")
-    g.add_argument("--teacher", metavar="CKPT", help="distil from this frozen checkpoint")
+    g.add_argument("--teacher", metavar="CKPT", help="distil from this frozen tokenreduce checkpoint")
     g.add_argument("--distill", help="what to distil: logits, tokens or logits,tokens (default with a teacher: logits)")
     g.add_argument("--distill-weight", type=float)
     g.add_argument("--distill-tau", type=float, help="softmax temperature of logit distillation (default 1)")
     d = p.add_argument_group("data")
-    d.add_argument("--data", metavar="NAME_OR_DIR",
-                   help="fashion_mnist (default), a directory of Fashion-MNIST idx files, or an image folder "
-                   "ROOT/{train,val}/<class>/<image>")
-    d.add_argument("--data-dir", metavar="DIR", help="where a named dataset's files are")
-    d.add_argument("--download", action="store_true", default=None, help="fetch a missing dataset (network)")
+    vocab.add_data(d, note="default fashion_mnist", download_default=None)
     d.add_argument("--augment", help="none, crop_flip, crop_flip_erase or rrc_flip (default: the dataset's)")
     d.add_argument("--subset", type=int, metavar="N", help="train (and evaluate) on a fixed N-image subset")
     d.add_argument("--eval-subset", type=int, metavar="N")
     o = p.add_argument_group("optimisation")
     o.add_argument("--epochs", type=int)
-    o.add_argument("--batch-size", type=int, help="global batch size (split across processes)")
-    o.add_argument("--eval-batch-size", type=int)
-    o.add_argument("--optimizer", choices=tuple(OPTIMIZERS), help="default adamw")
+    vocab.add_batch_size(o, default=None, note="global, split across processes (default 128)")
+    vocab.add_eval_batch_size(o, default=None)
+    o.add_argument("--optimizer", choices=OPTIMIZERS, help="default adamw")
     o.add_argument("--lr", type=float, help="peak learning rate (a task's parameter groups may scale it)")
     o.add_argument("--min-lr", type=float)
     o.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
@@ -93,20 +100,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--grad-clip", type=float)
     o.add_argument("--amp", choices=("bf16",), help="bf16 autocast")
     r = p.add_argument_group("run")
-    r.add_argument("--out", metavar="DIR", help="output directory (default for a recipe: $TOKENREDUCE_CACHE/<recipe>)")
+    vocab.add_out_dir(r, default=None, note="where the checkpoints go (default for a recipe: "
+                      "$TOKENREDUCE_CACHE/<recipe>)")
     r.add_argument("--resume", action="store_true", default=None,
                    help="continue the run in --out with its own settings (flags that contradict them are refused; "
                    "runtime ones such as --threads, --device, --workers may change)")
     r.add_argument("--force", action="store_true", default=None, help="overwrite a run in --out")
     r.add_argument("--ckpt-every", type=int, metavar="STEPS")
     r.add_argument("--eval-every", type=int, metavar="EPOCHS")
-    r.add_argument("--seed", type=int)
+    vocab.add_seed(r, default=None, shown="the recipe's, else 0")
     r.add_argument("--deterministic", action="store_true", default=None)
-    r.add_argument("--threads", type=int, help="torch CPU threads")
-    r.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: cuda if available)")
+    vocab.add_threads(r)
+    vocab.add_device(r, default=None)
     r.add_argument("--workers", dest="num_workers", type=int, help="data loader workers (default 0)")
     r.add_argument("--quiet", action="store_true", default=None, help="no progress output")
-    r.add_argument("--results", metavar="PATH", help="also write a results JSON (metrics, command, versions)")
+    vocab.add_results(r)
     p.set_defaults(func=run)
     _OPTIONS.update({a.dest: a.option_strings[-1] for a in p._actions if a.option_strings and a.dest != "help"})
 

@@ -10,6 +10,10 @@ import argparse
 from pathlib import Path
 
 from ..core.errors import TokenReduceError
+from . import vocab
+
+#: Flags of visualize's own (the rest is the shared vocabulary, commands/vocab.py).
+OWN_FLAGS = ("--images", "--index")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,14 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "patches are kept, merged (coloured by group) or pruned after every reduction block.",
         epilog="Example: tokenreduce visualize --checkpoint cache/fmnist-vit --spec 'tome(r=4)' --images 3",
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint file or training directory")
-    p.add_argument("--spec", action="append", default=[], metavar="SPEC",
-                   help="spec to draw (repeatable; default: the checkpoint's own, trained reducer)")
-    p.add_argument("--data", metavar="NAME_OR_DIR", help="dataset (default: the checkpoint's)")
-    p.add_argument("--data-dir", metavar="DIR", help="where a named dataset's files are")
+    vocab.add_checkpoint(p, required=True)
+    vocab.add_spec(p, repeat=True, note="default: the checkpoint's own, trained reducer")
+    vocab.add_data(p, note="default: the checkpoint's", download=False)
     p.add_argument("--images", type=int, default=3, help="the first N test images (default: %(default)s)")
     p.add_argument("--index", metavar="I,J", help="test image indices to draw instead, e.g. 0,17,42")
-    p.add_argument("--out", default="runs/visualize", metavar="DIR", help="output directory (default: %(default)s)")
+    vocab.add_out_dir(p, default="runs/visualize")
     p.set_defaults(func=run)
 
 

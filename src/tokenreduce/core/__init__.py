@@ -2,5 +2,3 @@
 
 Nothing in ``core`` imports timm.
 """
-
-from . import compose  # noqa: F401  (registers the composite that runs 'A + B' specs)

@@ -344,8 +344,9 @@ def build_reducer(spec: str | Reducer) -> Reducer:
         return spec
     stages = split_stages(spec)
     if len(stages) > 1:
-        if _COMPOSITE is None:  # a packaging bug, not the user's: core/__init__.py imports core/compose.py
+        built = [build_reducer(s) for s in stages]  # loads the built-in methods, and with them the composite
+        if _COMPOSITE is None:  # a packaging bug, not the user's: tokenreduce/methods imports core/compose.py
             raise RuntimeError("no composite reducer is registered (tokenreduce.core.compose registers it)")
-        return _COMPOSITE([build_reducer(s) for s in stages])
+        return _COMPOSITE(built)
     _, cls, cfg = _METHODS.resolve(spec)
     return cls(cfg)

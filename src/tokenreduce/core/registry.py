@@ -22,6 +22,7 @@ import ast
 import collections.abc
 import dataclasses
 import functools
+import importlib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -240,6 +241,10 @@ def config_spec(name: str, cfg: Any) -> str:
 
 #: Every registry made (methods, tasks, stems, transforms, experiments): the tests check them all.
 REGISTRIES: list[Registry] = []
+#: kind -> the module that registers that kind's built-in entries, imported on a registry's first lookup.
+#: Set by a higher layer that owns those entries (the package ``__init__`` names ``tokenreduce.methods``),
+#: so that core names no module above it and importing the package stays light (no torch for ``--help``).
+BUILTINS: dict[str, str] = {}
 
 
 class Registry(Generic[T]):
@@ -283,6 +288,8 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         if self._load is not None:
             self._load()
+        if self.kind in BUILTINS:
+            importlib.import_module(BUILTINS[self.kind])  # a no-op once imported
         return sorted(self._entries)
 
     def config(self, name: str) -> type:

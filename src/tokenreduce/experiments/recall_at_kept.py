@@ -150,7 +150,7 @@ class RecallAtKept(Experiment):
             blocks.append({"block": b, "kept": kept, "of": info.host.num_patches, "base_rate": float(fg.mean()),
                            "spec": spec_recall[b], "matched": float(seeds.mean()),
                            "matched_std": float(seeds.std()) if len(seeds) > 1 else 0.0,
-                           "matched_seeds": seeds.tolist(), "oracle": oracle_recall(fg_frac, kept)})
+                           "matched_seeds": seeds.tolist(), "oracle_recall": oracle_recall(fg_frac, kept)})
         return {"checkpoint": checkpoint, "spec": info.spec, "matched_specs": matched, "images": len(raw),
                 "threshold": cfg.threshold, "grid": list(grid), "blocks": blocks}
 
@@ -222,7 +222,7 @@ class RecallAtKept(Experiment):
                 f"({result['matched_specs'][0].partition('(')[0]}), mean +- std over {len(result['matched_specs'])} "
                 "seeds\n\n| block | tokens kept | base rate | spec | matched | oracle |\n|---|---|---|---|---|---|")
         rows = [f"| {r['block']} | {r['kept']} / {r['of']} | {r['base_rate']:.3f} | {r['spec']:.3f} | "
-                f"{r['matched']:.3f} +- {r['matched_std']:.3f} | {r['oracle']:.3f} |" for r in result["blocks"]]
+                f"{r['matched']:.3f} +- {r['matched_std']:.3f} | {r['oracle_recall']:.3f} |" for r in result["blocks"]]
         return "\n".join([head, *rows])
 
 
