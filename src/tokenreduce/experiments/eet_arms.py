@@ -49,7 +49,8 @@ class EETArms(Study):
                                  ("macs_speedup", "macs_speedup", "{:.2f}"), ("img_per_s", "img_per_s", "{:.0f}"),
                                  ("speedup", "speedup", "{:.2f}"), ("latency_ms", "latency_ms", "{:.2f}"),
                                  ("latency_speedup", "latency_speedup", "{:.2f}"))),)
-    probes = (Probe("recall", "recall_at_kept(spec='ctp()')", title="recall@kept: does CTP keep the object?"),)
+    probes = (Probe("recall", "recall_at_kept(spec='ctp()')", title="recall@kept: does CTP keep the object?",
+                    fmnist_only=True),)
     expect = (
         Expect("CTP alone lowers mAP", f"{_SOURCE}, Table IV (Stanford Cars, 16 bits)", arm="b_ctp",
                baseline="a_unpruned", metric="map_asym", direction=-1, at={"bits": 16}, effect=79.96 - 82.85,

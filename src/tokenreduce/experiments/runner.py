@@ -70,6 +70,8 @@ def plan(study: Study) -> list[Unit]:
         needs = tuple(study.point(a, m.at).id for a in (m.reference, *m.finetuned))
         units.append(Unit(m.name, step=m, needs=needs))
     for pr in study.probes:
+        if pr.fmnist_only and not study.bed.fmnist():
+            continue  # the summary says why it is not run
         needs = () if study.bed.reference else (study.point(study.baseline, {}).id,)
         units.append(Unit(pr.name, step=pr, needs=needs))
     return units

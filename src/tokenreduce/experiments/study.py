@@ -107,12 +107,13 @@ class Measure:
 @dataclass(frozen=True)
 class Probe:
     """A run of a registered Experiment (experiments/base.py) given as a spec, on the test bed's
-    reference checkpoint (``checkpoint=None``; a test bed without one: the baseline arm's run at the
-    grid's first point)."""
+    reference checkpoint (a test bed without one: the baseline arm's run at the grid's first point).
+    ``fmnist_only``: it reads Fashion-MNIST's raw images, so a test bed on other data skips it."""
 
     name: str
     experiment: str
     title: str = ""
+    fmnist_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,10 @@ def summary(study: Study, runs: dict[str, dict]) -> str:
     for m in study.measures:
         lines += [f"## {m.title or m.name}", "", *measure_table(m, runs.get(m.name)), ""]
     for p in study.probes:
+        if p.fmnist_only and not study.bed.fmnist():
+            lines += [f"## {p.title or p.name}", "", f"{NOT_RUN}: it reads Fashion-MNIST's raw images; the test "
+                      f"bed is {study.bed.text()}", ""]
+            continue
         lines += [f"## {p.title or p.name}", "", *probe_text(p, runs.get(p.name)), ""]
     if study.expect:
         lines += ["## Verdicts", "", *verdict_table(study, runs), ""]

@@ -96,6 +96,14 @@ class Testbed:
             fields["data"] = self.data
         return fields
 
+    def fmnist(self) -> bool:
+        """Whether the data is Fashion-MNIST (named, its idx files, or the synthetic stand-in)."""
+        if self.synthetic or (self.reference and not self.data):
+            from ..train.recipes import get_recipe
+
+            return self.synthetic or get_recipe(self.reference).get("data") == "fashion_mnist"
+        return self.data == "fashion_mnist" or bool(self.data and any(Path(self.data).glob("*idx3-ubyte*")))
+
     def checkpoint(self) -> str | None:
         """The reference checkpoint runs start from, or None (a model built from its config)."""
         if not self.reference:
