@@ -20,7 +20,6 @@ from tokenreduce.experiments import (
     Axis,
     Expect,
     Study,
-    Testbed,
     entries,
     get_study,
     list_studies,
@@ -30,6 +29,7 @@ from tokenreduce.experiments.eet_arms import EETArms
 from tokenreduce.experiments.page import build_report
 from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.tables import summary, verdicts
+from tokenreduce.experiments.testbed import Testbed as Bed  # not Test*: pytest would collect it
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,8 +91,9 @@ def test_every_registered_study_runs_its_smoke(name: str, tmp_path: Path, reques
 
 
 def _comparable(doc: Any) -> Any:
-    """``doc`` without what differs between two executions of the same run: provenance, times, paths."""
-    drop = {"provenance", "command", "out", "checkpoint", "figures", "data", "time_s", "train_time_s", "threads",
+    """``doc`` without what differs between two executions of the same run: provenance (also the git
+    revision train() records in the metrics), times, paths."""
+    drop = {"provenance", "git", "command", "out", "checkpoint", "figures", "data", "time_s", "train_time_s", "threads",
             "img_per_s", "img_per_s_iqr", "latency_ms", "latency_ms_iqr", "speedup", "latency_speedup", "runs",
             "img_per_s_runs", "latency_ms_runs", "speed", "reference", "wall_s"}
     if isinstance(doc, dict):
@@ -195,7 +196,7 @@ def test_a_study_on_a_timm_model_with_local_weights_and_an_image_folder(tmp_path
     torch.manual_seed(0)
     weights = tmp_path / "tiny.safetensors"
     save_file(timm.create_model("vit_tiny_patch16_224", **kwargs).state_dict(), str(weights))
-    bed = Testbed(model="vit_tiny_patch16_224", kwargs=kwargs, weights=str(weights),
+    bed = Bed(model="vit_tiny_patch16_224", kwargs=kwargs, weights=str(weights),
                   data=str(_image_folder(tmp_path / "folder")))
     study = get_study("_tiny_eet_test")(testbed=bed, smoke=True)
     out = tmp_path / "out"

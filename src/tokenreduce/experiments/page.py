@@ -11,6 +11,7 @@ bytes. A study without results says "not run".
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def provenance_text(runs: dict[str, dict]) -> str:
         seen["timm"].add(str(prov.get("timm")))
         cpu = prov.get("gpu") or prov.get("cpu") or prov.get("machine")
         seen["machine"].add(f"{cpu}, {prov.get('cpu_count')} cores, {prov.get('threads')} threads")
-    return "; ".join(f"{k} {', '.join(sorted(v))}" for k, v in seen.items() if v)
+    return "; ".join(f"{k} {' / '.join(sorted(v))}" for k, v in seen.items() if v)
 
 
 def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
@@ -53,7 +54,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
         for value in splits:
             at = {study.split[0]: value} if study.split else {}
             s = summarize(values(study, runs, name, metric, at))
-            means.append(s.mean if s.mean is not None else 0.0)
+            means.append(s.mean if s.mean is not None else math.nan)  # not run: no bar, never a zero
             stds.append(s.std or 0.0)
         xs = [j + i * width for j in range(len(splits))]
         ax.bar(xs, means, width, yerr=stds, capsize=3, label=arm.label)
@@ -84,19 +85,19 @@ def study_section(study: Study, runs: dict[str, dict], root: Path) -> list[str]:
     fig = figure(study, runs, root / "figures" / f"{study.name}.png")
     if fig is not None:
         lines += ["", f"![{study.name}](figures/{fig.name})"]
-    body = summary(study, runs).replace("\n## ", "\n### ").replace("\n### ### ", "\n#### ")
-    body = body.replace("## Arms", "### Arms", 1) if body.startswith("## Arms") else body
-    return [*lines, "", body]
+    body = "\n" + summary(study, runs)  # its headings one level down, under the study's
+    body = body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ")
+    return [*lines, body]
 
 
 def claims_table(studies: list[tuple[Study, dict[str, dict]]]) -> list[str]:
-    lines = ["| study | claim | source | published | measured here (Δ) | 95% CI | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| study | claim | source | published | measured here (Δ) | 95% CI | verdict | test bed |",
+             "|---|---|---|---|---|---|---|---|"]
     for study, runs in studies:
         for j in verdicts(study, runs):
             e = j.expect
             lines.append(f"| {study.name} | {e.claim} | {e.source} | {e.published or '-'} | {measured(j)} | "
-                         f"{ci_text(j)} | **{j.verdict.word if j.verdict else NOT_RUN}** |")
+                         f"{ci_text(j)} | **{j.verdict.word if j.verdict else NOT_RUN}** | {study.bed.text()} |")
     return lines
 
 
