@@ -93,7 +93,8 @@ def test_every_registered_study_runs_its_smoke(name: str, tmp_path: Path, reques
 def _comparable(doc: Any) -> Any:
     """``doc`` without what differs between two executions of the same run: provenance (also the git
     revision train() records in the metrics), times, paths (a probe's spec names its checkpoint)."""
-    drop = {"provenance", "git", "command", "experiment", "out", "checkpoint", "figures", "data", "time_s", "train_time_s", "threads",
+    drop = {"provenance", "git", "command", "experiment", "out", "checkpoint", "figures", "data", "time_s",
+            "train_time_s", "threads",
             "img_per_s", "img_per_s_iqr", "latency_ms", "latency_ms_iqr", "speedup", "latency_speedup", "runs",
             "img_per_s_runs", "latency_ms_runs", "speed", "reference", "wall_s"}
     if isinstance(doc, dict):
