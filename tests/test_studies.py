@@ -114,7 +114,14 @@ def test_listed_commands_give_the_in_process_results(eet_smoke: Path, tmp_path: 
     mine, theirs = load_runs(Layout(out, out)), load_runs(Layout(eet_smoke, eet_smoke))
     assert mine.keys() == theirs.keys()
     for run_id in mine:
-        assert _comparable(mine[run_id]) == _comparable(theirs[run_id]), run_id
+        a, b = mine[run_id], theirs[run_id]
+        if a["kind"] == "measure":  # a timing differs between any two runs: compare what it computed
+            def computed(doc: dict) -> list:
+                return [(r["label"], r["value"], r["macs"], r["tokens_per_block"]) for r in doc["result"]["results"]]
+
+            assert computed(a) == computed(b)
+            a, b = {k: v for k, v in a.items() if k != "result"}, {k: v for k, v in b.items() if k != "result"}
+        assert _comparable(a) == _comparable(b), run_id
 
 
 def test_a_killed_study_continues_and_does_each_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
