@@ -1,10 +1,11 @@
-"""Runnable experiments: one module per published claim or reviewer's falsifier (experiments/base.py).
+"""Runnable experiments and studies: one module per published claim or reviewer's falsifier
+(experiments/base.py), and studies, controlled comparisons of arms over a grid (experiments/study.py).
 
-Importing this package registers the built-in experiments.
+Importing this package registers the built-in experiments and studies.
 """
 
-# the built-in experiments register themselves on import (one line each)
-from . import bspf_symmetry, cropr_diagnostics, recall_at_kept  # noqa: F401
+# the built-in experiments and studies (eet_arms) register themselves on import (one line each)
+from . import bspf_symmetry, cropr_diagnostics, eet_arms, recall_at_kept  # noqa: F401
 from .base import (
     Experiment,
     RunContext,
@@ -13,6 +14,9 @@ from .base import (
     list_experiments,
     register_experiment,
 )
+from .study import Arm, Axis, Col, Expect, Measure, Probe, Smoke, Study, get_study, list_studies, register_study
+from .testbed import Testbed
 
-__all__ = ["Experiment", "RunContext", "build_experiment", "get_experiment", "list_experiments",
-           "register_experiment"]
+__all__ = ["Arm", "Axis", "Col", "Expect", "Experiment", "Measure", "Probe", "RunContext", "Smoke", "Study", "Testbed",
+           "build_experiment", "get_experiment", "get_study", "list_experiments", "list_studies",
+           "register_experiment", "register_study"]

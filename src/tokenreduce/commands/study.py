@@ -1,0 +1,118 @@
+"""``tokenreduce study`` and ``tokenreduce report``: run a study (experiments/study.py), render the report.
+
+``tokenreduce study`` lists the studies; ``tokenreduce study NAME`` runs every run of its plan not done
+yet (a killed study continues, a killed run resumes from its checkpoint); ``--jobs N`` runs N at once;
+``--list`` prints one command per run for any scheduler; ``--run ID`` runs one; ``--summarize`` prints
+its tables and verdicts from the run JSONs and writes them to summary.md; ``--smoke`` is the tiny
+version the tests run. The test bed flags (``--model``, ``--pretrained``, ``--weights``, ``--data``)
+put the same study on another model and dataset. ``tokenreduce report`` writes results/REPORT.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "study", help="run a study (a paper's claim as a controlled comparison); list them with no argument",
+        description="Run the runs of a study that are not done yet (each writes <out>/runs/<id>.json), or one "
+        "(--run), or print them as commands (--list), or render its tables and verdicts (--summarize).",
+        epilog="Example: tokenreduce study eet --smoke; tokenreduce study eet --model deit_small_patch16_224 "
+        "--pretrained --data /data/birds --device cuda --jobs 2",
+    )
+    p.add_argument("name", nargs="?", metavar="NAME", help="the study (tokenreduce study lists them)")
+    p.add_argument("--run", metavar="ID", help="run only this run of the plan (its id from --list)")
+    p.add_argument("--list", action="store_true", help="print one shell command per run, in order")
+    p.add_argument("--summarize", action="store_true", help="print the tables and verdicts, write summary.md")
+    p.add_argument("--smoke", action="store_true", help="the tiny version (seconds; what the tests run)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="runs at once (N processes, threads // N each)")
+    p.add_argument("--threads", type=int, help="torch threads in all (default: torch's own)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: %(default)s)")
+    p.add_argument("--out", metavar="DIR", help="results folder (default: results/NAME for the study's own test "
+                   "bed, runs/studies/NAME-<test bed> otherwise); checkpoints in DIR/checkpoints")
+    g = p.add_argument_group("test bed (default: the study's own)")
+    g.add_argument("--model", metavar="NAME", help="a timm model name")
+    g.add_argument("--pretrained", action="store_true", help="start from timm's pretrained weights (network)")
+    g.add_argument("--weights", metavar="PATH", help="start from this local weights file (a state dict)")
+    g.add_argument("--data", metavar="NAME_OR_DIR",
+                   help="a dataset name, a folder of Fashion-MNIST idx files or an image folder ROOT/{train,val}/")
+    p.set_defaults(func=run)
+
+    r = sub.add_parser("report", help="write results/REPORT.md: every study's claims, verdicts, tables, figures",
+                       description="Render every registered study from its stored run JSONs into one page, "
+                       "REPORT.md, with PNG figures (rebuilt from the same JSONs it is byte-identical).")
+    r.add_argument("--out", default="results", metavar="DIR", help="the results folder (default: %(default)s)")
+    r.set_defaults(func=report)
+
+
+def _testbed(args: argparse.Namespace):
+    from ..experiments.testbed import Testbed
+
+    if not (args.model or args.data):
+        return None
+    if args.data and not args.model:
+        from ..core.errors import TokenReduceError
+
+        raise TokenReduceError("--data needs --model NAME: a study's reference test bed brings its own dataset")
+    return Testbed(model=args.model, pretrained=args.pretrained, weights=args.weights, data=args.data)
+
+
+def _flags(args: argparse.Namespace) -> list[str]:
+    """The test bed and output flags a run's command repeats."""
+    out = ["--smoke"] if args.smoke else []
+    for flag in ("model", "weights", "data", "out", "device"):
+        value = getattr(args, flag)
+        if value and not (flag == "device" and value == "cpu"):
+            out += [f"--{flag}", str(value)]
+    return out + (["--pretrained"] if args.pretrained else [])
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..experiments.study import get_study, list_studies
+
+    if not args.name:
+        for name in list_studies():
+            cls = get_study(name)
+            print(f"{name}\n{textwrap.indent(textwrap.fill(cls.claim, 96), '    ')}\n    source: {cls.source}")
+        return 0
+    import torch
+
+    from ..core.errors import TokenReduceError
+    from ..experiments.runner import Runner, layout_for, load_runs
+    from ..experiments.tables import summary
+    from . import checks
+
+    checks.threads(args.threads)
+    checks.device(args.device)
+    if args.jobs < 1:
+        raise TokenReduceError(f"--jobs must be >= 1, got {args.jobs}")
+    study = get_study(args.name)(testbed=_testbed(args), smoke=args.smoke)
+    layout = layout_for(study, args.out)
+    threads = args.threads if args.threads is not None else torch.get_num_threads()
+    runner = Runner(study, layout, threads=threads, device=args.device, flags=_flags(args))
+    if args.list:
+        print("\n".join(runner.commands()))
+        return 0
+    if args.summarize:
+        from ..bench.report import write_text
+
+        text = summary(study, load_runs(layout))
+        print(text, end="")
+        print(f"wrote {write_text(layout.results / 'summary.md', text)}", file=sys.stderr)
+        return 0
+    if args.run:
+        runner.run_one(runner.unit(args.run))
+        return 0
+    runner.run(jobs=args.jobs)
+    print(summary(study, load_runs(layout)), end="")
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from ..experiments.page import build_report
+
+    print(f"wrote {build_report(args.out)}")
+    return 0

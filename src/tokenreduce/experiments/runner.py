@@ -1,0 +1,213 @@
+"""Executing a study: its plan of idempotent runs, each writing one JSON.
+
+A study's plan is its training runs (arm x grid point, id ``d_eet-b16-s0``) followed by its measures
+and probes (id = their name), which read the training runs' checkpoints. A run is done when its
+JSON exists (``<results>/runs/<id>.json``, written atomically at the end); a run is executed
+in-process through experiments/entries.py, its checkpoints under ``<checkpoints>/<id>/``, and a
+training run always resumes what an interrupted one left there (train()'s resume). So a killed
+study continues where it stopped, ``--jobs N`` runs N at once (N processes of threads // N torch
+threads each), and ``commands()`` gives one shell command per run for any scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import TokenReduceError
+from .study import Measure, Point, Probe, Study
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a study's results (``results/runs/<id>.json``, summary.md) and checkpoints go."""
+
+    results: Path
+    checkpoints: Path
+
+    def json(self, run_id: str) -> Path:
+        return self.results / "runs" / f"{run_id}.json"
+
+
+def layout_for(study: Study, out: str | None) -> Layout:
+    """``--out DIR``: results in DIR, checkpoints in DIR/checkpoints. Without it: results/<study> and
+    runs/<study> for the study's own test bed, runs/studies/<study>-<test bed or smoke> otherwise (a
+    run on another test bed never lands beside the committed results)."""
+    if out:
+        return Layout(Path(out), Path(out) / "checkpoints")
+    if study.default_bed and not study.is_smoke:
+        return Layout(Path("results") / study.name, Path("runs") / study.name)
+    root = Path("runs") / "studies" / f"{study.name}-{'smoke' if study.is_smoke else study.bed.slug()}"
+    return Layout(root, root / "checkpoints")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One run of the plan: a training ``point``, or a ``measure`` / ``probe`` that ``needs`` runs."""
+
+    id: str
+    point: Point | None = None
+    step: Measure | Probe | None = None
+    needs: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "train" if self.point is not None else "measure" if isinstance(self.step, Measure) else "probe"
+
+
+def plan(study: Study) -> list[Unit]:
+    """The study's runs in execution order."""
+    units = [Unit(p.id, point=p) for p in study.points()]
+    for m in study.measures:
+        needs = tuple(study.point(a, m.at).id for a in (m.reference, *m.finetuned))
+        units.append(Unit(m.name, step=m, needs=needs))
+    for pr in study.probes:
+        if pr.fmnist_only and not study.bed.fmnist():
+            continue  # the summary says why it is not run
+        needs = () if study.bed.reference else (study.point(study.baseline, {}).id,)
+        units.append(Unit(pr.name, step=pr, needs=needs))
+    return units
+
+
+class Runner:
+    """Runs a study's plan (module docstring). ``flags``: the test bed and output flags that the
+    commands of :meth:`commands` repeat; ``log``: progress lines (stderr)."""
+
+    def __init__(self, study: Study, layout: Layout, *, threads: int, device: str = "cpu",
+                 flags: Sequence[str] = (), log: Callable[[str], None] | None = None) -> None:
+        self.study, self.layout, self.threads, self.device = study, layout, threads, device
+        self.flags = list(flags)
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.units = plan(study)
+        self.by_id = {u.id: u for u in self.units}
+
+    # -- state
+
+    def unit(self, run_id: str) -> Unit:
+        if run_id not in self.by_id:
+            raise TokenReduceError(f"study {self.study.name} has no run {run_id!r}; its runs: "
+                                   f"{', '.join(self.by_id)}")
+        return self.by_id[run_id]
+
+    def done(self, unit: Unit) -> bool:
+        """Whether ``unit``'s JSON exists; one made on another test bed is refused, not reused."""
+        path = self.layout.json(unit.id)
+        if not path.is_file():
+            return False
+        made_on = json.loads(path.read_text()).get("testbed")
+        if made_on != self.study.bed.describe():
+            raise TokenReduceError(f"{path} was made on the test bed {made_on}, not {self.study.bed.describe()}; "
+                                   "give another --out for this test bed")
+        return True
+
+    def command(self, unit: Unit, threads: int | None = None) -> list[str]:
+        """The shell command (as argv) that runs ``unit`` alone."""
+        t = self.threads if threads is None else threads
+        return ["tokenreduce", "study", self.study.name, "--run", unit.id, *self.flags, "--threads", str(t)]
+
+    def commands(self) -> list[str]:
+        """One shell command per run, in plan order (runs that read others come after them)."""
+        return [shlex.join(self.command(u)) for u in self.units]
+
+    # -- execution
+
+    def run_one(self, unit: Unit) -> dict[str, Any]:
+        """Execute ``unit`` in-process (its needs must be done) and write its JSON; returns the document."""
+        from ..bench.report import provenance, write_json
+        from . import entries
+
+        missing = [n for n in unit.needs if not self.layout.json(n).is_file()]
+        if missing:
+            raise TokenReduceError(f"run {unit.id} reads the runs {missing}, which are not done; run them first")
+        t0 = time.perf_counter()
+        work = self.layout.checkpoints / unit.id
+        doc: dict[str, Any] = {"id": f"{self.study.name}/{unit.id}", "study": self.study.name, "run": unit.id,
+                               "kind": unit.kind, "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
+                               "command": shlex.join(self.command(unit))}
+        if unit.point is not None:
+            fields = self.study.train_fields(unit.point, self.layout.checkpoints)
+            fields.update(out=str(work), resume=True, threads=self.threads, device=self.device)
+            doc.update(arm=unit.point.arm, point=unit.point.values, **entries.train_run(fields))
+        elif isinstance(unit.step, Measure):
+            m = unit.step
+            ckpt = {n: json.loads(self.layout.json(n).read_text())["metrics"]["checkpoint"] for n in unit.needs}
+            ref, *tuned = [ckpt[n] for n in unit.needs]
+            speed = self.study.smoke.measure if self.study.is_smoke else {}
+            doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
+                                                           speed=speed, log=self.log))
+        else:
+            doc.update(self._probe(unit, work))
+        doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,
+                                       wall_s=round(time.perf_counter() - t0, 1))
+        write_json(self.layout.json(unit.id), doc)
+        return doc
+
+    def _probe(self, unit: Unit, work: Path) -> dict[str, Any]:
+        from ..core.registry import format_spec, parse_spec
+        from . import entries
+
+        name, params = parse_spec(unit.step.experiment)
+        if unit.needs:
+            params["checkpoint"] = json.loads(self.layout.json(unit.needs[0]).read_text())["metrics"]["checkpoint"]
+        else:
+            params["checkpoint"] = self.study.bed.checkpoint()
+        data = self.study.bed.train_fields(self.layout.checkpoints).get("data")
+        if data and data != "fashion_mnist":
+            params["data"] = data
+        if self.study.is_smoke:
+            params.update(self.study.smoke.probe)
+        return entries.probe(format_spec(name, params), out=work, threads=self.threads, device=self.device,
+                             log=self.log)
+
+    def run(self, jobs: int = 1) -> list[str]:
+        """Run every run not done yet (``jobs`` at a time, in subprocesses when > 1); returns the ids run."""
+        pending = [u for u in self.units if not self.done(u)]
+        total, ran, times = len(self.units), [], []
+        self.log(f"study {self.study.name}: {len(pending)} of {total} runs to do on {self.study.bed.text()}"
+                 f"{' (smoke)' if self.study.is_smoke else ''}; results in {self.layout.results}")
+        waves = [[u for u in pending if not u.needs], [u for u in pending if u.needs]]
+        for wave in waves:
+            def one(u: Unit) -> str:
+                t0 = time.perf_counter()
+                if jobs > 1:
+                    self._subprocess(u, max(1, self.threads // jobs))
+                else:
+                    self.run_one(u)
+                times.append(time.perf_counter() - t0)
+                ran.append(u.id)
+                left = len(pending) - len(ran)
+                eta = sum(times) / len(times) * left / max(1, min(jobs, left or 1))
+                self.log(f"[{total - left}/{total}] {self.study.name}/{u.id} done in {times[-1]:.0f} s; "
+                         f"{left} left, about {eta / 60:.1f} min")
+                return u.id
+
+            if jobs > 1:
+                with ThreadPoolExecutor(max_workers=jobs) as pool:
+                    list(pool.map(one, wave))
+            else:
+                for u in wave:
+                    one(u)
+        return ran
+
+    def _subprocess(self, unit: Unit, threads: int) -> None:
+        argv = [sys.executable, "-m", "tokenreduce.cli", *self.command(unit, threads)[1:]]
+        log = self.layout.checkpoints / f"{unit.id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as f:
+            rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            raise TokenReduceError(f"run {unit.id} failed (exit status {rc}); its log: {log}")
+
+
+def load_runs(layout: Layout) -> dict[str, dict[str, Any]]:
+    """Run id -> the document of every run JSON in ``layout``."""
+    folder = layout.results / "runs"
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}

@@ -1,0 +1,307 @@
+"""A study: a controlled comparison declared in one Python class, read top to bottom.
+
+A study names the ``claim``\\ s it tests and their ``source``\\ s (paper, table, the published value),
+a typed ``recipe`` (TrainConfig fields, checked against them when the study is registered), its
+``arms`` (:class:`Arm`: task spec, reducer spec, stem, transforms, init, teacher), a ``grid``
+(:class:`Axis`: seeds, code lengths, budgets ...), its ``testbed`` (a parameter: a built-in
+reference, or a timm model with pretrained or local weights and a dataset or image folder), the
+tables it prints, ``measures`` and ``probes`` that evaluate its trained runs (speed, a registered
+Experiment), the ``expect``\\ ed outcomes (:class:`Expect`: the statistic, the level, the
+published effect) and a ``smoke`` version (:class:`Smoke`: the same study at tiny sizes, run by
+the test suite). ``budget`` says what the full study costs where it was run.
+
+Every arm x grid point is one run with a stable id (``d_eet-b16-s0``; ``eet/d_eet-b16-s0`` with
+the study), executed by experiments/runner.py; nothing is declared twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..core.errors import SpecError, TokenReduceError
+from ..core.registry import NoParams, Registry, format_spec, parse_spec
+
+# ----------------------------------------------------------------------------- declarations
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: what differs from the recipe. ``task``: a task spec (None: the recipe's); ``spec``: the
+    reducer to train with (None: none); ``stem``, ``transforms``: model options (models/build.py);
+    ``init``, ``teacher``: checkpoints (None: the test bed's); ``label``: the name tables print."""
+
+    label: str
+    task: str | None = None
+    spec: str | None = None
+    stem: str | None = None
+    transforms: tuple[str, ...] = ()
+    init: str | None = None
+    teacher: str | None = None
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A grid axis: ``name`` is a TrainConfig field (``seed``) or a parameter of the task spec
+    (``bits``); ``short`` prefixes its value in run ids (``s0``, ``b16``)."""
+
+    name: str
+    values: tuple[Any, ...]
+    short: str
+
+
+@dataclass(frozen=True)
+class Col:
+    """A table column: the run metric ``metric`` (mean ± std over the grid's seeds) headed ``header``;
+    with ``paired=True`` the difference from the study's baseline arm, paired by seed."""
+
+    metric: str
+    header: str
+    paired: bool = False
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the study expects of one paired contrast, and how it is judged (experiments/stats.py).
+
+    ``arm - baseline`` on ``metric`` at the grid point ``at`` (every other axis but the seed fixed),
+    paired by seed; the claim is that the difference lies above ``margin`` (``direction=+1``) or
+    below it (``-1``), by a one-sided paired t-test at ``level``. ``effect``: the difference the
+    source reports (decides "not reproduced" against "inconclusive"); ``claim``, ``source``: in
+    words, with the published values.
+    """
+
+    claim: str
+    source: str
+    arm: str
+    baseline: str
+    metric: str
+    direction: int
+    at: dict[str, Any] = field(default_factory=dict)
+    margin: float = 0.0
+    level: float = 0.05
+    effect: float | None = None
+    published: str = ""
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A run that evaluates trained runs with the evaluation the ``eval`` command uses: the checkpoint
+    of ``reference`` (arm at the grid point ``at``) unpatched and with each training-free ``specs``,
+    and the runs ``finetuned`` (arm names, same point), with throughput and latency."""
+
+    name: str
+    reference: str
+    at: dict[str, Any]
+    specs: tuple[str, ...] = ()
+    finetuned: tuple[str, ...] = ()
+    columns: tuple[tuple[str, str, str], ...] = ()  #: (row key, header, format) of its table
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A run of a registered Experiment (experiments/base.py) given as a spec, on the test bed's
+    reference checkpoint (a test bed without one: the baseline arm's run at the grid's first point).
+    ``fmnist_only``: it reads Fashion-MNIST's raw images, so a test bed on other data skips it."""
+
+    name: str
+    experiment: str
+    title: str = ""
+    fmnist_only: bool = False
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """The smoke version: a test bed, recipe overrides (TrainConfig fields) and a smaller grid
+    (axis name -> values); everything else is the study's own."""
+
+    testbed: Testbed
+    recipe: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    measure: dict[str, Any] = field(default_factory=dict)  #: speed settings (bench/evaluation.py)
+    probe: dict[str, Any] = field(default_factory=dict)  #: parameters added to every probe's spec
+
+
+from .testbed import Testbed  # noqa: E402  (Smoke names it; testbed.py needs nothing from here)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a study: ``arm`` at grid ``values`` (axis name -> value); ``id`` e.g. ``d_eet-b16-s0``."""
+
+    arm: str
+    values: dict[str, Any]
+    id: str
+
+    def matches(self, at: dict[str, Any]) -> bool:
+        return all(self.values.get(k) == v for k, v in at.items())
+
+
+# ----------------------------------------------------------------------------- the study
+
+
+class Study:
+    """Base class of every study (module docstring). A subclass sets the class attributes below."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = NoParams  # the registry's; a study takes its parameters as test bed and flags
+    title: ClassVar[str] = ""
+    claim: ClassVar[str] = ""
+    source: ClassVar[str] = ""
+    #: TrainConfig fields every run starts from (checked when the study is registered)
+    recipe: ClassVar[dict[str, Any]] = {}
+    testbed: ClassVar[Testbed] = Testbed()
+    arms: ClassVar[dict[str, Arm]] = {}
+    baseline: ClassVar[str] = ""
+    grid: ClassVar[tuple[Axis, ...]] = ()
+    #: the axis (other than the seed) each table is split by, and its heading pattern
+    split: ClassVar[tuple[str, str] | None] = None
+    columns: ClassVar[tuple[Col, ...]] = ()
+    measures: ClassVar[tuple[Measure, ...]] = ()
+    probes: ClassVar[tuple[Probe, ...]] = ()
+    expect: ClassVar[tuple[Expect, ...]] = ()
+    smoke: ClassVar[Smoke | None] = None
+    #: what the full study costs where it was run (runs x minutes, machine)
+    budget: ClassVar[str] = ""
+
+    def __init__(self, *, testbed: Testbed | None = None, smoke: bool = False) -> None:
+        self.is_smoke = smoke
+        if smoke and self.smoke is None:
+            raise TokenReduceError(f"study {self.name} declares no smoke version")
+        default = self.smoke.testbed if smoke else type(self).testbed
+        self.bed = testbed if testbed is not None else default
+        self.default_bed = testbed is None or testbed == default
+
+    # -- the plan
+
+    def axes(self) -> tuple[Axis, ...]:
+        if not self.is_smoke:
+            return self.grid
+        return tuple(dataclasses.replace(a, values=tuple(self.smoke.grid.get(a.name, a.values))) for a in self.grid)
+
+    def points(self) -> list[Point]:
+        """Every arm at every grid point, in a stable order (grid outer, arms inner)."""
+        axes = self.axes()
+        out = []
+        for values in itertools.product(*(a.values for a in axes)):
+            point = dict(zip((a.name for a in axes), values, strict=True))
+            for arm in self.arms:
+                out.append(Point(arm, point, "-".join([arm, *(f"{a.short}{v}" for a, v in zip(axes, values,
+                                                                                            strict=True))])))
+        return out
+
+    def resolve(self, at: dict[str, Any]) -> dict[str, Any]:
+        """``at`` with each value the grid lacks (a smoke grid has fewer) replaced by its axis' first."""
+        axes = {a.name: a.values for a in self.axes()}
+        return {k: v if v in axes[k] else axes[k][0] for k, v in at.items()}
+
+    def point(self, arm: str, at: dict[str, Any]) -> Point:
+        """The run of ``arm`` at ``at`` (:meth:`resolve`; an axis not given: its first value)."""
+        at = self.resolve(at)
+        full = {a.name: at.get(a.name, a.values[0]) for a in self.axes()}
+        for p in self.points():
+            if p.arm == arm and p.values == full:
+                return p
+        raise TokenReduceError(f"study {self.name}: no run of arm {arm!r} at {at}")
+
+    def train_fields(self, p: Point, scratch: Path) -> dict[str, Any]:
+        """TrainConfig fields of run ``p`` (without ``out``, set by the runner): recipe, test bed, smoke
+        overrides, arm, grid point, in increasing priority; ``scratch``: where a synthetic test bed's
+        data goes."""
+        arm = self.arms[p.arm]
+        fields = {**self.recipe, **self.bed.train_fields(scratch), **(self.smoke.recipe if self.is_smoke else {})}
+        task = arm.task or fields.get("task") or "classify"
+        for k, v in p.values.items():
+            if k in _CONFIG_FIELDS:
+                fields[k] = v
+            else:
+                task = _with_param(task, k, v)
+        fields["task"] = task
+        fields["spec"] = arm.spec
+        if arm.stem or arm.transforms:
+            if not fields.get("model"):
+                raise TokenReduceError(f"study {self.name}, arm {p.arm}: a stem or transform needs a test bed "
+                                       "that builds its model (not a reference checkpoint)")
+            fields["model"] = {**fields["model"], **({"stem": arm.stem} if arm.stem else {}),
+                               **({"transforms": list(arm.transforms)} if arm.transforms else {})}
+        for k in ("init", "teacher"):
+            if getattr(arm, k):
+                fields[k] = getattr(arm, k)
+        return fields
+
+
+_CONFIG_FIELDS: set[str] = set()
+
+
+def _config_fields() -> set[str]:
+    from ..train.config import TrainConfig
+
+    return {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def _with_param(spec: str, key: str, value: Any) -> str:
+    name, params = parse_spec(spec)
+    return format_spec(name, {**params, key: value})
+
+
+def check_study(cls: type[Study]) -> None:
+    """Refuse a study whose declarations do not fit together (a typo here would surface hours later)."""
+    if not _CONFIG_FIELDS:
+        _CONFIG_FIELDS.update(_config_fields())
+    where = f"study {cls.name}"
+    overrides = [("recipe", cls.recipe)] + ([("smoke recipe", cls.smoke.recipe)] if cls.smoke else [])
+    for what, fields in overrides:
+        bad = sorted(set(fields) - _CONFIG_FIELDS)
+        if bad:
+            raise SpecError(f"{where}: its {what} names unknown training settings {bad}")
+    if cls.baseline not in cls.arms:
+        raise SpecError(f"{where}: baseline {cls.baseline!r} is not one of its arms {sorted(cls.arms)}")
+    names = {a.name for a in cls.grid}
+    if cls.smoke and set(cls.smoke.grid) - names:
+        raise SpecError(f"{where}: its smoke grid names axes it lacks {sorted(set(cls.smoke.grid) - names)}")
+    if "seed" not in names:
+        raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
+    for e in cls.expect:
+        for arm in (e.arm, e.baseline):
+            if arm not in cls.arms:
+                raise SpecError(f"{where}: expectation on unknown arm {arm!r}; arms: {sorted(cls.arms)}")
+        if set(e.at) - names or "seed" in e.at:
+            raise SpecError(f"{where}: an expectation fixes {sorted(e.at)}; it may fix grid axes other than seed")
+    for m in cls.measures:
+        for arm in (m.reference, *m.finetuned):
+            if arm not in cls.arms:
+                raise SpecError(f"{where}: measure {m.name} names unknown arm {arm!r}")
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def _builtins() -> None:
+    importlib.import_module(__package__)  # registers the built-in studies
+
+
+_STUDIES: Registry[type[Study]] = Registry("study", load=_builtins)
+
+
+def register_study(name: str) -> Callable[[type[Study]], type[Study]]:
+    """Class decorator: register a Study subclass as ``name`` (its runs' ids start ``name/``)."""
+    def wrap(cls: type[Study]) -> type[Study]:
+        cls.name = name
+        check_study(cls)
+        return _STUDIES.register_class(name)(cls)
+
+    return wrap
+
+
+def list_studies() -> list[str]:
+    return _STUDIES.names()
+
+
+def get_study(name: str) -> type[Study]:
+    return _STUDIES.get(name)

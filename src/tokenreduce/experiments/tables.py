@@ -1,0 +1,190 @@
+"""A study's tables and verdicts, rendered from its run JSONs (and nothing else).
+
+``summary(study, runs)`` is the markdown ``tokenreduce study NAME --summarize`` prints and writes to
+``<results>/summary.md``; ``verdicts(study, runs)`` judges each declared expectation
+(experiments/stats.py); the report page (experiments/page.py) reuses both. A run without a JSON
+shows as "not run" with the reason, never as a number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import stats
+from .study import Expect, Study
+
+NOT_RUN = "not run"
+
+
+def _metric(doc: dict[str, Any], metric: str) -> float | None:
+    v = doc.get("metrics", {}).get(metric)
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _seeds(study: Study) -> tuple[Any, ...]:
+    return next(a.values for a in study.axes() if a.name == "seed")
+
+
+def _split_values(study: Study) -> list[Any]:
+    if study.split is None:
+        return [None]
+    return list(next(a.values for a in study.axes() if a.name == study.split[0]))
+
+
+def _runs_of(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) -> dict[Any, dict]:
+    """seed -> doc of ``arm``'s runs at ``at`` that have a JSON."""
+    at = study.resolve(at)
+    return {p.values["seed"]: runs[p.id] for p in study.points() if p.arm == arm and p.matches(at) and p.id in runs}
+
+
+def values(study: Study, runs: dict[str, dict], arm: str, metric: str, at: dict[str, Any]) -> list[float]:
+    """``metric`` of each of ``arm``'s runs at ``at`` that has it, in seed order."""
+    return [v for d in _runs_of(study, runs, arm, at).values() if (v := _metric(d, metric)) is not None]
+
+
+def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
+           at: dict[str, Any]) -> list[float]:
+    """Per seed with both runs: ``arm`` minus ``base`` on ``metric`` at ``at``."""
+    mine, theirs = _runs_of(study, runs, arm, at), _runs_of(study, runs, base, at)
+    out = []
+    for seed in _seeds(study):
+        if seed in mine and seed in theirs:
+            a, b = _metric(mine[seed], metric), _metric(theirs[seed], metric)
+            if a is not None and b is not None:
+                out.append(a - b)
+    return out
+
+
+def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[str]:
+    """One row per arm at ``at``: each column's mean ± std over the seeds run (Δ columns paired by seed)."""
+    headers = ["arm", "seeds", *(c.header for c in study.columns)]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    planned = _seeds(study)
+    for name, arm in study.arms.items():
+        docs = _runs_of(study, runs, name, at)
+        if not docs:
+            lines.append(f"| {arm.label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns))
+            continue
+        missing = [s for s in planned if s not in docs]
+        seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
+        cells = []
+        for c in study.columns:
+            if c.paired:
+                cells.append("-" if name == study.baseline else
+                             stats.summarize(paired(study, runs, name, study.baseline, c.metric, at)).text())
+            else:
+                cells.append(stats.summarize(values(study, runs, name, c.metric, at)).text())
+        lines.append(f"| {arm.label} | {seeds} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def measure_table(decl, doc: dict[str, Any] | None) -> list[str]:
+    if doc is None:
+        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
+    lines = ["| " + " | ".join(h for _, h, _ in decl.columns) + " |", "|" + "---|" * len(decl.columns)]
+    for r in doc["result"]["results"]:
+        lines.append("| " + " | ".join(fmt.format(r[k]) if r.get(k) is not None else "-"
+                                       for k, _, fmt in decl.columns) + " |")
+    return lines
+
+
+def probe_text(decl, doc: dict[str, Any] | None) -> list[str]:
+    from .entries import report_probe
+
+    if doc is None:
+        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
+    result = dict(doc["result"])
+    if result.get("checkpoint"):  # where it was on the machine that ran it: its last two parts say which
+        p = Path(result["checkpoint"])
+        result["checkpoint"] = f"{p.parent.name}/{p.name}"
+    return [report_probe(doc["experiment"], result)]
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class Judged:
+    """An expectation, its paired differences and the verdict on them (None: not run, ``why``)."""
+
+    expect: Expect
+    diffs: list[float]
+    verdict: stats.Verdict | None
+    why: str
+
+
+def verdicts(study: Study, runs: dict[str, dict]) -> list[Judged]:
+    out = []
+    for e in study.expect:
+        diffs = paired(study, runs, e.arm, e.baseline, e.metric, e.at)
+        if not diffs:
+            out.append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}"))
+            continue
+        v = stats.verdict(diffs, direction=e.direction, margin=e.margin, level=e.level, effect=e.effect)
+        out.append(Judged(e, diffs, v, v.why))
+    return out
+
+
+def _where(e: Expect) -> str:
+    return ", ".join(f"{k} {v}" for k, v in e.at.items())
+
+
+def measured(j: Judged) -> str:
+    if j.verdict is None:
+        return NOT_RUN
+    t = j.verdict.test
+    return f"{stats.Summary(t.n, t.mean, t.std).text()} (n = {t.n})"
+
+
+def ci_text(j: Judged) -> str:
+    ci = j.verdict.ci if j.verdict else None
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "-"
+
+
+def verdict_table(study: Study, runs: dict[str, dict]) -> list[str]:
+    lines = ["| claim | where | contrast | published | measured Δ (mean ± std) | 95% bootstrap CI | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    judged = verdicts(study, runs)
+    for j in judged:
+        e = j.expect
+        side = ">" if e.direction > 0 else "<"
+        lines.append(f"| {e.claim} | {_where(e) or '-'} | {e.arm} - {e.baseline} {side} {e.margin:g} on {e.metric} "
+                     f"| {e.published or '-'} | {measured(j)} | {ci_text(j)} | "
+                     f"**{j.verdict.word if j.verdict else NOT_RUN}** |")
+    lines.append("")
+    for j in judged:
+        lines.append(f"- {j.expect.claim} ({_where(j.expect) or 'all'}): {j.why}.")
+    ns = sorted({j.verdict.test.n for j in judged if j.verdict})
+    if ns and ns[0] <= 5:
+        lines += ["", f"With n = {ns[0]} seeds a one-sided paired t-test has {ns[0] - 1} degree(s) of freedom "
+                  f"(t at 0.95: {stats.t_ppf(0.95, ns[0] - 1):.2f}): it resolves only differences several times "
+                  "their seed-to-seed spread (the smallest detectable difference is given per claim above); "
+                  "'inconclusive' says the test could not tell, not that there is no effect. The bootstrap "
+                  f"interval of {ns[0]} values takes few distinct values and is shown for orientation only."]
+    return lines
+
+
+# ----------------------------------------------------------------------------- the summary
+
+
+def summary(study: Study, runs: dict[str, dict]) -> str:
+    """The study's markdown: arm tables per split value, measures, probes, verdicts."""
+    lines = [f"## Arms ({study.recipe.get('recipe') or 'recipe'}) on {study.bed.text()}", ""]
+    for value in _split_values(study):
+        at = {study.split[0]: value} if study.split else {}
+        if study.split:
+            lines += [f"### {study.split[1].format(value)}", ""]
+        lines += [*arm_table(study, runs, at), ""]
+    for m in study.measures:
+        lines += [f"## {m.title or m.name}", "", *measure_table(m, runs.get(m.name)), ""]
+    for p in study.probes:
+        if p.fmnist_only and not study.bed.fmnist():
+            lines += [f"## {p.title or p.name}", "", f"{NOT_RUN}: it reads Fashion-MNIST's raw images; the test "
+                      f"bed is {study.bed.text()}", ""]
+            continue
+        lines += [f"## {p.title or p.name}", "", *probe_text(p, runs.get(p.name)), ""]
+    if study.expect:
+        lines += ["## Verdicts", "", *verdict_table(study, runs), ""]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,275 @@
+"""Studies (experiments/study.py, runner.py, tables.py, page.py): every registered study's smoke end to end,
+an interrupted plan continued, the per-run commands against the in-process runner, a study on a timm model
+with local weights and an image folder, the report rebuilt byte-identical, and the EET study's committed
+tables regenerated from its stored runs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenreduce.cli import main
+from tokenreduce.core.errors import SpecError, TokenReduceError
+from tokenreduce.experiments import (
+    Arm,
+    Axis,
+    Expect,
+    Study,
+    entries,
+    get_study,
+    list_studies,
+    register_study,
+)
+from tokenreduce.experiments.eet_arms import EETArms
+from tokenreduce.experiments.page import build_report
+from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
+from tokenreduce.experiments.tables import summary, verdicts
+from tokenreduce.experiments.testbed import Testbed as Bed  # not Test*: pytest would collect it
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _runner(study: Study, out: Path) -> Runner:
+    return Runner(study, layout_for(study, str(out)), threads=1, flags=["--smoke", "--out", str(out)],
+                  log=lambda msg: None)
+
+
+@register_study("_tiny_eet_test")
+class _TinyEET(Study):
+    """A test-only two-arm cut of the EET study (fast kill-and-continue checks)."""
+
+    claim, source = "test", "test"
+    recipe = EETArms.recipe
+    arms = {"a": Arm("(a)", task="eet(dkt=False, drg=False)"), "b": Arm("(b)", task="eet(dkt=False, drg=False)",
+                                                                       spec="ctp()")}
+    baseline = "a"
+    grid = (Axis("bits", (8,), "b"), Axis("seed", (0, 1), "s"))
+    columns = EETArms.columns[:1]
+    expect = (Expect("b below a", "test", arm="b", baseline="a", metric="map_asym", direction=-1),)
+    smoke = EETArms.smoke
+
+
+@pytest.fixture(scope="module")
+def eet_smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The EET study's smoke, run once in-process."""
+    out = tmp_path_factory.mktemp("eet-smoke")
+    _runner(get_study("eet")(smoke=True), out).run()
+    return out
+
+
+def test_eet_smoke_runs_end_to_end(eet_smoke: Path):
+    study = get_study("eet")(smoke=True)
+    runs = load_runs(Layout(eet_smoke, eet_smoke / "checkpoints"))
+    assert set(runs) == {u.id for u in Runner(study, Layout(eet_smoke, eet_smoke), threads=1).units}
+    doc = runs["d_eet-b8-s1"]
+    assert doc["id"] == "eet/d_eet-b8-s1" and doc["point"] == {"bits": 8, "seed": 1} and doc["smoke"]
+    assert doc["config"]["spec"] == "ctp()" and doc["metrics"]["bits"] == 8 and doc["provenance"]["torch"]
+    assert runs["speed"]["result"]["results"][0]["label"] == "unpatched"
+    assert runs["recall"]["result"]["blocks"]
+    judged = verdicts(study, runs)
+    assert judged and all(j.verdict is not None and j.verdict.test.n == 2 for j in judged)
+    text = summary(study, runs)
+    assert "### 8 bits" in text and "## Verdicts" in text and "not run" not in text
+
+
+@pytest.mark.parametrize("name", [n for n in list_studies() if not n.startswith("_")])
+def test_every_registered_study_runs_its_smoke(name: str, tmp_path: Path, request: pytest.FixtureRequest):
+    study = get_study(name)(smoke=True)
+    if name == "eet":  # already run by the fixture the other EET tests share
+        out = request.getfixturevalue("eet_smoke")
+    else:
+        out = tmp_path
+        _runner(study, out).run()
+    runs = load_runs(layout_for(study, str(out)))
+    assert set(runs) == {u.id for u in _runner(study, out).units}
+    assert all(j.verdict is not None for j in verdicts(study, runs)) and "not run" not in summary(study, runs)
+
+
+def _comparable(doc: Any) -> Any:
+    """``doc`` without what differs between two executions of the same run: provenance (also the git
+    revision train() records in the metrics), times, paths (a probe's spec names its checkpoint)."""
+    drop = {"provenance", "git", "command", "experiment", "out", "checkpoint", "figures", "data", "time_s",
+            "train_time_s", "threads",
+            "img_per_s", "img_per_s_iqr", "latency_ms", "latency_ms_iqr", "speedup", "latency_speedup", "runs",
+            "img_per_s_runs", "latency_ms_runs", "speed", "reference", "wall_s"}
+    if isinstance(doc, dict):
+        return {k: _comparable(v) for k, v in doc.items() if k not in drop}
+    if isinstance(doc, list):
+        return [_comparable(v) for v in doc]
+    return doc
+
+
+def test_listed_commands_give_the_in_process_results(eet_smoke: Path, tmp_path: Path, capsys):
+    out = tmp_path / "by-command"
+    assert main(["study", "eet", "--smoke", "--list", "--out", str(out), "--threads", "1"]) == 0
+    commands = capsys.readouterr().out.splitlines()
+    assert len(commands) == 10 and all(c.startswith("tokenreduce study eet --run ") for c in commands)
+    for line in commands:  # what a scheduler would run, one at a time
+        assert main(shlex.split(line)[1:]) == 0
+    mine, theirs = load_runs(Layout(out, out)), load_runs(Layout(eet_smoke, eet_smoke))
+    assert mine.keys() == theirs.keys()
+    for run_id in mine:
+        a, b = mine[run_id], theirs[run_id]
+        if a["kind"] == "measure":  # a timing differs between any two runs: compare what it computed
+            def computed(doc: dict) -> list:
+                return [(r["label"], r["value"], r["macs"], r["tokens_per_block"]) for r in doc["result"]["results"]]
+
+            assert computed(a) == computed(b)
+            a, b = {k: v for k, v in a.items() if k != "result"}, {k: v for k, v in b.items() if k != "result"}
+        assert _comparable(a) == _comparable(b), run_id
+
+
+def test_a_killed_study_continues_and_does_each_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    done: list[str] = []
+    real = entries.train_run
+
+    def counting(fields: dict[str, Any]) -> dict[str, Any]:
+        if len(done) == 2:  # the third run is killed in its first steps, a checkpoint left behind
+            from tokenreduce.train.config import TrainConfig
+            from tokenreduce.train.loop import train
+
+            def kill(step: int) -> None:
+                if step == 1:
+                    raise KeyboardInterrupt
+
+            done.append("killed")
+            train(TrainConfig.from_dict(fields), on_step=kill)
+        out = real(fields)
+        done.append(Path(fields["out"]).name)
+        return out
+
+    monkeypatch.setattr(entries, "train_run", counting)
+    study = get_study("_tiny_eet_test")(smoke=True)
+    with pytest.raises(KeyboardInterrupt):
+        _runner(study, tmp_path).run()
+    assert done == ["a-b8-s0", "b-b8-s0", "killed"]
+    assert (tmp_path / "checkpoints" / "a-b8-s1" / "last.safetensors").is_file()
+    _runner(study, tmp_path).run()  # continues: the killed run resumes, the finished ones are skipped
+    assert done == ["a-b8-s0", "b-b8-s0", "killed", "a-b8-s1", "b-b8-s1"]
+    _runner(study, tmp_path).run()
+    assert len(done) == 5 and len(load_runs(Layout(tmp_path, tmp_path))) == 2 + 2
+
+
+def test_a_run_made_on_another_test_bed_is_refused(tmp_path: Path):
+    study = get_study("_tiny_eet_test")(smoke=True)
+    runner = _runner(study, tmp_path)
+    path = runner.layout.json("a-b8-s0")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"testbed": {"reference": "fmnist-vit"}}))
+    with pytest.raises(TokenReduceError, match="another --out"):
+        runner.run()
+
+
+def test_bad_declarations_are_refused():
+    with pytest.raises(SpecError, match="unknown training settings"):
+        @register_study("_bad_recipe_test")
+        class _Bad(_TinyEET):
+            recipe = {"learning_rate": 0.1}
+    with pytest.raises(SpecError, match="baseline"):
+        @register_study("_bad_baseline_test")
+        class _Bad2(_TinyEET):
+            baseline = "z"
+    with pytest.raises(TokenReduceError, match="no run"):
+        _runner(get_study("_tiny_eet_test")(smoke=True), Path("unused")).unit("nope")
+
+
+def _image_folder(root: Path) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("val", 6)):
+        for k, cls in enumerate(("cat", "dog")):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(n):
+                img = rng.integers(0, 60, (28, 28, 3), dtype=np.uint8)
+                img[4 + 10 * k: 12 + 10 * k] = 220  # a learnable band per class
+                Image.fromarray(img).save(root / split / cls / f"{i}.png")
+    return root
+
+
+def test_a_study_on_a_timm_model_with_local_weights_and_an_image_folder(tmp_path: Path):
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    from tokenreduce.experiments.eet_arms import _TINY
+
+    kwargs = {k: v for k, v in _TINY.items() if k != "num_classes"}
+    torch.manual_seed(0)
+    weights = tmp_path / "tiny.safetensors"
+    save_file(timm.create_model("vit_tiny_patch16_224", **kwargs).state_dict(), str(weights))
+    bed = Bed(model="vit_tiny_patch16_224", kwargs=kwargs, weights=str(weights),
+                  data=str(_image_folder(tmp_path / "folder")))
+    study = get_study("_tiny_eet_test")(testbed=bed, smoke=True)
+    out = tmp_path / "out"
+    _runner(study, out).run()
+    runs = load_runs(Layout(out, out))
+    assert len(runs) == 4 and runs["a-b8-s0"]["testbed"]["weights"] == str(weights)
+    assert runs["a-b8-s0"]["metrics"]["n_query"] == 12  # the folder's val split, 2 classes x 6
+    from safetensors.torch import load_file
+
+    from tokenreduce.models import build_model
+
+    start = build_model(runs["a-b8-s0"]["config"]["model"]).state_dict()  # what every run started from
+    assert torch.equal(start["pos_embed"], load_file(str(weights))["pos_embed"])
+    assert verdicts(study, runs)[0].verdict is not None
+    assert "tiny.safetensors" in summary(study, runs)
+
+
+def _copy_results(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    shutil.copytree(ROOT / "results" / "eet" / "runs", root / "eet" / "runs")
+    return root
+
+
+def test_the_committed_eet_tables_regenerate_from_the_stored_runs():
+    study = get_study("eet")()
+    runs = load_runs(Layout(ROOT / "results" / "eet", ROOT / "runs" / "eet"))
+    assert len(runs) == 26
+    assert summary(study, runs) == (ROOT / "results" / "eet" / "summary.md").read_text()
+    text = summary(study, runs)  # the numbers of the original summary (benchmark.sh era)
+    assert "| (d) full EET (CTP + DKT + DRG) | 0, 1, 2 | 84.13 ± 1.42 | 71.66 ± 1.88 |" in text
+    assert "-7.24 ± 1.92" in text and "-11.36 ± 2.22" in text and "| 1 | 24 / 49 | 0.455 | 0.725 |" in text
+    words = {j.expect.claim: j.verdict.word for j in verdicts(study, runs)}
+    assert words["CTP alone lowers mAP"] == "reproduced"
+    assert words["full EET is at or above the unpruned baseline"] == "contradicted"
+
+
+def test_report_rebuilds_byte_identical_and_shows_missing_runs(tmp_path: Path):
+    root = _copy_results(tmp_path)
+    page = build_report(root, names=["eet"])
+    first = page.read_bytes(), (root / "figures" / "eet.png").read_bytes()
+    again = build_report(root, names=["eet"])
+    assert (again.read_bytes(), (root / "figures" / "eet.png").read_bytes()) == first
+    text = first[0].decode()
+    assert "**contradicted**" in text and "58.30 -> 63.45" in text and "tokenreduce study eet" in text
+    assert str(ROOT) not in text and "/work/" not in text
+    for p in (root / "eet" / "runs").glob("b_ctp-b64-*.json"):
+        p.unlink()
+    (root / "eet" / "runs" / "speed.json").unlink()
+    text = build_report(root, names=["eet"]).read_text()
+    assert "| (b) CTP only | not run: no run JSON | not run |" in text
+    assert "not run: no run JSON for speed" in text
+
+
+def test_a_study_without_results_says_not_run(tmp_path: Path):
+    text = build_report(tmp_path, names=["eet"]).read_text()
+    assert "not run: no run JSON under `eet/runs/`" in text and "| eet | CTP alone lowers mAP |" in text
+    assert "**not run**" in text
+
+
+def test_command_lists_studies_and_refuses_bad_flags(capsys):
+    assert main(["study"]) == 0
+    assert "eet" in capsys.readouterr().out
+    assert main(["study", "eet", "--data", "somewhere"]) == 2
+    assert "--data needs --model" in capsys.readouterr().err
+    assert main(["study", "eet", "--jobs", "0", "--list"]) == 2
+    capsys.readouterr()
+    assert main(["study", "no_such_study"]) == 2
+    assert "unknown study 'no_such_study'" in capsys.readouterr().err
