@@ -15,7 +15,7 @@ import sys
 from .core.errors import TokenReduceError
 
 #: Subcommand modules under tokenreduce.commands, in the order --help lists them.
-COMMANDS = ("list", "inspect", "bench", "export", "train", "eval", "experiment", "study", "visualize", "demo")
+COMMANDS = ("list", "inspect", "bench", "export", "train", "eval", "experiment", "study", "report", "visualize", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ yet (a killed study continues, a killed run resumes from its checkpoint); ``--jo
 ``--list`` prints one command per run for any scheduler; ``--run ID`` runs one; ``--summarize`` prints
 its tables and verdicts from the run JSONs and writes them to summary.md; ``--smoke`` is the tiny
 version the tests run. The test bed flags (``--model``, ``--pretrained``, ``--weights``, ``--data``)
-put the same study on another model and dataset. ``tokenreduce report`` writes results/REPORT.md.
+put the same study on another model and dataset. ``tokenreduce report`` (commands/report.py) writes results/REPORT.md.
 """
 
 from __future__ import annotations
@@ -13,6 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+
+from . import vocab
+
+#: Flags of study's own (the rest is the shared vocabulary, commands/vocab.py).
+OWN_FLAGS = ("--run", "--list", "--summarize", "--smoke", "--jobs")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,28 +34,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--summarize", action="store_true", help="print the tables and verdicts, write summary.md")
     p.add_argument("--smoke", action="store_true", help="the tiny version (seconds; what the tests run)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="runs at once (N processes, threads // N each)")
-    p.add_argument("--threads", type=int, help="torch threads in all (default: torch's own)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: %(default)s)")
-    p.add_argument("--out", metavar="DIR", help="results folder (default: results/NAME for the study's own test "
-                   "bed, runs/studies/NAME-<test bed> otherwise); checkpoints in DIR/checkpoints")
+    vocab.add_threads(p)
+    vocab.add_device(p)
+    vocab.add_out_dir(p, default=None, note="results/NAME for the study's own test bed, runs/studies/NAME-<test "
+                      "bed> otherwise; checkpoints in DIR/checkpoints")
     g = p.add_argument_group("test bed (default: the study's own)")
-    g.add_argument("--model", metavar="NAME", help="a timm model name")
-    g.add_argument("--pretrained", action="store_true", help="start from timm's pretrained weights (network)")
-    g.add_argument("--weights", metavar="PATH", help="start from this local weights file (a state dict)")
-    g.add_argument("--data", metavar="NAME_OR_DIR",
-                   help="a dataset name, a folder of Fashion-MNIST idx files or an image folder ROOT/{train,val}/")
+    vocab.add_model(g, default=None)
+    vocab.add_pretrained(g)
+    vocab.add_weights(g)
+    vocab.add_data(g, download=False)
     p.set_defaults(func=run)
-
-    r = sub.add_parser("report", help="write results/REPORT.md: every study's claims, verdicts, tables, figures",
-                       description="Render every registered study from its stored run JSONs into one page, "
-                       "REPORT.md, with PNG figures (rebuilt from the same JSONs it is byte-identical).")
-    r.add_argument("--out", default="results", metavar="DIR", help="the results folder (default: %(default)s)")
-    r.set_defaults(func=report)
 
 
 def _testbed(args: argparse.Namespace):
     from ..experiments.testbed import Testbed
 
+    if args.data_dir:
+        from ..core.errors import TokenReduceError
+
+        raise TokenReduceError("study reads --data as a dataset name or folder; --data-dir is not used here, "
+                               "give the folder to --data")
     if not (args.model or args.data):
         return None
     if args.data and not args.model:
@@ -108,11 +111,4 @@ def run(args: argparse.Namespace) -> int:
         return 0
     runner.run(jobs=args.jobs)
     print(summary(study, load_runs(layout)), end="")
-    return 0
-
-
-def report(args: argparse.Namespace) -> int:
-    from ..experiments.page import build_report
-
-    print(f"wrote {build_report(args.out)}")
     return 0
