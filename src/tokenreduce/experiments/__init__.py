@@ -4,7 +4,7 @@
 Importing this package registers the built-in experiments and studies.
 """
 
-# the built-in experiments and studies (eet_arms, cropr_arms, hash_baseline) register themselves on import (one line each)
+# the built-in experiments and studies (eet_arms) register themselves on import (one line each)
 from . import bspf_symmetry, cropr_arms, cropr_diagnostics, eet_arms, hash_baseline, recall_at_kept  # noqa: F401
 from .base import (
     Experiment,

@@ -70,7 +70,7 @@ class CroprClassify(Study):
 @register_study("cropr-seg")
 class CroprSegment(Study):
     title = "Token Cropr on Fashion-MNIST mosaics (segmentation): the learned router against fixed scorers"
-    claim = "with Last Layer Fusion, Cropr's router segments as well as the unpruned model and better than fixed scorers"
+    claim = "with Last Layer Fusion, Cropr's router segments about as well as unpruned, better than fixed scorers"
     source = f"{_SOURCE}, Table 3 (ADE20k semantic segmentation with LLF)"
     testbed = Testbed()  # the recipe's model, trained from scratch by every arm
     recipe = get_recipe("fmnist-cropr-seg")
