@@ -26,6 +26,8 @@ from .study import Arm, Axis, Col, Expect, Smoke, Study, register_study
 from .testbed import Testbed
 
 _SOURCE = "Token Cropr, arXiv 2412.00965"
+_CLS_SOURCE = f"{_SOURCE}, its ImageNet classification results against other pruners"
+_SEG_SOURCE = f"{_SOURCE}, its ADE20k semantic segmentation results with LLF"
 _CLS_AT = "counts=(42, 36, 30, 24, 18), locs=(0, 1, 2, 3, 4)"  # what cropr(r=6) keeps on 49 patches
 _SEG_AT = "counts=(155, 115, 75, 35), locs=(0, 1, 2, 3)"  # what cropr(r=40, locs=(0, 1, 2, 3)) keeps on 196
 _SEEDS = Axis("seed", (0, 1, 2), "s")
@@ -33,16 +35,17 @@ _SMOKE_RECIPE = {"subset": 32, "eval_subset": 16, "batch_size": 16, "eval_batch_
                  "ckpt_every": 1, "augment": "none", "deterministic": True, "quiet": True}
 
 
-def _expect(arm: str, baseline: str, metric: str, claim: str, table: str) -> Expect:
-    """The paper's claim that its router does at least as well as ``baseline`` at the same token count."""
-    return Expect(claim, f"{_SOURCE}, {table}", arm=arm, baseline=baseline, metric=metric, direction=1)
+def _beats(baseline: str, metric: str, source: str) -> Expect:
+    """The paper's claim that its router beats the fixed scorer ``baseline`` at the same token counts."""
+    return Expect(f"Cropr beats {baseline} at the same counts", source, arm="cropr", baseline=baseline,
+                  metric=metric, direction=1)
 
 
 @register_study("cropr")
 class CroprClassify(Study):
     title = "Token Cropr on Fashion-MNIST classification: the learned router against fixed scorers"
     claim = "Cropr's learned router keeps better tokens than a fixed scorer at the same per-block counts"
-    source = f"{_SOURCE}, Table 1 (ImageNet, against pruning baselines at matched throughput)"
+    source = _CLS_SOURCE
     testbed = Testbed(reference="fmnist-vit")
     recipe = get_recipe("fmnist-cropr")  # also `tokenreduce train --recipe fmnist-cropr`
     arms = {
@@ -57,10 +60,10 @@ class CroprClassify(Study):
     columns = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True),
                Col("train_time_s", "wall s"))
     expect = (
-        _expect("cropr", "random", "top1", "Cropr beats a random pruner at the same counts", "Table 1"),
-        _expect("cropr", "topk", "top1", "Cropr beats CLS-attention top-k at the same counts", "Table 1"),
-        Expect("pruning to 18 of 49 patches costs top-1", f"{_SOURCE}, Table 1 (every pruned model is below DeiT)",
-               arm="cropr", baseline="none", metric="top1", direction=-1),
+        _beats("random", "top1", _CLS_SOURCE),
+        _beats("topk", "top1", _CLS_SOURCE),
+        Expect("pruning to 18 of 49 patches costs top-1", _CLS_SOURCE, arm="cropr", baseline="none", metric="top1",
+               direction=-1),
     )
     smoke = Smoke(testbed=Testbed(model="vit_tiny_patch16_224", kwargs=_TINY, synthetic=True),
                   recipe=_SMOKE_RECIPE, grid={"seed": (0, 1)})
@@ -71,7 +74,7 @@ class CroprClassify(Study):
 class CroprSegment(Study):
     title = "Token Cropr on Fashion-MNIST mosaics (segmentation): the learned router against fixed scorers"
     claim = "with Last Layer Fusion, Cropr's router segments about as well as unpruned, better than fixed scorers"
-    source = f"{_SOURCE}, Table 3 (ADE20k semantic segmentation with LLF)"
+    source = _SEG_SOURCE
     testbed = Testbed()  # the recipe's model, trained from scratch by every arm
     recipe = get_recipe("fmnist-cropr-seg")
     arms = {
@@ -87,10 +90,10 @@ class CroprSegment(Study):
     columns = (Col("miou", "mIoU %"), Col("pixel_acc", "pixel acc %"), Col("miou", "Δ mIoU vs unpruned", paired=True),
                Col("train_time_s", "wall s"))
     expect = (
-        Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", f"{_SOURCE}, Table 3",
-               arm="cropr", baseline="none", metric="miou", direction=1, margin=-1.0),
-        _expect("cropr", "random", "miou", "Cropr beats a random pruner at the same counts", "Table 3"),
-        _expect("cropr", "topk", "miou", "Cropr beats CLS-attention top-k at the same counts", "Table 3"),
+        Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", _SEG_SOURCE, arm="cropr",
+               baseline="none", metric="miou", direction=1, margin=-1.0),
+        _beats("random", "miou", _SEG_SOURCE),
+        _beats("topk", "miou", _SEG_SOURCE),
     )
     smoke = Smoke(testbed=Testbed(model="vit_tiny_patch16_224", kwargs={**_TINY, "img_size": 56}, synthetic=True),
                   recipe=_SMOKE_RECIPE, grid={"seed": (0, 1)})
