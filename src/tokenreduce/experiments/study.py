@@ -34,7 +34,8 @@ from ..core.registry import NoParams, Registry, format_spec, parse_spec
 class Arm:
     """One arm: what differs from the recipe. ``task``: a task spec (None: the recipe's); ``spec``: the
     reducer to train with (None: none); ``stem``, ``transforms``: model options (models/build.py);
-    ``init``, ``teacher``: checkpoints (None: the test bed's); ``label``: the name tables print."""
+    ``init``, ``teacher``: checkpoints (None: the test bed's); ``label``: the name tables print. ``spec`` may
+    name grid values in braces (``random(..., seed={seed})``: a pruner's own seed that follows the run's)."""
 
     label: str
     task: str | None = None
@@ -223,7 +224,7 @@ class Study:
             else:
                 task = _with_param(task, k, v)
         fields["task"] = task
-        fields["spec"] = arm.spec
+        fields["spec"] = arm.spec.format(**p.values) if arm.spec else None
         if arm.stem or arm.transforms:
             if not fields.get("model"):
                 raise TokenReduceError(f"study {self.name}, arm {p.arm}: a stem or transform needs a test bed "

@@ -118,7 +118,7 @@ RECIPES["fmnist-seg"] = {
 RECIPES["fmnist-cropr"] = {
     "description": "learned routers (Token Cropr): fine-tune the trained fmnist-vit with --spec SPEC; the reducer's "
                    "parameters at lr 1e-3, the backbone at 0.3 x (3e-4), 1 epoch on a fixed 20 000 training images, "
-                   "top-1 on the 10 000 test images; the same recipe for every arm (results/cropr/benchmark.sh)",
+                   "top-1 on the 10 000 test images; the same recipe for every arm (the study cropr)",
     "init": _reference, "task": "classify(backbone_lr=0.3)",
     "data": "fashion_mnist", "augment": "crop_flip", "epochs": 1, "batch_size": 128, "lr": 1e-3, "min_lr": 1e-6,
     "weight_decay": 0.05, "warmup_epochs": 0.2, "label_smoothing": 0.1, "grad_clip": 1.0, "subset": 20000,
@@ -128,7 +128,7 @@ RECIPES["fmnist-cropr"] = {
 RECIPES["fmnist-cropr-seg"] = {
     **RECIPES["fmnist-seg"],
     "description": "learned routers (Token Cropr) on the mosaics: fmnist-seg (from scratch, 3 epochs on 6 000 "
-                   "mosaics, mIoU) with --spec SPEC; the same recipe for every arm (results/cropr/benchmark.sh)",
+                   "mosaics, mIoU) with --spec SPEC; the same recipe for every arm (the study cropr-seg)",
 }
 
 
