@@ -4,8 +4,8 @@
 Importing this package registers the built-in experiments and studies.
 """
 
-# the built-in experiments and studies (eet_arms) register themselves on import (one line each)
-from . import bspf_symmetry, cropr_diagnostics, eet_arms, recall_at_kept  # noqa: F401
+# the built-in experiments and studies (eet_arms, fmnist_budget, reference_fmnist) register themselves on import
+from . import bspf_symmetry, cropr_diagnostics, eet_arms, fmnist_budget, recall_at_kept, reference_fmnist  # noqa: F401
 from .base import (
     Experiment,
     RunContext,
