@@ -73,3 +73,25 @@ def test_the_backends_readme_figures_are_the_stored_bench_runs():
     assert f"| `ctp()` | {ratios('deit_small-eager', 'ctp()')} |" in readme
     onnx = ratios("fmnist-onnxruntime", "topk(keep=0.55, locs=(1, 3, 4))")
     assert f"| 1.60 / 1.00 | 0.95 / 0.89 | {onnx} |" in readme
+
+
+def test_a_measure_reads_the_test_bed_reference_every_seed_of_its_arms_and_its_backend(tmp_path: Path, monkeypatch):
+    from tokenreduce.experiments import entries
+    from tokenreduce.experiments.runner import Runner
+
+    study = get_study("fmnist")()
+    monkeypatch.setattr(type(study.bed), "checkpoint", lambda self: "REF")
+    seen = {}
+    monkeypatch.setattr(entries, "evaluate", lambda ref, specs, tuned, **kw: seen.update(ref=ref, specs=specs,
+                                                                                          tuned=tuned, **kw) or {})
+    runner = Runner(study, Layout(tmp_path, tmp_path / "checkpoints"), threads=1, log=lambda msg: None)
+    unit = runner.unit("matched-onnxruntime")
+    assert unit.needs == tuple(f"{a}-s{s}" for a in ("random-1.5x", "topk-1.5x", "random-matched-topk-1.5x")
+                               for s in (0, 1, 2))
+    for run_id in unit.needs:
+        path = runner.layout.json(run_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"metrics": {"checkpoint": f"ckpt/{run_id}"}}))
+    runner.run_one(unit)
+    assert seen["ref"] == "REF" and seen["specs"] == ("random(keep=0.55, locs=(1, 3, 4))",)
+    assert seen["tuned"] == [f"ckpt/{n}" for n in unit.needs] and seen["speed"] == {"backend": "onnxruntime"}
