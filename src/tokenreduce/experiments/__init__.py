@@ -4,8 +4,17 @@
 Importing this package registers the built-in experiments and studies.
 """
 
-# the built-in experiments and studies (eet_arms) register themselves on import (one line each)
-from . import bspf_symmetry, cropr_arms, cropr_diagnostics, eet_arms, hash_baseline, recall_at_kept  # noqa: F401
+# the built-in experiments and studies register themselves on import (one module each)
+from . import (  # noqa: F401
+    bspf_symmetry,
+    cropr_arms,
+    cropr_diagnostics,
+    eet_arms,
+    fmnist_budget,
+    hash_baseline,
+    recall_at_kept,
+    reference_fmnist,
+)
 from .base import (
     Experiment,
     RunContext,

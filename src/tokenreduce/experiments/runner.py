@@ -67,8 +67,8 @@ def plan(study: Study) -> list[Unit]:
     """The study's runs in execution order."""
     units = [Unit(p.id, point=p) for p in study.points()]
     for m in study.measures:
-        needs = tuple(study.point(a, m.at).id for a in (m.reference, *m.finetuned))
-        units.append(Unit(m.name, step=m, needs=needs))
+        ref, tuned = study.measure_runs(m)
+        units.append(Unit(m.name, step=m, needs=(*([ref] if ref else []), *tuned)))
     for pr in study.probes:
         if pr.fmnist_only and not study.bed.fmnist():
             continue  # the summary says why it is not run
@@ -139,8 +139,10 @@ class Runner:
         elif isinstance(unit.step, Measure):
             m = unit.step
             ckpt = {n: json.loads(self.layout.json(n).read_text())["metrics"]["checkpoint"] for n in unit.needs}
-            ref, *tuned = [ckpt[n] for n in unit.needs]
-            speed = self.study.smoke.measure if self.study.is_smoke else {}
+            ref_id, tuned_ids = self.study.measure_runs(m)
+            ref = ckpt[ref_id] if ref_id else self.study.bed.checkpoint()
+            tuned = [ckpt[n] for n in tuned_ids]
+            speed = {**m.speed, **(self.study.smoke.measure if self.study.is_smoke else {})}
             doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
                                                            speed=speed, log=self.log))
         else:

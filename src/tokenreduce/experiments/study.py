@@ -93,14 +93,17 @@ class Expect:
 @dataclass(frozen=True)
 class Measure:
     """A run that evaluates trained runs with the evaluation the ``eval`` command uses: the checkpoint
-    of ``reference`` (arm at the grid point ``at``) unpatched and with each training-free ``specs``,
-    and the runs ``finetuned`` (arm names, same point), with throughput and latency."""
+    of ``reference`` (arm at the grid point ``at``; None: the test bed's reference checkpoint, or on a
+    test bed without one the baseline arm's run) unpatched and with each training-free ``specs``, and
+    the runs ``finetuned`` (arm names, every run of theirs at ``at``: leave the seed out of ``at`` to
+    group all seeds), with throughput and latency; ``speed``: the eval's speed settings (``backend``)."""
 
     name: str
-    reference: str
+    reference: str | None
     at: dict[str, Any]
     specs: tuple[str, ...] = ()
     finetuned: tuple[str, ...] = ()
+    speed: dict[str, Any] = field(default_factory=dict)
     columns: tuple[tuple[str, str, str], ...] = ()  #: (row key, header, format) of its table
     title: str = ""
 
@@ -211,6 +214,14 @@ class Study:
                 return p
         raise TokenReduceError(f"study {self.name}: no run of arm {arm!r} at {at}")
 
+    def measure_runs(self, m: Measure) -> tuple[str | None, list[str]]:
+        """The run ids measure ``m`` reads: its reference's (None: the test bed's reference checkpoint)
+        and its fine-tuned runs' (every run of each arm at ``m.at``, in plan order)."""
+        ref = m.reference or (None if self.bed.reference else self.baseline)
+        at = self.resolve(m.at)
+        tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
+        return (self.point(ref, m.at).id if ref else None), tuned
+
     def train_fields(self, p: Point, scratch: Path) -> dict[str, Any]:
         """TrainConfig fields of run ``p`` (without ``out``, set by the runner): recipe, test bed, smoke
         overrides, arm, grid point, in increasing priority; ``scratch``: where a synthetic test bed's
@@ -275,7 +286,7 @@ def check_study(cls: type[Study]) -> None:
         if set(e.at) - names or "seed" in e.at:
             raise SpecError(f"{where}: an expectation fixes {sorted(e.at)}; it may fix grid axes other than seed")
     for m in cls.measures:
-        for arm in (m.reference, *m.finetuned):
+        for arm in (*([m.reference] if m.reference else []), *m.finetuned):
             if arm not in cls.arms:
                 raise SpecError(f"{where}: measure {m.name} names unknown arm {arm!r}")
 
