@@ -56,7 +56,7 @@ class Forward:
 
     Attributes:
         tokens_per_block: total tokens (prefix included) leaving each block.
-        sizes: (B, N) patches each final token stands for (ones where nothing merged).
+        sizes: (B, N) patches each final token stands for; None where nothing merged (read as ones).
         index: (B, N) original sequence position of each final token.
         snapshots: block -> (B, N_block, N0) membership after that block's reduction (``trace=True``).
         aux_losses: named auxiliary losses a learned reducer emitted.
@@ -65,7 +65,7 @@ class Forward:
     """
 
     tokens_per_block: list[int]
-    sizes: Tensor
+    sizes: Tensor | None
     index: Tensor
     snapshots: dict[int, Tensor]
     aux_losses: dict[str, Tensor]
@@ -77,11 +77,10 @@ class Forward:
         """The record of ``state`` after the last block: its tensors themselves (``live``: they keep
         their autograd graph, for a loss) or detached (the same values, no graph)."""
 
-        def d(t: Tensor | None) -> Tensor | None:
-            return t if live or t is None else t.detach()
+        def d(t: Tensor | None) -> Tensor | None:  # a tensor made without grad has no graph to drop
+            return t if live or t is None or not t.requires_grad else t.detach()
 
-        sizes = state.size if state.size is not None else torch.ones_like(state.index, dtype=torch.float)
-        return cls(list(state.tokens_per_block), d(sizes), d(state.index),
+        return cls(list(state.tokens_per_block), d(state.size), d(state.index),
                    {k: d(v) for k, v in state.snapshots.items()}, {k: d(v) for k, v in state.aux_losses.items()},
                    d(state.keep_mask), {k: d(v) for k, v in state.aux_outputs.items()})
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 
+import torch
 from torch import Tensor, nn
 
 from ..core.errors import UnsupportedModelError
@@ -161,6 +162,14 @@ class Info:
     dense: bool = False
 
 
+def _sizes(last: Forward | None) -> Tensor | None:
+    """(B, N) patches each final token holds: ones where the forward merged nothing (made here, on
+    request, so that an inference forward pays nothing for its record)."""
+    if last is None:
+        return None
+    return last.sizes if last.sizes is not None else torch.ones_like(last.index, dtype=torch.float)
+
+
 def info(model: nn.Module) -> Info:
     """Schedule, options and last-forward record of a patched model (``tokenreduce.get_info``);
     raises TokenReduceError if the model is not patched."""
@@ -170,7 +179,7 @@ def info(model: nn.Module) -> Info:
     return Info(
         spec=patch.reducer.spec(), host=patch.host, schedule=patch.schedule,
         tokens_per_block=list(last.tokens_per_block) if last else compiled,
-        sizes=last.sizes if last else None, index=last.index if last else None,
+        sizes=_sizes(last), index=last.index if last else None,
         snapshots=dict(last.snapshots) if last else {}, aux_losses=dict(last.aux_losses) if last else {},
         keep_mask=last.keep_mask if last else None, aux_outputs=dict(last.aux_outputs) if last else {},
         trace=patch.trace, dense=patch.dense,
