@@ -8,6 +8,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import pytest
+
 from tokenreduce.experiments import get_study
 from tokenreduce.experiments.runner import Layout, load_runs, plan
 from tokenreduce.experiments.tables import summary
@@ -38,7 +40,8 @@ def test_the_committed_bspf_tables_regenerate_from_the_stored_runs():
 
 def test_the_symmetry_figures_of_the_readme_are_the_stored_runs():
     runs = _runs()
-    tied = [v for s in (0, 1, 2) for v in runs[f"symmetry_tied_s{s}"]["result"]["variants"] if v["kernel"] == "as loaded"]
+    tied = [v for s in (0, 1, 2) for v in runs[f"symmetry_tied_s{s}"]["result"]["variants"]
+            if v["kernel"] == "as loaded"]
     blocks = [b for v in tied for b in v["blocks"]]
     assert f"{max(b['attn_asym_max'] for b in blocks):.3f}" == "0.984"
     ratio = [b["attn_asym_mean"] / b["attn_mean"] for b in blocks]
@@ -56,11 +59,14 @@ def test_a_probe_on_an_arm_reads_that_arms_run():
     assert needs["symmetry_tied_s1"] == ("bspf_tied-s1",) and needs["symmetry_reference_tied"] == ()
 
 
-def test_the_tied_arm_is_the_reference_tied_as_the_stored_run_was(tmp_path: Path):
+def test_the_tied_arm_is_the_reference_tied_as_the_stored_run_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from tokenreduce.train import recipes
+
+    monkeypatch.setattr(recipes, "reference_checkpoint", lambda recipe="fmnist-vit": tmp_path / "ref.safetensors")
     study, runs = get_study("bspf")(), _runs()
     p = study.point("bspf_tied", {"seed": 0})
     fields = study.train_fields(p, tmp_path)
     stored = runs[p.id]["config"]
     assert fields["model"] == stored["model"] and fields["model"]["transforms"] == ["tie_qk"]
-    assert fields["init"] and fields["spec"] == stored["spec"]
+    assert fields["init"] == str(tmp_path / "ref.safetensors") and fields["spec"] == stored["spec"]
     assert study.train_fields(study.point("full", {"seed": 0}), tmp_path)["model"] is None  # untouched arms

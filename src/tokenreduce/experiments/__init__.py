@@ -5,8 +5,7 @@ Importing this package registers the built-in experiments and studies.
 """
 
 # the built-in experiments and studies (eet_arms) register themselves on import (one line each)
-from . import bspf_symmetry, cropr_diagnostics, eet_arms, recall_at_kept  # noqa: F401
-from . import bspf_arms, imagepiece_controls  # noqa: F401
+from . import bspf_arms, bspf_symmetry, cropr_diagnostics, eet_arms, imagepiece_controls, recall_at_kept  # noqa: F401  # noqa: F401
 from .base import (
     Experiment,
     RunContext,

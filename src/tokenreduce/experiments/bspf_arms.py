@@ -54,7 +54,8 @@ class BSPFArms(Study):
                                  ("speedup", "speed-up b32", "{:.2f}"),
                                  ("latency_speedup", "speed-up b1", "{:.2f}"))),)
     probes = (
-        _symmetry("symmetry_reference_tied", "Symmetry: the reference with W_q = W_k, not fine-tuned", spec=f'"{_BSPF}"'),
+        _symmetry("symmetry_reference_tied", "Symmetry: the reference with W_q = W_k, not fine-tuned",
+                  spec=f'"{_BSPF}"'),
         _symmetry("symmetry_reference_untied", "Symmetry: the reference, untied", spec=f'"{_BSPF}"', transform="''"),
         *(Probe(f"symmetry_tied_s{s}", "bspf_symmetry(images=10000)", arm="bspf_tied", at={"seed": s},
                 title=f"Symmetry: the fine-tuned tied arm, seed {s}") for s in _SEEDS),

@@ -40,7 +40,8 @@ _ARMS = {
     "conv_imagepiece_evit": Arm("conv-imagepiece+evit", stem="conv",
                                 spec=f"{_FRONT} + evit(keep=0.76, locs=(2, 3, 5))"),
     "conv_imagepiece_tome": Arm("conv-imagepiece+tome", stem="conv", spec=f"{_FRONT} + tome(r=(4, 3, 3, 3, 3, 3))"),
-    "conv_imagepiece_hyper": Arm("conv-imagepiece-hyper", stem="conv", spec="imagepiece(locs=(0, 1, 2, 3, 4), keep=0.7)"),
+    "conv_imagepiece_hyper": Arm("conv-imagepiece-hyper", stem="conv",
+                                 spec="imagepiece(locs=(0, 1, 2, 3, 4), keep=0.7)"),
     "conv_evit_hyper": Arm("conv-evit-hyper", stem="conv", spec="evit(keep=0.44, locs=(1, 3, 4))"),
     "conv_tome_hyper": Arm("conv-tome-hyper", stem="conv", spec="tome(r=(9, 9, 8, 8, 8, 8))"),
 }
