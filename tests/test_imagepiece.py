@@ -108,7 +108,7 @@ def test_rescore_same_prunes_in_the_merging_block():
 
 
 def test_documented_operating_points():
-    """The counts the docstring and results/imagepiece/benchmark.sh quote."""
+    """The counts the docstring and the imagepiece study quote."""
     assert counts("imagepiece", DEIT_S) == [196, 180, 144, 132, 106, 98, 79]
     hyper = counts("imagepiece(locs=(1, 2, 3, 4, 5, 6, 7))", DEIT_S)
     assert hyper[-1] == 24 and abs(hyper[-1] / 196 - 0.13) < 0.01  # hyper-speed: about 13% left

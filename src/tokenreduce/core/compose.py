@@ -48,7 +48,7 @@ Interface (what a stage author needs to know):
   ``attention_chunk`` the stages' common value (SpecError if two differ); ``observes`` the union.
   ``replay_spec``: the registered replayer's spec (the random pruner) for a schedule acting at
   one point and never growing, else None. ``budget_family``: [] - a composite is not a candidate
-  of the registry's budget search; choose the stages' parameters (results/imagepiece/benchmark.sh
+  of the registry's budget search; choose the stages' parameters (the ``imagepiece`` study
   matches budgets explicitly).
 - Training with a soft keep policy (DynamicViT keeps every token and masks attention): a later
   stage is asked to remove the same number of tokens from the tokens actually present.
@@ -149,7 +149,7 @@ class Compose(Reducer):
     @classmethod
     def budget_family(cls, host: Host) -> list[str]:
         """None: a composite is not a candidate of the registry's budget search (choose its stages'
-        parameters; results/imagepiece/benchmark.sh matches budgets explicitly)."""
+        parameters; the ``imagepiece`` study matches budgets explicitly)."""
         return []
 
     @classmethod

@@ -6,12 +6,14 @@ Importing this package registers the built-in experiments and studies.
 
 # the built-in experiments and studies register themselves on import (one module each)
 from . import (  # noqa: F401
+    bspf_arms,
     bspf_symmetry,
     cropr_arms,
     cropr_diagnostics,
     eet_arms,
     fmnist_budget,
     hash_baseline,
+    imagepiece_controls,
     recall_at_kept,
     reference_fmnist,
 )

@@ -72,7 +72,8 @@ def plan(study: Study) -> list[Unit]:
     for pr in study.probes:
         if pr.fmnist_only and not study.bed.fmnist():
             continue  # the summary says why it is not run
-        needs = () if study.bed.reference else (study.point(study.baseline, {}).id,)
+        needs = (study.point(pr.arm, pr.at).id,) if pr.arm else \
+            () if study.bed.reference else (study.point(study.baseline, {}).id,)
         units.append(Unit(pr.name, step=pr, needs=needs))
     return units
 
@@ -162,7 +163,7 @@ class Runner:
         else:
             params["checkpoint"] = self.study.bed.checkpoint()
         data = self.study.bed.train_fields(self.layout.checkpoints).get("data")
-        if data and data != "fashion_mnist":
+        if data and data != "fashion_mnist" and "data" in _fields(name):  # others read the checkpoint's data
             params["data"] = data
         if self.study.is_smoke:
             params.update(self.study.smoke.probe)
@@ -207,6 +208,15 @@ class Runner:
             rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
         if rc != 0:
             raise TokenReduceError(f"run {unit.id} failed (exit status {rc}); its log: {log}")
+
+
+def _fields(experiment: str) -> set[str]:
+    import dataclasses
+
+    from .base import get_experiment
+
+    cfg = get_experiment(experiment).Config
+    return {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
 
 
 def load_runs(layout: Layout) -> dict[str, dict[str, Any]]:

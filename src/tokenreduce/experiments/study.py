@@ -111,13 +111,16 @@ class Measure:
 @dataclass(frozen=True)
 class Probe:
     """A run of a registered Experiment (experiments/base.py) given as a spec, on the test bed's
-    reference checkpoint (a test bed without one: the baseline arm's run at the grid's first point).
+    reference checkpoint (a test bed without one: the baseline arm's run at the grid's first point);
+    with ``arm``: on that arm's run at the grid point ``at``.
     ``fmnist_only``: it reads Fashion-MNIST's raw images, so a test bed on other data skips it."""
 
     name: str
     experiment: str
     title: str = ""
     fmnist_only: bool = False
+    arm: str | None = None
+    at: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,10 @@ class Study:
                 task = _with_param(task, k, v)
         fields["task"] = task
         fields["spec"] = arm.spec.format(**p.values) if arm.spec else None
+        if arm.transforms and not arm.stem and not fields.get("model") and self.bed.reference:
+            from ..train.recipes import get_recipe  # a weight transform of the reference: its own architecture
+
+            fields["model"] = get_recipe(self.bed.reference)["model"]
         if arm.stem or arm.transforms:
             if not fields.get("model"):
                 raise TokenReduceError(f"study {self.name}, arm {p.arm}: a stem or transform needs a test bed "
@@ -289,6 +296,9 @@ def check_study(cls: type[Study]) -> None:
         for arm in (*([m.reference] if m.reference else []), *m.finetuned):
             if arm not in cls.arms:
                 raise SpecError(f"{where}: measure {m.name} names unknown arm {arm!r}")
+    for pr in cls.probes:
+        if pr.arm is not None and pr.arm not in cls.arms:
+            raise SpecError(f"{where}: probe {pr.name} names unknown arm {pr.arm!r}")
 
 
 # ----------------------------------------------------------------------------- registry
