@@ -60,8 +60,8 @@ class CroprClassify(Study):
     columns = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True),
                Col("train_time_s", "wall s"))
     expect = (
-        _beats("random", "top1", _CLS_SOURCE),
-        _beats("topk", "top1", _CLS_SOURCE),
+        _beats(baseline="random", metric="top1", source=_CLS_SOURCE),
+        _beats(baseline="topk", metric="top1", source=_CLS_SOURCE),
         Expect("pruning to 18 of 49 patches costs top-1", _CLS_SOURCE, arm="cropr", baseline="none", metric="top1",
                direction=-1),
     )
@@ -92,8 +92,8 @@ class CroprSegment(Study):
     expect = (
         Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", _SEG_SOURCE, arm="cropr",
                baseline="none", metric="miou", direction=1, margin=-1.0),
-        _beats("random", "miou", _SEG_SOURCE),
-        _beats("topk", "miou", _SEG_SOURCE),
+        _beats(baseline="random", metric="miou", source=_SEG_SOURCE),
+        _beats(baseline="topk", metric="miou", source=_SEG_SOURCE),
     )
     smoke = Smoke(testbed=Testbed(model="vit_tiny_patch16_224", kwargs={**_TINY, "img_size": 56}, synthetic=True),
                   recipe=_SMOKE_RECIPE, grid={"seed": (0, 1)})
