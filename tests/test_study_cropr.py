@@ -25,7 +25,7 @@ def _summary(name: str) -> tuple[str, int]:
     ("cropr", 15, ["| Token Cropr | 0, 1, 2 | 87.54 ± 0.30 |", "| random | 0, 1, 2 | 88.81 ± 0.51 |",
                    "| top-k | 0, 1, 2 | 87.54 ± 0.22 |", "| EViT | 0, 1, 2 | 87.09 ± 0.15 |",
                    "| unpruned (same fine-tune) | 0, 1, 2 | 90.14 ± 0.15 |"]),
-    ("cropr-seg", 15, ["| Token Cropr | 0, 1, 2 | 25.57 ± 1.01 |", "| random | 0, 1, 2 | 26.48 ± 0.57 |",
+    ("cropr_seg", 15, ["| Token Cropr | 0, 1, 2 | 25.57 ± 1.01 |", "| random | 0, 1, 2 | 26.48 ± 0.57 |",
                        "| top-k | 0, 1, 2 | 27.05 ± 0.30 |", "| EViT | 0, 1, 2 | 7.73 ± 1.03 |",
                        "| unpruned (same recipe) | 0, 1, 2 | 26.98 ± 0.77 | 69.12 ± 0.44 |"]),
     ("platform", 9, ["| hash head, unpruned | 0, 1, 2 | 77.44 ± 1.60 | 73.14 ± 1.22 | 73.86 ± 2.72 |",

@@ -64,7 +64,7 @@ def speed_settings(*, batch: int, warmup: int, repeats: int, threads: int, eval_
                    backend: str = "eager") -> dict[str, Any]:
     """Keyword arguments of ``measure_speed`` after checking them (``backend``: bench/backends.py)."""
     if batch < 1 or repeats < 1 or warmup < 0 or eval_batch < 1:
-        raise TokenReduceError("--batch, --eval-batch and --repeats must be >= 1, --warmup >= 0")
+        raise TokenReduceError("--batch-size, --eval-batch-size and --repeats must be >= 1, --warmup >= 0")
     return {"batch": batch, "warmup": warmup, "repeats": repeats, "min_run_s": SPEED["min_run_s"], "threads": threads,
             "backend": backend}
 

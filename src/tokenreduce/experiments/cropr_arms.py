@@ -8,14 +8,14 @@ fuses what it drops), and the unpruned model under the same recipe.
 
 - ``cropr``: classification, the ``fmnist-cropr`` recipe (1 epoch fine-tune of the fmnist-vit
   reference on a fixed 20 000 images; 49 -> 42 -> 36 -> 30 -> 24 -> 18 patches after blocks 0-4).
-- ``cropr-seg``: segmentation of the 56x56 mosaics, ``fmnist-cropr-seg`` (from scratch, 3 epochs on
+- ``cropr_seg``: segmentation of the 56x56 mosaics, ``fmnist-cropr-seg`` (from scratch, 3 epochs on
   6 000 mosaics; 196 -> 155 -> 115 -> 75 -> 35 after blocks 0-3, then Last Layer Fusion: the pruned
   tokens return before the final block). Cropr has one query per output patch and ramps R up over
   the first 140 steps, as the official ``segm/`` does.
 
 The reviewer's diagnostics of the segmentation router (deployed score against the training-time
 score) are the experiment ``cropr_diagnostics`` (experiments/cropr_diagnostics.py), run on the
-``cropr-seg`` checkpoints.
+``cropr_seg`` checkpoints.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class CroprClassify(Study):
     budget = "15 training runs x 1.5-2 min on 2 CPU cores (two lanes of 1 thread)"
 
 
-@register_study("cropr-seg")
+@register_study("cropr_seg")
 class CroprSegment(Study):
     title = "Token Cropr on Fashion-MNIST mosaics (segmentation): the learned router against fixed scorers"
     claim = "with Last Layer Fusion, Cropr's router segments about as well as unpruned, better than fixed scorers"

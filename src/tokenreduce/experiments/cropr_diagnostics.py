@@ -66,7 +66,7 @@ class DiagnosticsConfig:
     def __post_init__(self) -> None:
         if self.checkpoint is None and not self.tiny:
             raise SpecError("cropr_diagnostics: give checkpoint='...', a segmentation training checkpoint "
-                            "(e.g. runs/cropr-seg/cropr-s0)")
+                            "(e.g. runs/cropr_seg/cropr-s0)")
         seeds = (self.seeds,) if isinstance(self.seeds, int) else tuple(self.seeds)
         if not seeds:
             raise SpecError("cropr_diagnostics: seeds must name at least one random scorer seed")

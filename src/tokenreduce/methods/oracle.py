@@ -72,9 +72,6 @@ class OracleConfig:
     def __post_init__(self) -> None:
         if self.ties not in TIES:
             raise SpecError(f"oracle: ties={self.ties!r} is invalid; choose from {', '.join(map(repr, TIES))}")
-        if self.keep is None and self.counts is None:
-            raise SpecError("oracle: give the schedule, counts=(...) or keep=..., with locs=(...) (e.g. a method's: "
-                            "methods.oracle.oracle_spec(get_info(model).schedule))")
 
 
 @register_method("oracle")
@@ -102,6 +99,9 @@ class Oracle(Reducer):
 
     def bind(self, host: Host) -> Schedule:
         c = self.cfg
+        if c.keep is None and c.counts is None:  # checked here, not in the config: its defaults must parse
+            raise SpecError("oracle: give the schedule, counts=(...) or keep=..., with locs=(...) (e.g. a method's: "
+                            "methods.oracle.oracle_spec(get_info(model).schedule))")
         self.num_patches = host.num_patches
         keep = None if c.counts is not None else c.keep
         return compile_schedule(host.num_patches, host.depth, self.name, where=self.where, keep=keep,

@@ -128,7 +128,7 @@ RECIPES["fmnist-cropr"] = {
 RECIPES["fmnist-cropr-seg"] = {
     **RECIPES["fmnist-seg"],
     "description": "learned routers (Token Cropr) on the mosaics: fmnist-seg (from scratch, 3 epochs on 6 000 "
-                   "mosaics, mIoU) with --spec SPEC; the same recipe for every arm (the study cropr-seg)",
+                   "mosaics, mIoU) with --spec SPEC; the same recipe for every arm (the study cropr_seg)",
 }
 
 
