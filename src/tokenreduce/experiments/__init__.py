@@ -14,8 +14,10 @@ from . import (  # noqa: F401
     fmnist_budget,
     hash_baseline,
     imagepiece_controls,
+    oracle_at_counts,
     recall_at_kept,
     reference_fmnist,
+    scenes_eet,
 )
 from .base import (
     Experiment,

@@ -21,11 +21,13 @@ def train_run(fields: dict[str, Any]) -> dict[str, Any]:
 
 def evaluate(reference: str, specs: Sequence[str], finetuned: Sequence[str], *, out: Path, threads: int,
              speed: dict[str, Any], seeds: Sequence[int] = (0, 1, 2), eval_batch: int = 250,
+             data_dir: str | None = None, subset: int | None = None,
              log: Callable[[str], None] = print) -> dict[str, Any]:
     """``tokenreduce eval --checkpoint REFERENCE --spec S ... --checkpoint F ...``: the reference checkpoint
     unpatched and with each training-free spec, the fine-tuned checkpoints grouped by spec; the task's
-    metric, MACs, throughput and latency in one interleaved run. Writes the command's files to ``out``;
-    returns its results (data, speed settings, rows)."""
+    metric, MACs, throughput and latency in one interleaved run, on the checkpoint's data (read from
+    ``data_dir`` when given) or a fixed random ``subset`` of its test items (``--subset``). Writes the
+    command's files to ``out``; returns its results (data, speed settings, rows)."""
     import torch
 
     from ..bench import evaluation as ev
@@ -38,7 +40,7 @@ def evaluate(reference: str, specs: Sequence[str], finetuned: Sequence[str], *, 
     cases = [EvalCase(s, s) for s in specs]
     check_cases(ref.model, cases)
     cases += ev.finetuned_cases(list(finetuned), ref)
-    data = ev.load_data(ref)
+    data = ev.load_data(ref, data_dir=data_dir, subset=subset)
     rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=list(seeds),
                           eval_batch=eval_batch, speed=settings, progress=log)
     info = {"reference": {"checkpoint": reference, "task": ref.task.spec()}, "data": data.info, "speed": settings}

@@ -51,7 +51,8 @@ def layout_for(study: Study, out: str | None) -> Layout:
 
 @dataclass(frozen=True)
 class Unit:
-    """One run of the plan: a training ``point``, or a ``measure`` / ``probe`` that ``needs`` runs."""
+    """One run of the plan: a training ``point`` (an evaluated arm's point ``needs`` the run it reads),
+    or a ``measure`` / ``probe`` that ``needs`` runs."""
 
     id: str
     point: Point | None = None
@@ -60,12 +61,17 @@ class Unit:
 
     @property
     def kind(self) -> str:
-        return "train" if self.point is not None else "measure" if isinstance(self.step, Measure) else "probe"
+        if self.point is not None:
+            return "evaluate" if self.needs else "train"
+        return "measure" if isinstance(self.step, Measure) else "probe"
 
 
 def plan(study: Study) -> list[Unit]:
     """The study's runs in execution order."""
-    units = [Unit(p.id, point=p) for p in study.points()]
+    units = []
+    for p in study.points():
+        source = study.arms[p.arm].evaluates
+        units.append(Unit(p.id, point=p, needs=(study.point(source, p.values).id,) if source else ()))
     for m in study.measures:
         ref, tuned = study.measure_runs(m)
         units.append(Unit(m.name, step=m, needs=(*([ref] if ref else []), *tuned)))
@@ -133,19 +139,27 @@ class Runner:
         doc: dict[str, Any] = {"id": f"{self.study.name}/{unit.id}", "study": self.study.name, "run": unit.id,
                                "kind": unit.kind, "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
                                "command": shlex.join(self.command(unit))}
-        if unit.point is not None:
+        if unit.kind == "evaluate":
+            arm = self.study.arms[unit.point.arm]
+            probe = self._experiment(arm.experiment, self._checkpoint(unit.needs[0]), work)
+            doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=unit.needs[0], **probe,
+                       metrics=probe["result"].get("metrics", {}))
+        elif unit.point is not None:
             fields = self.study.train_fields(unit.point, self.layout.checkpoints)
             fields.update(out=str(work), resume=True, threads=self.threads, device=self.device)
             doc.update(arm=unit.point.arm, point=unit.point.values, **entries.train_run(fields))
         elif isinstance(unit.step, Measure):
             m = unit.step
-            ckpt = {n: json.loads(self.layout.json(n).read_text())["metrics"]["checkpoint"] for n in unit.needs}
+            ckpt = {n: self._checkpoint(n) for n in unit.needs}
             ref_id, tuned_ids = self.study.measure_runs(m)
             ref = ckpt[ref_id] if ref_id else self.study.bed.checkpoint()
             tuned = [ckpt[n] for n in tuned_ids]
             speed = {**m.speed, **(self.study.smoke.measure if self.study.is_smoke else {})}
+            fields = self.study.train_fields(self.study.point(m.reference or self.study.baseline, m.at),
+                                             self.layout.checkpoints)  # the runs' test items
             doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
-                                                           speed=speed, log=self.log))
+                                                           speed=speed, data_dir=fields.get("data_dir"),
+                                                           subset=fields.get("eval_subset"), log=self.log))
         else:
             doc.update(self._probe(unit, work))
         doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,
@@ -153,18 +167,26 @@ class Runner:
         write_json(self.layout.json(unit.id), doc)
         return doc
 
+    def _checkpoint(self, run_id: str) -> str:
+        return json.loads(self.layout.json(run_id).read_text())["metrics"]["checkpoint"]
+
     def _probe(self, unit: Unit, work: Path) -> dict[str, Any]:
+        checkpoint = self._checkpoint(unit.needs[0]) if unit.needs else self.study.bed.checkpoint()
+        return self._experiment(unit.step.experiment, checkpoint, work)
+
+    def _experiment(self, spec: str, checkpoint: str | None, work: Path) -> dict[str, Any]:
+        """Run the experiment ``spec`` on ``checkpoint``, with the test bed's data where it takes one."""
         from ..core.registry import format_spec, parse_spec
         from . import entries
 
-        name, params = parse_spec(unit.step.experiment)
-        if unit.needs:
-            params["checkpoint"] = json.loads(self.layout.json(unit.needs[0]).read_text())["metrics"]["checkpoint"]
-        else:
-            params["checkpoint"] = self.study.bed.checkpoint()
-        data = self.study.bed.train_fields(self.layout.checkpoints).get("data")
-        if data and data != "fashion_mnist" and "data" in _fields(name):  # others read the checkpoint's data
-            params["data"] = data
+        name, params = parse_spec(spec)
+        params["checkpoint"] = checkpoint
+        bed = self.study.bed.train_fields(self.layout.checkpoints)
+        takes = _fields(name)
+        if bed.get("data") and bed["data"] != "fashion_mnist" and "data" in takes:  # others read the checkpoint's
+            params["data"] = bed["data"]
+        if bed.get("data_dir") and "data_dir" in takes:
+            params["data_dir"] = bed["data_dir"]
         if self.study.is_smoke:
             params.update(self.study.smoke.probe)
         return entries.probe(format_spec(name, params), out=work, threads=self.threads, device=self.device,

@@ -35,7 +35,12 @@ class Arm:
     """One arm: what differs from the recipe. ``task``: a task spec (None: the recipe's); ``spec``: the
     reducer to train with (None: none); ``stem``, ``transforms``: model options (models/build.py);
     ``init``, ``teacher``: checkpoints (None: the test bed's); ``label``: the name tables print. ``spec`` may
-    name grid values in braces (``random(..., seed={seed})``: a pruner's own seed that follows the run's)."""
+    name grid values in braces (``random(..., seed={seed})``: a pruner's own seed that follows the run's).
+
+    An *evaluated* arm trains nothing: ``evaluates`` names the arm whose checkpoint it reads at the same
+    grid point, and ``experiment`` the registered experiment (experiments/base.py) run on it, whose
+    result's ``metrics`` are the arm's (e.g. ``oracle_at_counts``: the oracle at a trained pruner's
+    counts, on its weights). Its runs pair with the others' by seed like any arm's."""
 
     label: str
     task: str | None = None
@@ -44,6 +49,8 @@ class Arm:
     transforms: tuple[str, ...] = ()
     init: str | None = None
     teacher: str | None = None
+    evaluates: str | None = None
+    experiment: str | None = None
 
 
 @dataclass(frozen=True)
@@ -279,6 +286,17 @@ def check_study(cls: type[Study]) -> None:
         bad = sorted(set(fields) - _CONFIG_FIELDS)
         if bad:
             raise SpecError(f"{where}: its {what} names unknown training settings {bad}")
+    for name, arm in cls.arms.items():
+        if (arm.evaluates is None) != (arm.experiment is None):
+            raise SpecError(f"{where}: arm {name} gives one of evaluates= and experiment=; an evaluated arm needs both")
+        if arm.evaluates is not None:
+            source = cls.arms.get(arm.evaluates)
+            if source is None or source.evaluates is not None:
+                raise SpecError(f"{where}: arm {name} evaluates {arm.evaluates!r}, which is not one of its trained "
+                                f"arms {sorted(n for n, a in cls.arms.items() if a.evaluates is None)}")
+            if any(getattr(arm, k) for k in ("task", "spec", "stem", "transforms", "init", "teacher")):
+                raise SpecError(f"{where}: arm {name} is evaluated (it trains nothing); it takes only a label, "
+                                "evaluates= and experiment=")
     if cls.baseline not in cls.arms:
         raise SpecError(f"{where}: baseline {cls.baseline!r} is not one of its arms {sorted(cls.arms)}")
     names = {a.name for a in cls.grid}

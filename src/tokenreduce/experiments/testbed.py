@@ -8,6 +8,8 @@ Three kinds, one dataclass:
                 state dict timm loads through ``pretrained_cfg_overlay``), on ``data``: a dataset
                 name or a folder (Fashion-MNIST idx files, or an ImageFolder ROOT/{train,val}/<class>/);
     synthetic   (smoke) Fashion-MNIST-format random images written under the run folder, so a smoke
+                study needs no downloaded data; with ``data`` a dataset built from Fashion-MNIST
+                (``fmnist_scenes``), that dataset made from the synthetic images;
                 study needs no downloaded data.
 The recipe's other settings (optimiser, schedule, subset) apply to every kind.
 """
@@ -63,7 +65,10 @@ class Testbed:
             what = f"timm {self.model}{weights}"
         else:
             what = "the recipe's model"
-        data = "synthetic Fashion-MNIST-format images" if self.synthetic else self.data
+        data = self.data
+        if self.synthetic:
+            data = f"{self.data} from synthetic Fashion-MNIST-format images" if self.data else \
+                "synthetic Fashion-MNIST-format images"
         return f"{what}{f' on {data}' if data else ''}"
 
     def slug(self) -> str:
@@ -90,7 +95,9 @@ class Testbed:
             elif self.pretrained:
                 model["pretrained"] = True
             fields["model"], fields["init"] = model, None
-        if self.synthetic:
+        if self.synthetic and self.data:
+            fields["data"], fields["data_dir"] = self.data, str(synthetic_data(scratch))
+        elif self.synthetic:
             fields["data"] = str(synthetic_data(scratch))
         elif self.data:
             fields["data"] = self.data
@@ -98,10 +105,12 @@ class Testbed:
 
     def fmnist(self) -> bool:
         """Whether the data is Fashion-MNIST (named, its idx files, or the synthetic stand-in)."""
-        if self.synthetic or (self.reference and not self.data):
+        if self.synthetic:
+            return self.data in (None, "fashion_mnist")
+        if self.reference and not self.data:
             from ..train.recipes import get_recipe
 
-            return self.synthetic or get_recipe(self.reference).get("data") == "fashion_mnist"
+            return get_recipe(self.reference).get("data") == "fashion_mnist"
         return self.data == "fashion_mnist" or bool(self.data and any(Path(self.data).glob("*idx3-ubyte*")))
 
     def checkpoint(self) -> str | None:

@@ -1,0 +1,84 @@
+"""The scene studies' machinery: evaluated arms (a run that reads another arm's checkpoint, paired by
+seed), the oracle at a trained pruner's counts on the same weights, the synthetic scene test bed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tokenreduce.core.errors import SpecError
+from tokenreduce.experiments import Arm, get_study, register_study
+from tokenreduce.experiments.runner import Runner, layout_for, load_runs
+from tokenreduce.experiments.scenes_eet import EETScenes
+from tokenreduce.experiments.tables import paired
+from tokenreduce.experiments.testbed import Testbed as Bed
+
+
+def _runner(study, out: Path) -> Runner:
+    return Runner(study, layout_for(study, str(out)), threads=1, flags=["--smoke", "--out", str(out)],
+                  log=lambda msg: None)
+
+
+@register_study("_tiny_oracle_test")
+class _TinyOracle(EETScenes):
+    """Two trained arms and the evaluated oracle arm of the scene EET study, one seed."""
+
+    arms = {k: EETScenes.arms[k] for k in ("a_unpruned", "b_ctp", "e_oracle")}
+    expect = tuple(e for e in EETScenes.expect if {e.arm, e.baseline} <= {"a_unpruned", "b_ctp", "e_oracle"})
+    measures = ()
+    smoke = EETScenes.smoke.__class__(**{**EETScenes.smoke.__dict__, "grid": {"bits": (8,), "seed": (0,)}})
+
+
+@pytest.fixture(scope="module")
+def oracle_smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Runner, dict]:
+    out = tmp_path_factory.mktemp("oracle-smoke")
+    runner = _runner(get_study("_tiny_oracle_test")(smoke=True), out)
+    runner.run()
+    return runner, load_runs(runner.layout)
+
+
+def test_an_evaluated_arm_reads_its_source_run_after_it(oracle_smoke):
+    runner, runs = oracle_smoke
+    unit = runner.unit("e_oracle-b8-s0")
+    assert unit.kind == "evaluate" and unit.needs == ("b_ctp-b8-s0",)
+    order = [u.id for u in runner.units]
+    assert order.index("e_oracle-b8-s0") > order.index("b_ctp-b8-s0")
+    doc = runs["e_oracle-b8-s0"]
+    assert doc["kind"] == "evaluate" and doc["evaluates"] == "b_ctp-b8-s0"
+    assert doc["metrics"] == doc["result"]["rows"]["oracle"]
+
+
+def test_the_oracle_runs_at_the_trained_pruners_counts_on_its_weights_and_items(oracle_smoke):
+    runner, runs = oracle_smoke
+    result, source = runs["e_oracle-b8-s0"]["result"], runs["b_ctp-b8-s0"]["metrics"]
+    assert result["counts"] == [98, 49, 12] and result["locs"] == [3, 7, 9]
+    assert result["oracle_spec"].startswith("oracle(counts=(98, 49, 12), locs=(3, 7, 9), where='block'")
+    # the "own" row re-evaluates the trained run: the same weights on the same test items and database
+    for key in ("map_asym", "map_sym", "top1"):
+        assert result["rows"]["own"][key] == pytest.approx(source[key], abs=1e-9)
+    assert result["rows"]["oracle"]["map_asym"] != result["rows"]["own"]["map_asym"]
+    study = runner.study
+    assert paired(study, runs, "e_oracle", "b_ctp", "map_asym", {}) == pytest.approx(
+        [result["rows"]["oracle"]["map_asym"] - source["map_asym"]])
+
+
+def test_bad_evaluated_arms_are_refused():
+    base = {"a_unpruned": EETScenes.arms["a_unpruned"]}
+    cases = [({"e": Arm("e", evaluates="a_unpruned")}, "needs both"),
+             ({"e": Arm("e", evaluates="nope", experiment="oracle_at_counts")}, "not one of its trained arms"),
+             ({"e": Arm("e", evaluates="a_unpruned", experiment="oracle_at_counts"),
+               "f": Arm("f", evaluates="e", experiment="oracle_at_counts")}, "not one of its trained arms"),
+             ({"e": Arm("e", evaluates="a_unpruned", experiment="oracle_at_counts", spec="ctp()")}, "trains nothing")]
+    for i, (arms, match) in enumerate(cases):
+        with pytest.raises(SpecError, match=match):
+            register_study(f"_bad_evaluated_{i}")(type("Bad", (EETScenes,), {"arms": {**base, **arms},
+                                                                            "expect": ()}))
+
+
+def test_a_synthetic_scene_bed_builds_the_named_data_from_synthetic_images(tmp_path: Path):
+    bed = Bed(model="vit_tiny_patch16_224", data="fmnist_scenes", synthetic=True)
+    fields = bed.train_fields(tmp_path)
+    assert fields["data"] == "fmnist_scenes" and Path(fields["data_dir"]).is_dir()
+    assert not bed.fmnist() and "fmnist_scenes from synthetic" in bed.text()
+    assert Bed(model="vit_tiny_patch16_224", synthetic=True).fmnist()
