@@ -32,7 +32,8 @@ _DETECT: list[tuple[Callable[[str], bool], str]] = []
 def register_dataset(*names: str, detect: Callable[[str], bool] | None = None,
                      **defaults: Any) -> Callable[[Builder], Builder]:
     """Register ``builder(split, cfg: DataConfig, *, train, augment, data_dir, download)`` under
-    ``names``; ``defaults`` are the dataset's native ``in_chans`` / ``img_size`` / ``augment``;
+    ``names``; ``defaults`` are the dataset's native ``in_chans`` / ``img_size`` / ``augment``, and
+    ``dense=True`` for one whose items are already (image, pixel labels) (:func:`is_dense`);
     ``detect(dir)`` says whether a directory holds this dataset's files."""
 
     def deco(fn: Builder) -> Builder:
@@ -47,6 +48,12 @@ def register_dataset(*names: str, detect: Callable[[str], bool] | None = None,
 
 def list_datasets() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def is_dense(name: str) -> bool:
+    """Whether ``name`` is a registered dataset of (image, pixel labels) items (``dense=True``), which a
+    dense task reads as it is (the scene masks), rather than building mosaics of it."""
+    return bool(_REGISTRY.get(str(name), (None, {}))[1].get("dense"))
 
 
 def cache_dir() -> Path:

@@ -287,7 +287,7 @@ def _fmnist_scenes(split: str, cfg: DataConfig, *, train: bool, augment: str, da
     return _scenes(split, cfg, train=train, augment=augment, data_dir=data_dir, download=download)
 
 
-@register_dataset(*SEG_NAMES, in_chans=1, img_size=CANVAS, augment="crop_flip")
+@register_dataset(*SEG_NAMES, in_chans=1, img_size=CANVAS, augment="crop_flip", dense=True)
 def _fmnist_scenes_seg(split: str, cfg: DataConfig, *, train: bool, augment: str, data_dir: Any,
                        download: bool) -> Dataset:
     return SceneMasks(_scenes(split, cfg, train=train, augment=augment, data_dir=data_dir, download=download))

@@ -75,6 +75,18 @@ class DiagnosticsConfig:
             raise SpecError(f"cropr_diagnostics: images must be >= 1 or None, got {self.images}")
 
 
+def summary_metrics(miou: dict[str, Any], modules: list[dict[str, Any]], metric: str) -> dict[str, float]:
+    """The scalars a study reads as an evaluated arm's metrics: the task metric pruning by the
+    training-time score t (under the metric's own name, so it pairs with the trained arm's deployed
+    value), by the deployed score s, by the fixed random scorer, unpruned; the Spearman correlation
+    of s and t and the kept-set overlap, each averaged over the modules."""
+    def mean(key: str) -> float:
+        return sum(m[key] for m in modules) / len(modules) if modules else float("nan")
+
+    return {metric: miou["softmax"], f"{metric}_deployed": miou["logits"], f"{metric}_fixed": miou["fixed"],
+            f"{metric}_unpruned": miou["unpruned"], "spearman": mean("spearman"), "overlap": mean("overlap")}
+
+
 def spearman(a: Tensor, b: Tensor) -> Tensor:
     """Spearman rank correlation of each row of a and b (B, M), (B,) float64 (no tie correction)."""
     ra = a.double().argsort(1).argsort(1).double()
@@ -202,8 +214,9 @@ class CroprDiagnostics(Experiment):
         miou["fixed_spec"] = _with_stage(stages, i, matched_spec(schedule, cfg.seeds[0]))
         remove(model)
         miou["unpruned"] = evaluate()
+        rows = probe.rows()
         return {"checkpoint": source, "spec": trained_spec, "metric": task.metric, "items": len(data),
-                "modules": probe.rows(), "miou": miou}
+                "modules": rows, "miou": miou, "metrics": summary_metrics(miou, rows, task.metric)}
 
     def _setup(self, ctx: RunContext) -> tuple[nn.Module, Any, Dataset, str]:
         """(patched model in eval mode, bound task with its trained head, test data, where they came from)."""
@@ -264,4 +277,4 @@ class CroprDiagnostics(Experiment):
         return "\n".join([head, "", *rows, "", *table])
 
 
-__all__ = ["Agreement", "CroprDiagnostics", "DiagnosticsConfig", "kept_overlap", "spearman"]
+__all__ = ["Agreement", "CroprDiagnostics", "DiagnosticsConfig", "kept_overlap", "spearman", "summary_metrics"]

@@ -17,6 +17,8 @@ from .testbed import Testbed
 
 #: the scene reference starts every run and names the data
 SCENES = Testbed(reference="scenes-vit")
+#: the same reference on the same scenes read as a dense task (the target's pixels labelled)
+SCENES_SEG = Testbed(reference="scenes-vit", data="fmnist_scenes_seg")
 #: optimiser steps of every scene fine-tune (batch 64)
 STEPS = 100
 BATCH = 64
@@ -43,7 +45,8 @@ SMOKE_RECIPE: dict[str, Any] = {"subset": 32, "eval_subset": 16, "batch_size": 1
                                 "quiet": True}
 
 
-def smoke(**extra: Any) -> Smoke:
-    """A scene study's smoke: the tiny model on scenes made from synthetic Fashion-MNIST-format images."""
-    bed = Testbed(model="vit_tiny_patch16_224", kwargs=TINY_SCENES, data="fmnist_scenes", synthetic=True)
+def smoke(data: str = "fmnist_scenes", **extra: Any) -> Smoke:
+    """A scene study's smoke: the tiny model on scenes (``data``) made from synthetic Fashion-MNIST-format
+    images."""
+    bed = Testbed(model="vit_tiny_patch16_224", kwargs=TINY_SCENES, data=data, synthetic=True)
     return Smoke(testbed=bed, recipe=dict(SMOKE_RECIPE), **extra)

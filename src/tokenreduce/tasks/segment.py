@@ -248,9 +248,12 @@ class Segment(Task):
                 "iou_per_class": [None if v != v else 100.0 * float(v) for v in iou.tolist()], "n": n}
 
     def dataset(self, name: str, split: str, *, train: bool, **data_kw: Any) -> Dataset:
-        """Mosaics of dataset ``name`` (Fashion-MNIST, or a mosaic name): ``data.build_mosaic``."""
-        from ..data import build_mosaic
+        """A dense dataset as it is (``data.is_dense``: the scene masks), else mosaics of dataset ``name``
+        (Fashion-MNIST, or a mosaic name): ``data.build_mosaic``."""
+        from ..data import build_dataset, build_mosaic, is_dense
 
+        if is_dense(name):
+            return build_dataset(name, split, train=train, **data_kw)
         return build_mosaic(name, split, train=train, **data_kw)
 
 
