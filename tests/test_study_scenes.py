@@ -82,3 +82,36 @@ def test_a_synthetic_scene_bed_builds_the_named_data_from_synthetic_images(tmp_p
     assert fields["data"] == "fmnist_scenes" and Path(fields["data_dir"]).is_dir()
     assert not bed.fmnist() and "fmnist_scenes from synthetic" in bed.text()
     assert Bed(model="vit_tiny_patch16_224", synthetic=True).fmnist()
+
+
+def test_a_second_phase_starts_from_the_first_phases_checkpoint(tmp_path: Path):
+    study = get_study("bspf_scenes")(smoke=True)
+    runner = _runner(study, tmp_path)
+    unit = runner.unit("bspf_tied2-s0")
+    assert unit.kind == "train" and unit.needs == ("tied_full-s0",)
+    with pytest.raises(Exception, match="not done"):
+        runner.run_one(unit)
+    first = runner.run_one(runner.unit("tied_full-s0"))
+    second = runner.run_one(unit)
+    assert second["config"]["init"] == first["metrics"]["checkpoint"]
+    assert second["config"]["model"]["transforms"] == ["tie_qk"]
+
+
+def test_bad_second_phases_are_refused():
+    from tokenreduce.experiments.scenes_bspf import BSPFScenes
+
+    for i, arm in enumerate([Arm("x", after="nope"), Arm("x", after="x"), Arm("x", after="full", init="a.pt")]):
+        with pytest.raises(SpecError, match="continues after"):
+            register_study(f"_bad_after_{i}")(type("Bad", (BSPFScenes,), {"arms": {**BSPFScenes.arms, "x": arm},
+                                                                           "expect": (), "probes": ()}))
+
+
+def test_a_pending_reason_is_printed_where_runs_are_missing(tmp_path: Path):
+    from tokenreduce.experiments.page import build_report
+    from tokenreduce.experiments.tables import summary
+
+    cls = type("Pending", (EETScenes,), {"pending": "scheduled for the next sitting"})
+    study = register_study("_pending_test")(cls)()
+    assert "runs not run: scheduled for the next sitting." in summary(study, {})
+    text = build_report(tmp_path, names=["_pending_test"]).read_text()
+    assert "not run: scheduled for the next sitting." in text

@@ -80,7 +80,8 @@ def study_section(study: Study, runs: dict[str, dict], root: Path) -> list[str]:
              f"- runs: {len(runs)} of {len(plan(study))} stored under `{study.name}/runs/`"
              + (f"; budget: {study.budget}" if study.budget else "")]
     if not runs:
-        return [*lines, "", f"{NOT_RUN}: no run JSON under `{study.name}/runs/`.", ""]
+        why = study.pending or f"no run JSON under `{study.name}/runs/`"
+        return [*lines, "", f"{NOT_RUN}: {why}.", ""]
     lines.append(f"- provenance: {provenance_text(runs)}")
     fig = figure(study, runs, root / "figures" / f"{study.name}.png")
     if fig is not None:

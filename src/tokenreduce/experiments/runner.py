@@ -51,18 +51,20 @@ def layout_for(study: Study, out: str | None) -> Layout:
 
 @dataclass(frozen=True)
 class Unit:
-    """One run of the plan: a training ``point`` (an evaluated arm's point ``needs`` the run it reads),
-    or a ``measure`` / ``probe`` that ``needs`` runs."""
+    """One run of the plan: a training ``point`` (``needs``: the run an evaluated arm reads, or the one a
+    second training phase starts from), or a ``measure`` / ``probe`` that ``needs`` runs."""
 
     id: str
     point: Point | None = None
     step: Measure | Probe | None = None
     needs: tuple[str, ...] = ()
 
+    evaluated: bool = False
+
     @property
     def kind(self) -> str:
         if self.point is not None:
-            return "evaluate" if self.needs else "train"
+            return "evaluate" if self.evaluated else "train"
         return "measure" if isinstance(self.step, Measure) else "probe"
 
 
@@ -70,8 +72,10 @@ def plan(study: Study) -> list[Unit]:
     """The study's runs in execution order."""
     units = []
     for p in study.points():
-        source = study.arms[p.arm].evaluates
-        units.append(Unit(p.id, point=p, needs=(study.point(source, p.values).id,) if source else ()))
+        arm = study.arms[p.arm]
+        source = arm.evaluates or arm.after
+        units.append(Unit(p.id, point=p, needs=(study.point(source, p.values).id,) if source else (),
+                          evaluated=arm.evaluates is not None))
     for m in study.measures:
         ref, tuned = study.measure_runs(m)
         units.append(Unit(m.name, step=m, needs=(*([ref] if ref else []), *tuned)))
@@ -146,6 +150,8 @@ class Runner:
                        metrics=probe["result"].get("metrics", {}))
         elif unit.point is not None:
             fields = self.study.train_fields(unit.point, self.layout.checkpoints)
+            if unit.needs:  # a second phase: it starts from the first phase's checkpoint
+                fields["init"] = self._checkpoint(unit.needs[0])
             fields.update(out=str(work), resume=True, threads=self.threads, device=self.device)
             doc.update(arm=unit.point.arm, point=unit.point.values, **entries.train_run(fields))
         elif isinstance(unit.step, Measure):

@@ -40,7 +40,10 @@ class Arm:
     An *evaluated* arm trains nothing: ``evaluates`` names the arm whose checkpoint it reads at the same
     grid point, and ``experiment`` the registered experiment (experiments/base.py) run on it, whose
     result's ``metrics`` are the arm's (e.g. ``oracle_at_counts``: the oracle at a trained pruner's
-    counts, on its weights). Its runs pair with the others' by seed like any arm's."""
+    counts, on its weights). Its runs pair with the others' by seed like any arm's.
+
+    ``after`` names a trained arm whose checkpoint at the same grid point this arm's training starts
+    from (a second phase: its run waits for that one), in place of the test bed's."""
 
     label: str
     task: str | None = None
@@ -51,6 +54,7 @@ class Arm:
     teacher: str | None = None
     evaluates: str | None = None
     experiment: str | None = None
+    after: str | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,8 @@ class Study:
     smoke: ClassVar[Smoke | None] = None
     #: what the full study costs where it was run (runs x minutes, machine)
     budget: ClassVar[str] = ""
+    #: why runs are missing where they are (the report prints it beside "not run")
+    pending: ClassVar[str] = ""
 
     def __init__(self, *, testbed: Testbed | None = None, smoke: bool = False) -> None:
         self.is_smoke = smoke
@@ -294,9 +300,15 @@ def check_study(cls: type[Study]) -> None:
             if source is None or source.evaluates is not None:
                 raise SpecError(f"{where}: arm {name} evaluates {arm.evaluates!r}, which is not one of its trained "
                                 f"arms {sorted(n for n, a in cls.arms.items() if a.evaluates is None)}")
-            if any(getattr(arm, k) for k in ("task", "spec", "stem", "transforms", "init", "teacher")):
+            if any(getattr(arm, k) for k in ("task", "spec", "stem", "transforms", "init", "teacher", "after")):
                 raise SpecError(f"{where}: arm {name} is evaluated (it trains nothing); it takes only a label, "
                                 "evaluates= and experiment=")
+        if arm.after is not None:
+            source = cls.arms.get(arm.after)
+            if source is None or source.evaluates is not None or arm.after == name or arm.init:
+                raise SpecError(f"{where}: arm {name} continues after {arm.after!r}, which must be another of its "
+                                f"trained arms {sorted(n for n, a in cls.arms.items() if a.evaluates is None)}, "
+                                "and then gives no init=")
     if cls.baseline not in cls.arms:
         raise SpecError(f"{where}: baseline {cls.baseline!r} is not one of its arms {sorted(cls.arms)}")
     names = {a.name for a in cls.grid}

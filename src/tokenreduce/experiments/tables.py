@@ -172,6 +172,9 @@ def verdict_table(study: Study, runs: dict[str, dict]) -> list[str]:
 def summary(study: Study, runs: dict[str, dict]) -> str:
     """The study's markdown: arm tables per split value, measures, probes, verdicts."""
     lines = [f"## Arms ({study.recipe.get('recipe') or 'recipe'}) on {study.bed.text()}", ""]
+    missing = [p.id for p in study.points() if p.id not in runs]
+    if missing and study.pending:
+        lines += [f"{len(missing)} of {len(study.points())} runs {NOT_RUN}: {study.pending}.", ""]
     for value in _split_values(study):
         at = {study.split[0]: value} if study.split else {}
         if study.split:
