@@ -115,3 +115,19 @@ def test_a_pending_reason_is_printed_where_runs_are_missing(tmp_path: Path):
     assert "runs not run: scheduled for the next sitting." in summary(study, {})
     text = build_report(tmp_path, names=["_pending_test"]).read_text()
     assert "not run: scheduled for the next sitting." in text
+
+
+def test_a_recipe_distils_from_the_test_beds_reference(tmp_path: Path):
+    from tokenreduce.core.errors import TokenReduceError
+    from tokenreduce.experiments.scenes_bench import BenchScenes
+    from tokenreduce.train.recipes import reference_checkpoint
+
+    study = BenchScenes()
+    fields = study.train_fields(study.point("tome-1.5x", {"seed": 0}), tmp_path)
+    assert fields["teacher"] == str(reference_checkpoint("scenes-vit")) == fields["init"]
+    assert fields["spec"] == "tome(r=(17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 13, 6))"
+    matched = study.train_fields(study.point("random~tome-1.5x", {"seed": 2}), tmp_path)["spec"]
+    assert matched.endswith("where='attn', seed=2)")
+    scratch = BenchScenes(testbed=Bed(model="vit_tiny_patch16_224", data="fmnist_scenes"))
+    with pytest.raises(TokenReduceError, match="distils from the test bed's reference"):
+        scratch.train_fields(scratch.point("tome-1.5x", {"seed": 0}), tmp_path)

@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     oracle_at_counts,
     recall_at_kept,
     reference_fmnist,
+    scenes_bench,
     scenes_bspf,
     scenes_cropr,
     scenes_eet,

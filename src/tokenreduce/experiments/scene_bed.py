@@ -40,7 +40,8 @@ def shortened(recipe: dict[str, Any]) -> dict[str, Any]:
 #: published schedule runs unchanged, at a width that trains in seconds
 TINY_SCENES = {"img_size": 56, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 24, "depth": 12,
                "num_heads": 2, "mlp_ratio": 2.0}
-SMOKE_RECIPE: dict[str, Any] = {"subset": 32, "eval_subset": 16, "batch_size": 16, "eval_batch_size": 16,
+SMOKE_RECIPE: dict[str, Any] = {"teacher": None, "distill": [], "subset": 32, "eval_subset": 16, "batch_size": 16,
+                                "eval_batch_size": 16,
                                 "warmup_epochs": 0.2, "ckpt_every": 1, "augment": "none", "deterministic": True,
                                 "quiet": True}
 

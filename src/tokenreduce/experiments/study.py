@@ -252,6 +252,11 @@ class Study:
                 task = _with_param(task, k, v)
         fields["task"] = task
         fields["spec"] = arm.spec.format(**p.values) if arm.spec else None
+        if fields.get("teacher") == TESTBED_TEACHER:
+            fields["teacher"] = self.bed.checkpoint()
+            if fields["teacher"] is None:
+                raise TokenReduceError(f"study {self.name}: its recipe distils from the test bed's reference, and "
+                                       f"{self.bed.text()} has none; give a test bed with a reference checkpoint")
         if arm.transforms and not arm.stem and not fields.get("model") and self.bed.reference:
             from ..train.recipes import get_recipe  # a weight transform of the reference: its own architecture
 
@@ -269,6 +274,8 @@ class Study:
 
 
 _CONFIG_FIELDS: set[str] = set()
+#: a recipe's ``teacher`` meaning "the test bed's reference checkpoint" (it distils from what it starts from)
+TESTBED_TEACHER = "testbed"
 
 
 def _config_fields() -> set[str]:
