@@ -21,6 +21,7 @@ from . import (  # noqa: F401
     scenes_bspf,
     scenes_cropr,
     scenes_eet,
+    scenes_imagepiece,
 )
 from .base import (
     Experiment,

@@ -109,3 +109,5 @@ class BenchScenes(Study):
     )
     smoke = scene_smoke(grid={"seed": (0, 1)}, measure={"batch": 4, "warmup": 0, "repeats": 1})
     budget = "72 fine-tunes x 2-3 min + 2 evaluation runs x ~10 min on 2 CPU cores: about 3 h"
+    pending = ("the 2-core budget of the sitting that declared it went to eet_scenes and cropr_scenes; "
+               "`tokenreduce study bench_scenes` runs it")

@@ -113,3 +113,5 @@ class CroprSegScenes(Study):
     )
     smoke = scene_smoke("fmnist_scenes_seg", grid={"seed": (0, 1)}, probe={"images": 16, "seeds": (0,), "batch": 8})
     budget = "12 training runs x 2-4 min + 3 diagnostics x 2-3 min on 2 CPU cores: about 45 min"
+    pending = ("the 2-core budget of the sitting that declared it went to eet_scenes and cropr_scenes; "
+               "`tokenreduce study cropr_seg_scenes` runs it")
