@@ -202,7 +202,7 @@ def test_core_has_no_import_cycle():
 #: Where a study names things in its own namespace: its name, its arms' keys and display labels, and the arm labels its
 #: expectations, measures and probes refer to. Such a label may equal a method's name ("bspf", the arm
 #: that runs bspf's spec); the study reaches the method only through spec strings.
-STUDY_LABELS = {"arm", "baseline", "reference", "finetuned"}
+STUDY_LABELS = {"arm", "baseline", "reference", "finetuned", "evaluates", "after"}
 
 
 def study_labels(tree: ast.Module) -> set[int]:
@@ -215,7 +215,8 @@ def study_labels(tree: ast.Module) -> set[int]:
             out.add(id(node.args[0]))  # the arm's display label
         elif isinstance(node, ast.keyword) and node.arg in STUDY_LABELS:
             out |= {id(c) for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
-        elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "arms" for t in node.targets) \
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", "").strip("_").lower() == "arms"
+                                                  for t in node.targets) \
                 and isinstance(node.value, ast.Dict):
             out |= {id(k) for k in node.value.keys}
     return out

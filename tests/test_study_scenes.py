@@ -46,7 +46,7 @@ def test_an_evaluated_arm_reads_its_source_run_after_it(oracle_smoke):
     assert order.index("e_oracle-b8-s0") > order.index("b_ctp-b8-s0")
     doc = runs["e_oracle-b8-s0"]
     assert doc["kind"] == "evaluate" and doc["evaluates"] == "b_ctp-b8-s0"
-    assert doc["metrics"] == doc["result"]["rows"]["oracle"]
+    assert doc["metrics"] == doc["result"]["rows"]["object_first"]
 
 
 def test_the_oracle_runs_at_the_trained_pruners_counts_on_its_weights_and_items(oracle_smoke):
@@ -57,10 +57,10 @@ def test_the_oracle_runs_at_the_trained_pruners_counts_on_its_weights_and_items(
     # the "own" row re-evaluates the trained run: the same weights on the same test items and database
     for key in ("map_asym", "map_sym", "top1"):
         assert result["rows"]["own"][key] == pytest.approx(source[key], abs=1e-9)
-    assert result["rows"]["oracle"]["map_asym"] != result["rows"]["own"]["map_asym"]
+    assert result["rows"]["object_first"]["map_asym"] != result["rows"]["own"]["map_asym"]
     study = runner.study
     assert paired(study, runs, "e_oracle", "b_ctp", "map_asym", {}) == pytest.approx(
-        [result["rows"]["oracle"]["map_asym"] - source["map_asym"]])
+        [result["rows"]["object_first"]["map_asym"] - source["map_asym"]])
 
 
 def test_bad_evaluated_arms_are_refused():

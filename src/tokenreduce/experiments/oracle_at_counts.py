@@ -4,15 +4,16 @@ A review of EET (arXiv 2504.16691) asks how far a content-based scorer is from t
 same cost. This experiment takes a checkpoint trained with a pruner (``ctp()``, ``topk(...)``, ...),
 and on the same weights and the same test items evaluates its task's metric twice:
 
-    own      the checkpoint's own reducer (its trained scorer)
-    oracle   the ``oracle`` pruner at exactly the own reducer's per-block counts, blocks and
-             placement (``methods.oracle.oracle_spec`` of its schedule), fed per image the fraction
-             of object pixels in each patch (``patch_fractions`` of the test set's object masks):
-             it keeps the target's patches first, most covered first, then by ``ties``
+    own            the checkpoint's own reducer (its trained scorer)
+    object_first   the ``oracle`` pruner at exactly the own reducer's per-block counts, blocks and
+                   placement (``methods.oracle.oracle_spec`` of its schedule), fed per image the
+                   fraction of object pixels in each patch (``patch_fractions`` of the test set's
+                   object masks): it keeps the target's patches first, most covered first, then by
+                   ``ties``
 plus ``unpruned`` (the same weights, no reducer). A retrieval task's database items are fed their own
 masks in the same way (the symmetric protocol encodes them through the pruned model).
 
-Every metric of the task is reported per row; the ``metrics`` of the result are the oracle row's, so
+Every metric of the task is reported per row; the ``metrics`` of the result are the object_first row's, so
 that a study can use this experiment as an evaluated arm (experiments/study.py, ``Arm.evaluates``)
 and pair it with the arm it reads by seed.
 
@@ -142,13 +143,13 @@ class OracleAtCounts(Experiment):
         remove(model)
         apply(model, oracle)
         ctx.log(f"oracle_at_counts: {oracle}")
-        rows["oracle"] = evaluate(True)
+        rows["object_first"] = evaluate(True)
         remove(model)
         rows["unpruned"] = evaluate(False)
         rows = {k: _scalars(v) for k, v in rows.items()}
         return {"checkpoint": source, "spec": own, "oracle_spec": oracle, "metric": task.metric,
                 "items": len(data.test), "counts": [int(info.schedule.counts[b]) for b in info.schedule.locs],
-                "locs": list(info.schedule.locs), "rows": rows, "metrics": rows["oracle"]}
+                "locs": list(info.schedule.locs), "rows": rows, "metrics": rows["object_first"]}
 
     def _setup(self, ctx: RunContext) -> tuple[nn.Module, Any, Any, str]:
         """(model patched with its own reducer, in eval mode; its bound task; EvalData; where from)."""
@@ -190,8 +191,8 @@ class OracleAtCounts(Experiment):
         return model, task, load_data(ref, data_dir=str(root), subset=self.cfg.subset), "a tiny random ViT (smoke)"
 
     def report(self, result: dict[str, Any]) -> str:
-        keys = [k for k, v in result["rows"]["oracle"].items() if k != "n" and isinstance(v, (int, float))]
-        head = (f"{result['checkpoint']}: {result['items']} test items; own = {result['spec']}, oracle = "
+        keys = [k for k, v in result["rows"]["object_first"].items() if k != "n" and isinstance(v, (int, float))]
+        head = (f"{result['checkpoint']}: {result['items']} test items; own = {result['spec']}, object_first = "
                 f"{result['oracle_spec']} (counts {result['counts']} after blocks {result['locs']})")
         lines = [head, "", "| row | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
         for name, row in result["rows"].items():

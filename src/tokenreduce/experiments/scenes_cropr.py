@@ -43,7 +43,7 @@ _AT_LLF = f"counts={_COUNTS[:10]}, locs={tuple(range(10))}"
 _SEEDS = Axis("seed", (0, 1, 2), "s")
 
 
-def _beats(baseline: str, metric: str, source: str, arm: str = "cropr") -> Expect:
+def _beats(*, arm: str, baseline: str, metric: str, source: str) -> Expect:
     return Expect(f"Cropr beats {baseline} at the same counts", source, arm=arm, baseline=baseline, metric=metric,
                   direction=1)
 
@@ -68,9 +68,9 @@ class CroprScenes(Study):
     grid = (_SEEDS,)
     columns = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True), Col("train_time_s", "wall s"))
     expect = (
-        _beats("random", "top1", _CLS_SOURCE),
-        _beats("topk", "top1", _CLS_SOURCE),
-        _beats("evit", "top1", _CLS_SOURCE),
+        _beats(arm="cropr", baseline="random", metric="top1", source=_CLS_SOURCE),
+        _beats(arm="cropr", baseline="topk", metric="top1", source=_CLS_SOURCE),
+        _beats(arm="cropr", baseline="evit", metric="top1", source=_CLS_SOURCE),
         Expect("the learned router beats a fixed random linear scorer", _REVIEW, arm="cropr", baseline="frozen",
                metric="top1", direction=1),
         Expect("pruning to 19 of 196 patches costs top-1", _CLS_SOURCE, arm="cropr", baseline="none", metric="top1",
@@ -106,8 +106,8 @@ class CroprSegScenes(Study):
         Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", _SEG_SOURCE, arm="cropr",
                baseline="none", metric="miou", direction=1, margin=-1.0, effect=-0.1,
                published="ADE20k: -0.1 median mIoU at 2.0x"),
-        _beats("random", "miou", _SEG_SOURCE),
-        _beats("topk", "miou", _SEG_SOURCE),
+        _beats(arm="cropr", baseline="random", metric="miou", source=_SEG_SOURCE),
+        _beats(arm="cropr", baseline="topk", metric="miou", source=_SEG_SOURCE),
         Expect("pruning by the training-time score t beats the deployed score s", _REVIEW, arm="rescored",
                baseline="cropr", metric="miou", direction=1),
     )

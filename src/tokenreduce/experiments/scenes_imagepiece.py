@@ -60,7 +60,7 @@ _SPEED_COLUMNS = (("label", "spec", "{}"), ("kind", "kind", "{}"), ("macs_speedu
                   ("top1", "top-1 %", "{:.2f}"))
 
 
-def _expect(claim: str, arm: str, baseline: str, where: str, **kw) -> Expect:
+def _expect(claim: str, *, arm: str, baseline: str, where: str, **kw) -> Expect:
     return Expect(claim, f"{_SOURCE}, {where}", arm=arm, baseline=baseline, metric="top1", direction=1, **kw)
 
 
@@ -80,22 +80,24 @@ class ImagePieceScenes(Study):
                         title="Speed: every arm's seed-0 checkpoint against the reference, one interleaved run (the "
                               "stem is the reference's own patch embedding in every row)"),)
     expect = (
-        _expect("ImagePiece beats EViT at equal measured speed", "imagepiece", "evit_speed", "Table 1"),
-        _expect("ImagePiece beats ToMe at equal measured speed", "imagepiece", "tome_speed", "Table 1"),
-        _expect("ImagePiece beats EViT at equal MACs", "imagepiece", "evit_macs", "Table 1"),
-        _expect("ImagePiece beats ToMe at equal MACs", "imagepiece", "tome_macs", "Table 1"),
-        _expect("re-tokenization in front of EViT beats EViT alone", "imagepiece_evit", "evit_speed",
-                "Table 3 (+0.79 on average as an add-on)", effect=0.79, published="+0.79 top-1 on average"),
-        _expect("re-tokenization in front of ToMe beats ToMe alone", "imagepiece_tome", "tome_speed",
-                "Table 3 (+0.79 on average as an add-on)", effect=0.79, published="+0.79 top-1 on average"),
-        _expect("re-tokenization in front of DynamicViT beats DynamicViT alone", "imagepiece_dynamicvit",
-                "dynamicvit", "Table 3 (the add-on)"),
-        _expect("proportional attention helps ImagePiece", "imagepiece", "imagepiece_noprop",
-                "this project's reading (on by default)"),
-        _expect("spatial A/B order beats order by score", "imagepiece", "imagepiece_score",
-                "this project's reading (spatial by default)"),
-        _expect("spatial A/B order beats a random order", "imagepiece", "imagepiece_random",
-                "this project's reading (spatial by default)"),
+        _expect("ImagePiece beats EViT at equal measured speed", arm="imagepiece", baseline="evit_speed",
+                where="Table 1"),
+        _expect("ImagePiece beats ToMe at equal measured speed", arm="imagepiece", baseline="tome_speed",
+                where="Table 1"),
+        _expect("ImagePiece beats EViT at equal MACs", arm="imagepiece", baseline="evit_macs", where="Table 1"),
+        _expect("ImagePiece beats ToMe at equal MACs", arm="imagepiece", baseline="tome_macs", where="Table 1"),
+        _expect("re-tokenization in front of EViT beats EViT alone", arm="imagepiece_evit", baseline="evit_speed",
+                where="Table 3 (+0.79 on average as an add-on)", effect=0.79, published="+0.79 top-1 on average"),
+        _expect("re-tokenization in front of ToMe beats ToMe alone", arm="imagepiece_tome", baseline="tome_speed",
+                where="Table 3 (+0.79 on average as an add-on)", effect=0.79, published="+0.79 top-1 on average"),
+        _expect("re-tokenization in front of DynamicViT beats DynamicViT alone", arm="imagepiece_dynamicvit",
+                baseline="dynamicvit", where="Table 3 (the add-on)"),
+        _expect("proportional attention helps ImagePiece", arm="imagepiece", baseline="imagepiece_noprop",
+                where="this project's reading (on by default)"),
+        _expect("spatial A/B order beats order by score", arm="imagepiece", baseline="imagepiece_score",
+                where="this project's reading (spatial by default)"),
+        _expect("spatial A/B order beats a random order", arm="imagepiece", baseline="imagepiece_random",
+                where="this project's reading (spatial by default)"),
     )
     smoke = scene_smoke(grid={"seed": (0, 1)}, measure={"batch": 4, "warmup": 0, "repeats": 1})
     budget = "39 fine-tunes x 2-3 min + one speed run ~5 min on 2 CPU cores: about 100 min"
