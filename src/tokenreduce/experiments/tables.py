@@ -135,7 +135,8 @@ def measured(j: Judged) -> str:
     if j.verdict is None:
         return NOT_RUN
     t = j.verdict.test
-    return f"{stats.Summary(t.n, t.mean, t.std).text()} (n = {t.n})"
+    text = stats.Summary(t.n, t.mean, t.std).text()
+    return text if t.std is None else f"{text} (n = {t.n})"  # one value's text names its n already
 
 
 def ci_text(j: Judged) -> str:
@@ -156,7 +157,7 @@ def verdict_table(study: Study, runs: dict[str, dict]) -> list[str]:
     lines.append("")
     for j in judged:
         lines.append(f"- {j.expect.claim} ({_where(j.expect) or 'all'}): {j.why}.")
-    ns = sorted({j.verdict.test.n for j in judged if j.verdict})
+    ns = sorted({j.verdict.test.n for j in judged if j.verdict and j.verdict.test.df > 0})  # n = 1: no test, no df
     if ns and ns[0] <= 5:
         lines += ["", f"With n = {ns[0]} seeds a one-sided paired t-test has {ns[0] - 1} degree(s) of freedom "
                   f"(t at 0.95: {stats.t_ppf(0.95, ns[0] - 1):.2f}): it resolves only differences several times "
