@@ -124,6 +124,69 @@ def test_listed_commands_give_the_in_process_results(eet_smoke: Path, tmp_path: 
         assert _comparable(a) == _comparable(b), run_id
 
 
+def _as_subprocesses(monkeypatch: pytest.MonkeyPatch, fake: bool = False) -> list[list[str]]:
+    """The argv of every subprocess the runner starts (run for real unless ``fake``), recorded; the
+    subprocesses import this checkout's tokenreduce (the one under test), not another installed one."""
+    import os
+    import subprocess
+
+    import tokenreduce
+    from tokenreduce.experiments import runner as runner_module
+
+    src = str(Path(tokenreduce.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
+    started: list[list[str]] = []
+    real = subprocess.run
+
+    def recording(argv: list[str], **kw: Any) -> subprocess.CompletedProcess:
+        started.append(list(argv))
+        return subprocess.CompletedProcess(argv, 0) if fake else real(argv, **kw)
+
+    monkeypatch.setattr(runner_module.subprocess, "run", recording)
+    return started
+
+
+def _run_ids(started: list[list[str]]) -> list[str]:
+    return [argv[argv.index("--run") + 1] for argv in started]
+
+
+def test_jobs_run_each_run_once_in_subprocesses_with_the_in_process_results(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch):
+    study = get_study("platform")(smoke=True)  # two training runs, both ready at once: two lanes
+    one = tmp_path / "jobs1"
+    _runner(study, one).run()
+    started = _as_subprocesses(monkeypatch)
+    out = tmp_path / "jobs2"
+    runner = Runner(study, layout_for(study, str(out)), threads=2, flags=["--smoke", "--out", str(out)],
+                    log=lambda msg: None)
+    assert sorted(runner.run(jobs=2)) == sorted(u.id for u in runner.units)
+    assert sorted(_run_ids(started)) == sorted(u.id for u in runner.units)  # each run once, each in its own process
+    assert all(argv[argv.index("--threads") + 1] == "1" for argv in started)  # 2 threads // 2 jobs
+    assert runner.run(jobs=2) == [] and len(started) == len(runner.units)  # done: nothing runs again
+    mine, theirs = load_runs(Layout(out, out)), load_runs(Layout(one, one))
+    assert mine.keys() == theirs.keys() == {u.id for u in runner.units}
+    for run_id, doc in mine.items():
+        assert doc["provenance"]["threads"] == 1 and "--threads 1" in doc["command"]
+        assert _comparable(doc) == _comparable(theirs[run_id]), run_id
+
+
+@pytest.mark.parametrize(("threads", "jobs", "each"), [(8, 3, "2"), (1, 4, "1")])
+def test_jobs_split_the_threads_among_the_subprocesses(threads: int, jobs: int, each: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    study = get_study("eet")(smoke=True)
+    started = _as_subprocesses(monkeypatch, fake=True)
+    runner = Runner(study, layout_for(study, str(tmp_path)), threads=threads,
+                    flags=["--smoke", "--out", str(tmp_path)], log=lambda msg: None)
+    runner.run(jobs=jobs)
+    assert sorted(_run_ids(started)) == sorted(u.id for u in runner.units)
+    first_wave = {u.id for u in runner.units if not u.needs}
+    assert set(_run_ids(started)[:len(first_wave)]) == first_wave  # the runs that read others start after
+    for argv in started:
+        assert argv[1:4] == ["-m", "tokenreduce.cli", "study"] and argv[4] == "eet"
+        assert argv[argv.index("--threads") + 1] == each  # threads // jobs, at least 1
+        assert argv[argv.index("--out") + 1] == str(tmp_path) and "--smoke" in argv
+
+
 def test_a_killed_study_continues_and_does_each_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     done: list[str] = []
     real = entries.train_run
