@@ -1,7 +1,8 @@
 """Executing a study: its plan of idempotent runs, each writing one JSON.
 
 A study's plan is its training runs (arm x grid point, id ``d_eet-b16-s0``) followed by its measures
-and probes (id = their name), which read the training runs' checkpoints. A run is done when its
+and probes (id = their name), which read the training runs' checkpoints, and its benches (id = their
+name), which read nothing. A run is done when its
 JSON exists (``<results>/runs/<id>.json``, written atomically at the end); a run is executed
 in-process through experiments/entries.py, its checkpoints under ``<checkpoints>/<id>/``, and a
 training run always resumes what an interrupted one left there (train()'s resume). So a killed
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
-from .study import Measure, Point, Probe, Study
+from .study import Bench, Measure, Point, Probe, Study
 
 
 @dataclass(frozen=True)
@@ -52,18 +53,18 @@ def layout_for(study: Study, out: str | None) -> Layout:
 @dataclass(frozen=True)
 class Unit:
     """One run of the plan: a training ``point`` (an evaluated arm's point ``needs`` the run it reads),
-    or a ``measure`` / ``probe`` that ``needs`` runs."""
+    a ``measure`` / ``probe`` that ``needs`` runs, or a ``bench``."""
 
     id: str
     point: Point | None = None
-    step: Measure | Probe | None = None
+    step: Measure | Probe | Bench | None = None
     needs: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
         if self.point is not None:
             return "evaluate" if self.needs else "train"
-        return "measure" if isinstance(self.step, Measure) else "probe"
+        return "measure" if isinstance(self.step, Measure) else "bench" if isinstance(self.step, Bench) else "probe"
 
 
 def plan(study: Study) -> list[Unit]:
@@ -81,6 +82,7 @@ def plan(study: Study) -> list[Unit]:
         needs = (study.point(pr.arm, pr.at).id,) if pr.arm else \
             () if study.bed.reference else (study.point(study.baseline, {}).id,)
         units.append(Unit(pr.name, step=pr, needs=needs))
+    units += [Unit(b.name, step=b) for b in study.benches]
     return units
 
 
@@ -160,6 +162,11 @@ class Runner:
             doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
                                                            speed=speed, data_dir=fields.get("data_dir"),
                                                            subset=fields.get("eval_subset"), log=self.log))
+        elif isinstance(unit.step, Bench):
+            b = self.study.bench_run(unit.step)
+            doc["result"] = entries.bench(b.model, b.specs, checkpoint=b.checkpoint, control=b.control,
+                                          match_random=b.match_random, speed=b.speed, threads=self.threads,
+                                          device=self.device, argv=self.command(unit), log=self.log)
         else:
             doc.update(self._probe(unit, work))
         doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,

@@ -90,6 +90,24 @@ def measure_table(decl, doc: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def bench_table(decl, doc: dict[str, Any] | None) -> list[str]:
+    """A bench's table as the ``bench`` command prints it (the same columns, the same cells), under the
+    line that says what was timed how."""
+    from ..bench.compare import COLUMNS
+    from ..bench.report import format_table
+
+    if doc is None:
+        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
+    result = doc["result"]
+    model, settings, prov = result["model"], result["settings"], result["provenance"]
+    weights = f"the trained {model['reference']}" if model.get("reference") else "random weights"
+    h, w = model["img_size"]
+    said = (f"{model['name']} ({h}x{w}, {weights}), batch {settings['batch']} (latency: batch 1), "
+            f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
+            f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
+    return [said, "", "```", format_table(result["results"], list(decl.columns) or COLUMNS), "```"]
+
+
 def probe_text(decl, doc: dict[str, Any] | None) -> list[str]:
     from .entries import report_probe
 
@@ -171,9 +189,9 @@ def verdict_table(study: Study, runs: dict[str, dict]) -> list[str]:
 
 
 def summary(study: Study, runs: dict[str, dict]) -> str:
-    """The study's markdown: arm tables per split value, measures, probes, verdicts."""
-    lines = [f"## Arms ({study.recipe.get('recipe') or 'recipe'}) on {study.bed.text()}", ""]
-    for value in _split_values(study):
+    """The study's markdown: arm tables per split value, measures, probes, benches, verdicts."""
+    lines = [f"## Arms ({study.recipe.get('recipe') or 'recipe'}) on {study.bed.text()}", ""] if study.arms else []
+    for value in _split_values(study) if study.arms else []:
         at = {study.split[0]: value} if study.split else {}
         if study.split:
             lines += [f"### {study.split[1].format(value)}", ""]
@@ -186,6 +204,8 @@ def summary(study: Study, runs: dict[str, dict]) -> str:
                       f"bed is {study.bed.text()}", ""]
             continue
         lines += [f"## {p.title or p.name}", "", *probe_text(p, runs.get(p.name)), ""]
+    for b in study.benches:
+        lines += [f"## {b.title or b.name}", "", *bench_table(b, runs.get(b.name)), ""]
     if study.expect:
         lines += ["## Verdicts", "", *verdict_table(study, runs), ""]
     return "\n".join(lines).rstrip() + "\n"
