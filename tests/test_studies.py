@@ -1,10 +1,12 @@
 """Studies (experiments/study.py, runner.py, tables.py, page.py): every registered study's smoke end to end,
-an interrupted plan continued, the per-run commands against the in-process runner, a study on a timm model
-with local weights and an image folder, the report rebuilt byte-identical, and the EET study's committed
-tables regenerated from its stored runs."""
+an interrupted plan continued, the per-run commands against the in-process runner, ``--jobs`` in subprocesses,
+a study on a timm model with local weights and an image folder, the report rebuilt byte-identical, the EET
+study's committed tables regenerated from its stored runs, and benches (the bench command's pipeline as a
+study's run; the bench studies' committed tables regenerated from the stored bench outputs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import shutil
@@ -431,6 +433,10 @@ def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys
         @register_study("_bad_names_test")
         class _Bad3(_TinyBench):
             benches = _TinyBench.benches * 2
+    with pytest.raises(SpecError, match=r"bench tiny names unknown settings \['batch_size'\]"):
+        @register_study("_bad_bench_speed_test")
+        class _Bad5(_TinyBench):
+            benches = (dataclasses.replace(_TinyBench.benches[0], speed={"batch_size": 2}),)
     with pytest.raises(SpecError, match="'seed' axis"):  # a study with arms still needs its seeds
         @register_study("_bad_seedless_test")
         class _Bad4(_TinyEET):

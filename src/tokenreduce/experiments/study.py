@@ -313,6 +313,10 @@ def _with_param(spec: str, key: str, value: Any) -> str:
     return format_spec(name, {**params, key: value})
 
 
+#: What a bench's ``speed`` may set: the ``bench`` command's timing flags, backend, dtype and seed.
+_BENCH_SETTINGS = {"batch", "warmup", "repeats", "min_run_s", "backend", "dtype", "seed"}
+
+
 def check_study(cls: type[Study]) -> None:
     """Refuse a study whose declarations do not fit together (a typo here would surface hours later)."""
     if not _CONFIG_FIELDS:
@@ -321,6 +325,12 @@ def check_study(cls: type[Study]) -> None:
     names = [*(m.name for m in cls.measures), *(p.name for p in cls.probes), *(b.name for b in cls.benches)]
     if len(set(names)) != len(names):
         raise SpecError(f"{where}: its measures, probes and benches need distinct names; they are {names}")
+    smoke_bench = [("smoke bench", cls.smoke.bench, {"model_kwargs"})] if cls.smoke else []
+    for what, speed, more in [*((f"bench {b.name}", b.speed, set()) for b in cls.benches), *smoke_bench]:
+        bad = sorted(set(speed) - _BENCH_SETTINGS - more)
+        if bad:
+            raise SpecError(f"{where}: its {what} names unknown settings {bad}; "
+                            f"choose from {sorted(_BENCH_SETTINGS | more)}")
     if not cls.arms:
         extra = [k for k in ("recipe", "baseline", "grid", "split", "columns", "expect", "measures", "probes")
                  if getattr(cls, k)]
