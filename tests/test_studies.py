@@ -379,6 +379,11 @@ def test_the_committed_bench_tables_regenerate_from_the_stored_runs(name: str):
         table = printed[1:printed.index("")]  # the command's table, as it printed it
         assert _bench_block(text, b.title) == table, b.name
     assert "## Verdicts" not in text and "## Arms" not in text  # it trains nothing and judges nothing
+    if name == "backends":  # the README's tables, row by row: the bench tables of the study
+        readme = (ROOT / "results" / "backends" / "README.md").read_text()
+        rows = [line for line in readme.splitlines() if line.startswith("| ") and "`" in line]
+        assert len(rows) == 11 and all(row in text.splitlines() for row in rows)
+        assert "| DeiT-S (4.6 GMACs) | eager b32 / b1 | vs random b32 / b1 | compile b32 / b1 | vs random |" in text
 
 
 @register_study("_tiny_bench_test")
@@ -460,3 +465,6 @@ def test_the_report_shows_the_bench_studies(tmp_path: Path):
     assert "the trained fmnist-vit), batch 32" in text and not (root / "figures").exists()  # no arms: no bars
     page = (ROOT / "results" / "REPORT.md").read_text()
     assert "## Speed and MACs on DeiT-S (CPU, random weights)" in page and "## Backends:" in page
+    (root / "backends" / "runs" / "deit_small-compile.json").unlink()
+    text = build_report(root, names=["backends"]).read_text()
+    assert "- runs: 5 of 6 stored" in text and text.count("not run: no run JSON for deit_small-compile") == 2

@@ -30,10 +30,23 @@ from .base import (
     list_experiments,
     register_experiment,
 )
-from .study import Arm, Axis, Bench, Col, Expect, Measure, Probe, Smoke, Study, get_study, list_studies, register_study
+from .study import (
+    Arm,
+    Axis,
+    Bench,
+    BenchTable,
+    Col,
+    Expect,
+    Measure,
+    Probe,
+    Smoke,
+    Study,
+    get_study,
+    list_studies,
+    register_study,
+)
 from .testbed import Testbed
 
-__all__ = ["Arm", "Axis", "Bench", "Col", "Expect", "Experiment", "Measure", "Probe", "RunContext", "Smoke", "Study",
-           "Testbed",
-           "build_experiment", "get_experiment", "get_study", "list_experiments", "list_studies",
-           "register_experiment", "register_study"]
+__all__ = ["Arm", "Axis", "Bench", "BenchTable", "Col", "Expect", "Experiment", "Measure", "Probe", "RunContext",
+           "Smoke", "Study", "Testbed", "build_experiment", "get_experiment", "get_study", "list_experiments",
+           "list_studies", "register_experiment", "register_study"]

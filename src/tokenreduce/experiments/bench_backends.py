@@ -19,7 +19,7 @@ graph on 2 cores (the compiled and exported paths have their own tests).
 from __future__ import annotations
 
 from .bench_deit import DEIT_S, SMOKE_BENCH
-from .study import Bench, Smoke, Study, register_study
+from .study import Bench, BenchTable, Smoke, Study, register_study
 from .testbed import Testbed
 
 BACKENDS = ("eager", "compile", "onnxruntime")
@@ -53,5 +53,10 @@ class Backends(Study):
              "slower than the unreduced model at batch 1, on each backend")
     source = "the project's speed targets, read against EViT, ToMe, CTP, top-k and ImagePiece at their schedules"
     benches = _benches()
+    bench_tables = tuple(
+        BenchTable(f"{what}: speed-ups per backend", tuple(f"{model}-{b}" for b in BACKENDS),
+                   (what, "eager b32 / b1", "vs random b32 / b1", "compile b32 / b1", "vs random",
+                    "onnxruntime b32 / b1", "vs random"))
+        for model, what in (("deit_small", "DeiT-S (4.6 GMACs)"), ("fmnist", "Fashion-MNIST reference, 1.5x picks")))
     smoke = Smoke(testbed=Testbed(), bench={**SMOKE_BENCH, "backend": "eager"})
     budget = "6 runs of 3-15 min on 2 idle CPU threads (compiling and exporting every case included)"

@@ -7,9 +7,10 @@ a typed ``recipe`` (TrainConfig fields, checked against them when the study is r
 reference, or a timm model with pretrained or local weights and a dataset or image folder), the
 tables it prints, ``measures`` and ``probes`` that evaluate its trained runs (speed, a registered
 Experiment), ``benches`` (:class:`Bench`: the ``bench`` command's timing of specs on a model given by
-its config, no training needed), the ``expect``\\ ed outcomes (:class:`Expect`: the statistic, the level, the
-published effect) and a ``smoke`` version (:class:`Smoke`: the same study at tiny sizes, run by
-the test suite). ``budget`` says what the full study costs where it was run.
+its config, no training needed; ``bench_tables``, :class:`BenchTable`: several side by side), the
+``expect``\\ ed outcomes (:class:`Expect`: the statistic, the level, the published effect) and a
+``smoke`` version (:class:`Smoke`: the same study at tiny sizes, run by the test suite). ``budget``
+says what the full study costs where it was run.
 
 Every arm x grid point is one run with a stable id (``d_eet-b16-s0``; ``eet/d_eet-b16-s0`` with
 the study), executed by experiments/runner.py; nothing is declared twice. A study of benches only
@@ -153,6 +154,17 @@ class Bench:
 
 
 @dataclass(frozen=True)
+class BenchTable:
+    """Several benches of the same specs side by side (one backend each, say): a row per spec and the
+    control, two cells per bench: speed-ups against the unpatched model at batch B / batch 1, and against
+    the matched random pruner (``match_random``). ``headers``: the first column's, then two per bench."""
+
+    title: str
+    benches: tuple[str, ...]
+    headers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Smoke:
     """The smoke version: a test bed, recipe overrides (TrainConfig fields) and a smaller grid
     (axis name -> values); everything else is the study's own."""
@@ -205,6 +217,7 @@ class Study:
     measures: ClassVar[tuple[Measure, ...]] = ()
     probes: ClassVar[tuple[Probe, ...]] = ()
     benches: ClassVar[tuple[Bench, ...]] = ()
+    bench_tables: ClassVar[tuple[BenchTable, ...]] = ()
     expect: ClassVar[tuple[Expect, ...]] = ()
     smoke: ClassVar[Smoke | None] = None
     #: what the full study costs where it was run (runs x minutes, machine)
@@ -331,6 +344,11 @@ def check_study(cls: type[Study]) -> None:
         if bad:
             raise SpecError(f"{where}: its {what} names unknown settings {bad}; "
                             f"choose from {sorted(_BENCH_SETTINGS | more)}")
+    for t in cls.bench_tables:
+        unknown = sorted(set(t.benches) - {b.name for b in cls.benches})
+        if unknown or len(t.headers) != 1 + 2 * len(t.benches):
+            raise SpecError(f"{where}: bench table {t.title!r} needs benches it declares (unknown: {unknown}) and "
+                            f"1 + 2 per bench headers (it has {len(t.headers)} for {len(t.benches)})")
     if not cls.arms:
         extra = [k for k in ("recipe", "baseline", "grid", "split", "columns", "expect", "measures", "probes")
                  if getattr(cls, k)]

@@ -108,6 +108,31 @@ def bench_table(decl, doc: dict[str, Any] | None) -> list[str]:
     return [said, "", "```", format_table(result["results"], list(decl.columns) or COLUMNS), "```"]
 
 
+def bench_comparison(decl, runs: dict[str, dict]) -> list[str]:
+    """A :class:`~.study.BenchTable`: per spec (and the control) each bench's speed-ups, unpatched and
+    matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is empty."""
+    missing = [n for n in decl.benches if n not in runs]
+    if missing:
+        return [f"{NOT_RUN}: no run JSON for {', '.join(missing)}"]
+    rows = {n: {r["label"]: r for r in runs[n]["result"]["results"]} for n in decl.benches}
+    first = runs[decl.benches[0]]["result"]["results"]
+
+    def pair(r: dict | None, a: str, b: str) -> str:
+        return f"{r[a]:.2f} / {r[b]:.2f}" if r and r.get(a) is not None and r.get(b) is not None else ""
+
+    lines = ["| " + " | ".join(decl.headers) + " |", "|" + "---|" * len(decl.headers)]
+    for r in first:
+        if r["kind"] not in ("control", "method"):
+            continue
+        label = f"control `{r['spec']}`" if r["kind"] == "control" else f"`{r['label']}`"
+        cells = [label]
+        for n in decl.benches:
+            mine = rows[n].get(r["label"])
+            cells += [pair(mine, "speedup", "latency_speedup"), pair(mine, "ratio_vs_random", "latency_vs_random")]
+        lines.append(" ".join(["|", *(f"{c} |" if c else "|" for c in cells)]))
+    return lines
+
+
 def probe_text(decl, doc: dict[str, Any] | None) -> list[str]:
     from .entries import report_probe
 
@@ -204,6 +229,8 @@ def summary(study: Study, runs: dict[str, dict]) -> str:
                       f"bed is {study.bed.text()}", ""]
             continue
         lines += [f"## {p.title or p.name}", "", *probe_text(p, runs.get(p.name)), ""]
+    for t in study.bench_tables:
+        lines += [f"## {t.title}", "", *bench_comparison(t, runs), ""]
     for b in study.benches:
         lines += [f"## {b.title or b.name}", "", *bench_table(b, runs.get(b.name)), ""]
     if study.expect:
