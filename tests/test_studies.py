@@ -142,6 +142,8 @@ def _as_subprocesses(monkeypatch: pytest.MonkeyPatch, fake: bool = False) -> lis
     real = subprocess.run
 
     def recording(argv: list[str], **kw: Any) -> subprocess.CompletedProcess:
+        if "tokenreduce.cli" not in argv:  # not a run (git, say)
+            return real(argv, **kw)
         started.append(list(argv))
         return subprocess.CompletedProcess(argv, 0) if fake else real(argv, **kw)
 
@@ -423,6 +425,21 @@ def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: p
     assert "test_vit (64x64, random weights), batch 2 (latency: batch 1), 0 warm-up + 1 timed rounds" in text
     assert _bench_block(text, "tiny")[0].split() == ["case", "GMACs", "img/s", "iqr", "lat", "ms", "iqr", "speedup",
                                                      "lat", "speedup", "vs", "random", "lat", "vs", "random"]
+
+
+def test_jobs_run_benches_one_at_a_time_with_every_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from tokenreduce.experiments import entries as entries_module
+
+    started = _as_subprocesses(monkeypatch, fake=True)
+    threads: list[int] = []
+    real = entries_module.bench
+    monkeypatch.setattr(entries_module, "bench", lambda *a, **kw: threads.append(kw["threads"]) or real(*a, **kw))
+    study = get_study("deit_bench")(smoke=True)
+    runner = Runner(study, layout_for(study, str(tmp_path)), threads=2, flags=["--smoke", "--out", str(tmp_path)],
+                    log=lambda msg: None)
+    assert runner.run(jobs=2) == ["deit_small"]
+    assert started == [] and threads == [2]  # a timing shares its cores with no other run
+    assert load_runs(Layout(tmp_path, tmp_path))["deit_small"]["kind"] == "bench"
 
 
 def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys):
