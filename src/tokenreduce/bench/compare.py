@@ -26,9 +26,6 @@ from ..core.errors import TokenReduceError
 from .macs import count_macs, input_shape
 from .speed import Case, matched_random, measure_speed, paired_ratio
 
-#: The timing settings of ``tokenreduce bench`` (its flags' defaults) and of a study's bench.
-DEFAULTS = {"batch": 32, "warmup": 2, "repeats": 10, "min_run_s": 0.05}
-
 #: The columns of the bench table, (row key, header) as ``report.format_table`` takes them.
 COLUMNS = [
     ("label", "case"), ("gmacs", "GMACs"), ("img_per_s", "img/s"), ("img_per_s_iqr", "iqr"),

@@ -13,15 +13,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..bench.compare import COLUMNS, DEFAULTS
 from ..core.errors import TokenReduceError
 from . import vocab
 from .vocab import DEFAULT_MODEL
 
+DEFAULTS = {"batch": 32, "warmup": 2, "repeats": 10, "min_run_s": 0.05}
 QUICK = {"batch": 4, "warmup": 1, "repeats": 3, "min_run_s": 0.0}
 #: Flags of bench's own (the rest is the shared vocabulary, commands/vocab.py).
 OWN_FLAGS = ("--match-random", "--control", "--dtype")
-
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -119,7 +118,7 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..bench.compare import bench_document
+    from ..bench.compare import COLUMNS, bench_document
     from ..bench.evaluation import log
     from ..bench.report import format_table, write_json
     from ..core.method import build_reducer

@@ -71,14 +71,16 @@ def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None
     """``tokenreduce bench --model NAME --spec S ...``: ``specs`` against the unpatched model and the
     ``control`` in one interleaved run, on the timm model ``model`` (``{"name", "kwargs"}``, random weights
     from ``speed['seed']``) or, with ``checkpoint`` (a trained recipe's name), on its trained weights;
-    ``speed``: the command's timing flags (batch, warmup, repeats, min_run_s; its defaults for the rest),
-    backend, dtype, seed. Returns the command's results document (bench/compare.py)."""
+    ``speed``: the command's timing flags (batch, warmup, repeats, min_run_s; the rest as the command's
+    defaults, which are eval's ``SPEED``), backend, dtype, seed. Returns the command's results document
+    (bench/compare.py)."""
     import torch
 
-    from ..bench.compare import DEFAULTS, bench_document
+    from ..bench.compare import bench_document
+    from ..bench.evaluation import SPEED
     from ..models import ModelSource, make_model
 
-    speed = {"backend": "eager", "dtype": "float32", "seed": 0, **DEFAULTS, **speed}
+    speed = {"backend": "eager", "dtype": "float32", "seed": 0, **SPEED, **speed}
     backend, dtype, seed = speed.pop("backend"), speed.pop("dtype"), speed.pop("seed")
     torch.manual_seed(seed)
     if checkpoint:
