@@ -1,10 +1,12 @@
 """Studies (experiments/study.py, runner.py, tables.py, page.py): every registered study's smoke end to end,
-an interrupted plan continued, the per-run commands against the in-process runner, a study on a timm model
-with local weights and an image folder, the report rebuilt byte-identical, and the EET study's committed
-tables regenerated from its stored runs."""
+an interrupted plan continued, the per-run commands against the in-process runner, ``--jobs`` in subprocesses,
+a study on a timm model with local weights and an image folder, the report rebuilt byte-identical, the EET
+study's committed tables regenerated from its stored runs, and benches (the bench command's pipeline as a
+study's run; the bench studies' committed tables regenerated from the stored bench outputs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import shutil
@@ -18,6 +20,7 @@ from tokenreduce.core.errors import SpecError, TokenReduceError
 from tokenreduce.experiments import (
     Arm,
     Axis,
+    Bench,
     Expect,
     Study,
     entries,
@@ -122,6 +125,71 @@ def test_listed_commands_give_the_in_process_results(eet_smoke: Path, tmp_path: 
             assert computed(a) == computed(b)
             a, b = {k: v for k, v in a.items() if k != "result"}, {k: v for k, v in b.items() if k != "result"}
         assert _comparable(a) == _comparable(b), run_id
+
+
+def _as_subprocesses(monkeypatch: pytest.MonkeyPatch, fake: bool = False) -> list[list[str]]:
+    """The argv of every subprocess the runner starts (run for real unless ``fake``), recorded; the
+    subprocesses import this checkout's tokenreduce (the one under test), not another installed one."""
+    import os
+    import subprocess
+
+    import tokenreduce
+    from tokenreduce.experiments import runner as runner_module
+
+    src = str(Path(tokenreduce.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
+    started: list[list[str]] = []
+    real = subprocess.run
+
+    def recording(argv: list[str], **kw: Any) -> subprocess.CompletedProcess:
+        if "tokenreduce.cli" not in argv:  # not a run (git, say)
+            return real(argv, **kw)
+        started.append(list(argv))
+        return subprocess.CompletedProcess(argv, 0) if fake else real(argv, **kw)
+
+    monkeypatch.setattr(runner_module.subprocess, "run", recording)
+    return started
+
+
+def _run_ids(started: list[list[str]]) -> list[str]:
+    return [argv[argv.index("--run") + 1] for argv in started]
+
+
+def test_jobs_run_each_run_once_in_subprocesses_with_the_in_process_results(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch):
+    study = get_study("platform")(smoke=True)  # two training runs, both ready at once: two lanes
+    one = tmp_path / "jobs1"
+    _runner(study, one).run()
+    started = _as_subprocesses(monkeypatch)
+    out = tmp_path / "jobs2"
+    runner = Runner(study, layout_for(study, str(out)), threads=2, flags=["--smoke", "--out", str(out)],
+                    log=lambda msg: None)
+    assert sorted(runner.run(jobs=2)) == sorted(u.id for u in runner.units)
+    assert sorted(_run_ids(started)) == sorted(u.id for u in runner.units)  # each run once, each in its own process
+    assert all(argv[argv.index("--threads") + 1] == "1" for argv in started)  # 2 threads // 2 jobs
+    assert runner.run(jobs=2) == [] and len(started) == len(runner.units)  # done: nothing runs again
+    mine, theirs = load_runs(Layout(out, out)), load_runs(Layout(one, one))
+    assert mine.keys() == theirs.keys() == {u.id for u in runner.units}
+    for run_id, doc in mine.items():
+        assert doc["provenance"]["threads"] == 1 and "--threads 1" in doc["command"]
+        assert _comparable(doc) == _comparable(theirs[run_id]), run_id
+
+
+@pytest.mark.parametrize(("threads", "jobs", "each"), [(8, 3, "2"), (1, 4, "1")])
+def test_jobs_split_the_threads_among_the_subprocesses(threads: int, jobs: int, each: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    study = get_study("eet")(smoke=True)
+    started = _as_subprocesses(monkeypatch, fake=True)
+    runner = Runner(study, layout_for(study, str(tmp_path)), threads=threads,
+                    flags=["--smoke", "--out", str(tmp_path)], log=lambda msg: None)
+    runner.run(jobs=jobs)
+    assert sorted(_run_ids(started)) == sorted(u.id for u in runner.units)
+    first_wave = {u.id for u in runner.units if not u.needs}
+    assert set(_run_ids(started)[:len(first_wave)]) == first_wave  # the runs that read others start after
+    for argv in started:
+        assert argv[1:4] == ["-m", "tokenreduce.cli", "study"] and argv[4] == "eet"
+        assert argv[argv.index("--threads") + 1] == each  # threads // jobs, at least 1
+        assert argv[argv.index("--out") + 1] == str(tmp_path) and "--smoke" in argv
 
 
 def test_a_killed_study_continues_and_does_each_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -273,3 +341,147 @@ def test_command_lists_studies_and_refuses_bad_flags(capsys):
     capsys.readouterr()
     assert main(["study", "no_such_study"]) == 2
     assert "unknown study 'no_such_study'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- benches
+
+
+def _bench_block(text: str, title: str) -> list[str]:
+    """The lines of the table (fenced) under the heading ``## title`` of a summary."""
+    after = text.split(f"## {title}\n", 1)[1]
+    return after.split("```\n", 2)[1].rstrip("\n").splitlines()
+
+
+#: each converted run -> the stored output of `tokenreduce bench` it was made from (results/<...>.json, .txt)
+_STORED_BENCHES = {"deit_bench": {"deit_small": "bench/deit_small_cpu2"},
+                   "backends": {f"{m}-{b}": f"backends/{m}-{b}" for m in ("deit_small", "fmnist")
+                                for b in ("eager", "compile", "onnxruntime")}}
+
+
+@pytest.mark.parametrize("name", sorted(_STORED_BENCHES))
+def test_the_committed_bench_tables_regenerate_from_the_stored_runs(name: str):
+    from tokenreduce.experiments.runner import plan
+
+    study = get_study(name)()
+    runs = load_runs(Layout(ROOT / "results" / name, ROOT / "runs" / name))
+    assert set(runs) == {u.id for u in plan(study)} == set(_STORED_BENCHES[name])
+    text = summary(study, runs)
+    assert text == (ROOT / "results" / name / "summary.md").read_text()
+    for b in study.benches:
+        stored = _STORED_BENCHES[name][b.name]
+        doc = runs[b.name]
+        assert doc["kind"] == "bench" and doc["converted"] == f"results/{stored}.json"
+        # the measurement as it was made: every number of the command's results.json, its command
+        assert doc["result"] == json.loads((ROOT / "results" / f"{stored}.json").read_text())
+        assert doc["command"] == doc["result"]["provenance"]["command"]
+        assert doc["command"].startswith("tokenreduce bench ") and f"--spec {b.specs[-1]}" in doc["command"]
+        if "backend" in b.speed:
+            assert f"--backend {b.speed['backend']}" in doc["command"]
+        printed = (ROOT / "results" / f"{stored}.txt").read_text().splitlines()
+        table = printed[1:printed.index("")]  # the command's table, as it printed it
+        assert _bench_block(text, b.title) == table, b.name
+    assert "## Verdicts" not in text and "## Arms" not in text  # it trains nothing and judges nothing
+    if name == "backends":  # the README's tables, row by row: the bench tables of the study
+        readme = (ROOT / "results" / "backends" / "README.md").read_text()
+        rows = [line for line in readme.splitlines() if line.startswith("| ") and "`" in line]
+        assert len(rows) == 11 and all(row in text.splitlines() for row in rows)
+        assert "| DeiT-S (4.6 GMACs) | eager b32 / b1 | vs random b32 / b1 | compile b32 / b1 | vs random |" in text
+
+
+@register_study("_tiny_bench_test")
+class _TinyBench(Study):
+    """A test-only bench on test_vit at 64x64, the model tests/test_cli_bench.py times with the command."""
+
+    claim, source = "test", "test"
+    benches = (Bench("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
+                     specs=("evit(keep=0.7, locs=(1, 3))", "tome(r=2)"), match_random=True,
+                     speed={"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}),)
+
+
+def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from tokenreduce.bench import compare
+
+    calls: list[str] = []
+    real = compare.bench_document
+    monkeypatch.setattr(compare, "bench_document", lambda *a, **kw: calls.append(kw["argv"][1]) or real(*a, **kw))
+    study = get_study("_tiny_bench_test")()
+    _runner(study, tmp_path / "study").run()
+    doc = load_runs(Layout(tmp_path / "study", tmp_path))["tiny"]
+    assert main(["bench", "--model", "test_vit", "--img-size", "64", "--spec", "evit(keep=0.7, locs=(1, 3))",
+                 "--spec", "tome(r=2)", "--match-random", "--batch-size", "2", "--warmup", "0", "--repeats", "1",
+                 "--threads", "1", "--out", str(tmp_path / "command")]) == 0
+    command = json.loads((tmp_path / "command" / "results.json").read_text())
+    assert calls == ["study", "bench"]  # one function behind both
+    mine = doc["result"]
+    assert mine.keys() == command.keys() == {"provenance", "model", "settings", "results"}
+    assert mine["settings"] == {**command["settings"], "min_run_s": 0.0}  # the command's --warmup 0 keeps 0.05
+    computed = ("label", "kind", "spec", "macs", "tokens_per_block", "batch", "backend")
+    assert [{k: r[k] for k in computed} for r in mine["results"]] == \
+        [{k: r[k] for k in computed} for r in command["results"]]
+    assert mine["model"]["params"] == command["model"]["params"] and mine["model"]["img_size"] == [64, 64]
+    assert doc["kind"] == "bench" and doc["command"] == "tokenreduce study _tiny_bench_test --run tiny --smoke " \
+        f"--out {tmp_path / 'study'} --threads 1"
+    text = summary(study, load_runs(Layout(tmp_path / "study", tmp_path)))
+    assert "test_vit (64x64, random weights), batch 2 (latency: batch 1), 0 warm-up + 1 timed rounds" in text
+    assert _bench_block(text, "tiny")[0].split() == ["case", "GMACs", "img/s", "iqr", "lat", "ms", "iqr", "speedup",
+                                                     "lat", "speedup", "vs", "random", "lat", "vs", "random"]
+
+
+def test_jobs_run_benches_one_at_a_time_with_every_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from tokenreduce.experiments import entries as entries_module
+
+    started = _as_subprocesses(monkeypatch, fake=True)
+    threads: list[int] = []
+    real = entries_module.bench
+    monkeypatch.setattr(entries_module, "bench", lambda *a, **kw: threads.append(kw["threads"]) or real(*a, **kw))
+    study = get_study("deit_bench")(smoke=True)
+    runner = Runner(study, layout_for(study, str(tmp_path)), threads=2, flags=["--smoke", "--out", str(tmp_path)],
+                    log=lambda msg: None)
+    assert runner.run(jobs=2) == ["deit_small"]
+    assert started == [] and threads == [2]  # a timing shares its cores with no other run
+    assert load_runs(Layout(tmp_path, tmp_path))["deit_small"]["kind"] == "bench"
+
+
+def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys):
+    with pytest.raises(SpecError, match="has no arms: it trains nothing.*grid"):
+        @register_study("_bad_bench_grid_test")
+        class _Bad(_TinyBench):
+            grid = (Axis("seed", (0,), "s"),)
+    with pytest.raises(SpecError, match="no benches"):
+        @register_study("_bad_nothing_test")
+        class _Bad2(Study):
+            claim = "nothing"
+    with pytest.raises(SpecError, match="distinct names"):
+        @register_study("_bad_names_test")
+        class _Bad3(_TinyBench):
+            benches = _TinyBench.benches * 2
+    with pytest.raises(SpecError, match=r"bench tiny names unknown settings \['batch_size'\]"):
+        @register_study("_bad_bench_speed_test")
+        class _Bad5(_TinyBench):
+            benches = (dataclasses.replace(_TinyBench.benches[0], speed={"batch_size": 2}),)
+    with pytest.raises(SpecError, match="'seed' axis"):  # a study with arms still needs its seeds
+        @register_study("_bad_seedless_test")
+        class _Bad4(_TinyEET):
+            grid = (Axis("bits", (8,), "b"),)
+            smoke = None
+    assert main(["study", "backends", "--model", "vit_tiny_patch16_224", "--list"]) == 2
+    assert "trains nothing" in capsys.readouterr().err
+    assert main(["study", "backends", "--list", "--threads", "2"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0] == "tokenreduce study backends --run deit_small-eager --threads 2" and len(listed) == 6
+
+
+def test_the_report_shows_the_bench_studies(tmp_path: Path):
+    root = tmp_path / "results"
+    for name in _STORED_BENCHES:
+        shutil.copytree(ROOT / "results" / name / "runs", root / name / "runs")
+    text = build_report(root, names=sorted(_STORED_BENCHES)).read_text()
+    assert "## Backends: every method against the unreduced model" in text and "- models: each bench's own" in text
+    assert "- runs: 6 of 6 stored under `backends/runs/`" in text and "- runs: 1 of 1 stored" in text
+    assert "### The Fashion-MNIST reference at the 1.5x picks, onnxruntime" in text
+    assert "the trained fmnist-vit), batch 32" in text and not (root / "figures").exists()  # no arms: no bars
+    page = (ROOT / "results" / "REPORT.md").read_text()
+    assert "## Speed and MACs on DeiT-S (CPU, random weights)" in page and "## Backends:" in page
+    (root / "backends" / "runs" / "deit_small-compile.json").unlink()
+    text = build_report(root, names=["backends"]).read_text()
+    assert "- runs: 5 of 6 stored" in text and text.count("not run: no run JSON for deit_small-compile") == 2

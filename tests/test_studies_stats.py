@@ -37,7 +37,7 @@ def test_paired_t_and_summary():
     assert test.df == 2 and test.p_less == pytest.approx(stats.t_cdf(test.t, 2))
     assert test.p_two == pytest.approx(2 * test.p_less)
     assert stats.summarize([1.0, 2.0, 3.0]).text() == "2.00 ± 1.00"
-    assert stats.summarize([4.0]).text() == "4.00" and stats.summarize([]).text() == "-"
+    assert stats.summarize([4.0]).text() == "4.00 (n = 1)" and stats.summarize([]).text() == "-"
     assert stats.paired_t([1.0]).t is None
 
 
@@ -71,3 +71,41 @@ def test_smallest_detectable_effect():
     # t_{0.95, 2} sd / sqrt(3): the difference a 3-seed one-sided test at 0.05 needs
     assert stats.smallest_detectable(1.0, 3, 0.05) == pytest.approx(2.919985580 / math.sqrt(3), abs=1e-6)
     assert stats.smallest_detectable(None, 1, 0.05) is None
+
+
+def test_one_paired_value_is_inconclusive_with_its_reason_and_no_nan():
+    one = stats.verdict([2.5], direction=1, effect=3.0)
+    assert one.word == "inconclusive" and one.why.startswith("n = 1: no test possible")
+    assert one.test.n == 1 and one.test.t is None and one.detectable is None and one.ci is None
+    assert stats.summarize([2.5]).text() == "2.50 (n = 1)"
+    with pytest.raises(ValueError, match="df > 0"):  # no t distribution with 0 degrees of freedom
+        stats.t_ppf(0.95, 0)
+
+
+def _one_seed_study():
+    from tokenreduce.experiments import Arm, Axis, Col, Expect, Study
+
+    class OneSeed(Study):  # not registered: its tables read only the declarations and the runs given
+        name = "one_seed"
+        arms = {"a": Arm("(a)"), "b": Arm("(b)")}
+        baseline = "a"
+        grid = (Axis("seed", (0, 1, 2), "s"),)
+        columns = (Col("m", "m"), Col("m", "Δ m", paired=True))
+        expect = (Expect("b above a", "synthetic", arm="b", baseline="a", metric="m", direction=1, effect=2.0),)
+
+    return OneSeed()
+
+
+def test_a_study_with_one_seed_done_renders_its_tables_and_verdicts():
+    from tokenreduce.experiments.tables import summary, verdict_table
+
+    study = _one_seed_study()
+    runs = {"a-s0": {"metrics": {"m": 1.0}}, "b-s0": {"metrics": {"m": 3.5}}}
+    lines = verdict_table(study, runs)  # divided by zero in Student's t at df 0 before
+    row = next(line for line in lines if line.startswith("| b above a"))
+    assert "2.50 (n = 1)" in row and "**inconclusive**" in row and "| - |" in row  # no bootstrap interval
+    assert any("n = 1: no test possible" in line for line in lines)
+    assert not any("degree(s) of freedom" in line for line in lines)  # no t-test to explain
+    text = summary(study, runs)
+    assert "| (b) | 0 (1, 2 not run) | 3.50 (n = 1) | 2.50 (n = 1) |" in text
+    assert "nan" not in text.lower() and " ± " not in text.replace("(mean ± std)", "")

@@ -58,7 +58,7 @@ def test_the_committed_reference_table_regenerates_from_its_run():
     assert set(runs) == {"fmnist_vit-s0"}
     text = summary(study, runs)
     assert text == (ROOT / "results" / "reference" / "summary.md").read_text()
-    assert "| fmnist-vit (from scratch) | 0 | 90.23 |" in text
+    assert "| fmnist-vit (from scratch) | 0 | 90.23 (n = 1) |" in text  # one seed: no ± std
 
 
 def test_the_backends_readme_figures_are_the_stored_bench_runs():

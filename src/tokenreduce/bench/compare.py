@@ -10,6 +10,8 @@ a spec with a matched pruner
     latency_vs_random = median over rounds of latency(matched random) / latency(spec)   (batch 1)
 
 (about 1: the method's scoring costs nothing measurable; below 1: what its scoring costs).
+:func:`bench_document` is the whole run as ``tokenreduce bench`` makes it (its ``results.json``), for
+the command and for a study's benches (experiments/entries.py) alike.
 """
 
 from __future__ import annotations
@@ -21,8 +23,15 @@ from torch import nn
 
 from ..adapters import hosts
 from ..core.errors import TokenReduceError
-from .macs import count_macs
+from .macs import count_macs, input_shape
 from .speed import Case, matched_random, measure_speed, paired_ratio
+
+#: The columns of the bench table, (row key, header) as ``report.format_table`` takes them.
+COLUMNS = [
+    ("label", "case"), ("gmacs", "GMACs"), ("img_per_s", "img/s"), ("img_per_s_iqr", "iqr"),
+    ("latency_ms", "lat ms"), ("latency_ms_iqr", "iqr"), ("speedup", "speedup"),
+    ("latency_speedup", "lat speedup"), ("ratio_vs_random", "vs random"), ("latency_vs_random", "lat vs random"),
+]
 
 
 def bench_cases(model: nn.Module, specs: Sequence[str], control: str, match_random: bool) -> list[dict[str, Any]]:
@@ -65,3 +74,26 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
             row["ratio_vs_random"] = paired_ratio(row["img_per_s_runs"], rnd["img_per_s_runs"])
             row["latency_vs_random"] = paired_ratio(rnd["latency_ms_runs"], row["latency_ms_runs"])
     return rows
+
+
+def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[str, Any], settings: dict[str, Any],
+                   control: str, match_random: bool, threads: int, backend: str, device: str, dtype: str,
+                   seed: int, img_size: int | None = None, argv: Sequence[str] | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``tokenreduce bench``'s results document: :func:`bench_specs` on the unpatched ``model`` (already
+    on ``device`` and ``dtype``) with ``settings`` (batch, warmup, repeats, min_run_s), plus provenance,
+    the model (``model_info`` with its input size and parameter count) and the settings."""
+    from .backends import get_backend
+    from .report import provenance
+
+    rows = bench_specs(model, specs, control=control, match_random=match_random, img_size=img_size,
+                       speed={**settings, "threads": threads, "backend": backend}, seed=seed, progress=progress)
+    h, w = input_shape(model)[1:]
+    return {
+        "provenance": provenance(argv=argv, threads=threads, dtype=dtype, device=device,
+                                 batch_sizes=[settings["batch"], 1], seed=seed, backend=backend,
+                                 **get_backend(backend).versions()),
+        "model": {**model_info, "img_size": [h, w], "params": sum(p.numel() for p in model.parameters())},
+        "settings": {**settings, "control": control, "match_random": match_random, "backend": backend},
+        "results": rows,
+    }

@@ -22,12 +22,6 @@ QUICK = {"batch": 4, "warmup": 1, "repeats": 3, "min_run_s": 0.0}
 #: Flags of bench's own (the rest is the shared vocabulary, commands/vocab.py).
 OWN_FLAGS = ("--match-random", "--control", "--dtype")
 
-COLUMNS = [
-    ("label", "case"), ("gmacs", "GMACs"), ("img_per_s", "img/s"), ("img_per_s_iqr", "iqr"),
-    ("latency_ms", "lat ms"), ("latency_ms_iqr", "iqr"), ("speedup", "speedup"),
-    ("latency_speedup", "lat speedup"), ("ratio_vs_random", "vs random"), ("latency_vs_random", "lat vs random"),
-]
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -124,11 +118,9 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..bench.backends import get_backend
-    from ..bench.compare import bench_specs
+    from ..bench.compare import COLUMNS, bench_document
     from ..bench.evaluation import log
-    from ..bench.macs import input_shape
-    from ..bench.report import format_table, provenance, write_json
+    from ..bench.report import format_table, write_json
     from ..core.method import build_reducer
     from . import checks
 
@@ -151,10 +143,13 @@ def run(args: argparse.Namespace) -> int:
     log(f"timing {len(args.spec) * (2 if args.match_random else 1) + 2} cases, batch {settings['batch']} and 1, "
         f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {threads} threads, {args.device} "
         f"{args.dtype}, backend {args.backend}")
-    rows = bench_specs(model, args.spec, control=args.control, match_random=args.match_random, img_size=args.img_size,
-                       speed={**settings, "threads": threads, "backend": args.backend}, seed=args.seed, progress=log)
-
-    h, w = input_shape(model)[1:]
+    info = {"name": args.model, "hf_config": args.hf_config, "pretrained": args.pretrained, "weights": args.weights,
+            "reference": args.checkpoint}
+    doc = bench_document(model, args.spec, model_info=info, settings=settings, control=args.control,
+                         match_random=args.match_random, img_size=args.img_size, threads=threads,
+                         backend=args.backend, device=args.device, dtype=args.dtype, seed=args.seed, argv=args.argv,
+                         progress=log)
+    rows, (h, w) = doc["results"], doc["model"]["img_size"]
     print(f"{args.model}  {h}x{w}  batch {settings['batch']} (latency: batch 1)  "
           f"{threads} threads  {args.device} {args.dtype}  backend {args.backend}  "
           f"{'trained weights' if args.checkpoint else 'pretrained' if args.pretrained else 'random weights'}")
@@ -167,16 +162,5 @@ def run(args: argparse.Namespace) -> int:
           f"each the median of same-round ratios, every case run by the {args.backend} backend")
 
     if args.out:
-        result = {
-            "provenance": provenance(argv=args.argv, threads=threads, dtype=args.dtype, device=args.device,
-                                     batch_sizes=[settings["batch"], 1], seed=args.seed, backend=args.backend,
-                                     **get_backend(args.backend).versions()),
-            "model": {"name": args.model, "img_size": [h, w], "hf_config": args.hf_config,
-                      "pretrained": args.pretrained, "weights": args.weights, "reference": args.checkpoint,
-                      "params": sum(p.numel() for p in model.parameters())},
-            "settings": {**settings, "control": args.control, "match_random": args.match_random,
-                         "backend": args.backend},
-            "results": rows,
-        }
-        log(f"wrote {write_json(Path(args.out) / 'results.json', result)}")
+        log(f"wrote {write_json(Path(args.out) / 'results.json', doc)}")
     return 0

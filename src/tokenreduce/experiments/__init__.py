@@ -6,6 +6,8 @@ Importing this package registers the built-in experiments and studies.
 
 # the built-in experiments and studies register themselves on import (one module each)
 from . import (  # noqa: F401
+    bench_backends,
+    bench_deit,
     bspf_arms,
     bspf_symmetry,
     cropr_arms,
@@ -31,9 +33,23 @@ from .base import (
     list_experiments,
     register_experiment,
 )
-from .study import Arm, Axis, Col, Expect, Measure, Probe, Smoke, Study, get_study, list_studies, register_study
+from .study import (
+    Arm,
+    Axis,
+    Bench,
+    BenchTable,
+    Col,
+    Expect,
+    Measure,
+    Probe,
+    Smoke,
+    Study,
+    get_study,
+    list_studies,
+    register_study,
+)
 from .testbed import Testbed
 
-__all__ = ["Arm", "Axis", "Col", "Expect", "Experiment", "Measure", "Probe", "RunContext", "Smoke", "Study", "Testbed",
-           "build_experiment", "get_experiment", "get_study", "list_experiments", "list_studies",
-           "register_experiment", "register_study"]
+__all__ = ["Arm", "Axis", "Bench", "BenchTable", "Col", "Expect", "Experiment", "Measure", "Probe", "RunContext",
+           "Smoke", "Study", "Testbed", "build_experiment", "get_experiment", "get_study", "list_experiments",
+           "list_studies", "register_experiment", "register_study"]

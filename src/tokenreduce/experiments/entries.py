@@ -63,3 +63,37 @@ def report_probe(spec: str, result: dict[str, Any]) -> str:
     from .base import build_experiment
 
     return build_experiment(spec).report(result)
+
+
+def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None = None, control: str,
+          match_random: bool, speed: dict[str, Any], threads: int, device: str, argv: Sequence[str],
+          log: Callable[[str], None] = print) -> dict[str, Any]:
+    """``tokenreduce bench --model NAME --spec S ...``: ``specs`` against the unpatched model and the
+    ``control`` in one interleaved run, on the timm model ``model`` (``{"name", "kwargs"}``, random weights
+    from ``speed['seed']``) or, with ``checkpoint`` (a trained recipe's name), on its trained weights;
+    ``speed``: the command's timing flags (batch, warmup, repeats, min_run_s; the rest as the command's
+    defaults, which are eval's ``SPEED``), backend, dtype, seed. Returns the command's results document
+    (bench/compare.py)."""
+    import torch
+
+    from ..bench.compare import bench_document
+    from ..bench.evaluation import SPEED
+    from ..models import ModelSource, make_model
+
+    speed = {"backend": "eager", "dtype": "float32", "seed": 0, **SPEED, **speed}
+    backend, dtype, seed = speed.pop("backend"), speed.pop("dtype"), speed.pop("seed")
+    torch.manual_seed(seed)
+    if checkpoint:
+        from ..train.recipes import reference_checkpoint
+
+        source = ModelSource(checkpoint=str(reference_checkpoint(checkpoint)), spec=None)
+    else:
+        source = ModelSource(config={"name": model["name"], "kwargs": dict(model.get("kwargs", {})),
+                                     "pretrained": False})
+    built = make_model(source)
+    built.model.to(device, getattr(torch, dtype))
+    info = {"name": built.config["name"], "kwargs": built.config.get("kwargs", {}), "pretrained": False,
+            "reference": checkpoint}
+    return bench_document(built.model, specs, model_info=info, settings=speed, control=control,
+                          match_random=match_random, threads=threads, backend=backend, device=device, dtype=dtype,
+                          seed=seed, argv=argv, progress=log)

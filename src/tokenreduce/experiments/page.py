@@ -74,7 +74,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
 
 def study_section(study: Study, runs: dict[str, dict], root: Path) -> list[str]:
     lines = [f"## {study.title or study.name}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
-             f"- test bed: {study.bed.text()}",
+             f"- test bed: {study.bed.text()}" if study.arms else "- models: each bench's own (it trains nothing)",
              f"- command: `tokenreduce study {study.name}` (`--list` for one command per run; `--smoke` for the "
              "tiny version)",
              f"- runs: {len(runs)} of {len(plan(study))} stored under `{study.name}/runs/`"

@@ -1,12 +1,13 @@
 """Executing a study: its plan of idempotent runs, each writing one JSON.
 
 A study's plan is its training runs (arm x grid point, id ``d_eet-b16-s0``) followed by its measures
-and probes (id = their name), which read the training runs' checkpoints. A run is done when its
-JSON exists (``<results>/runs/<id>.json``, written atomically at the end); a run is executed
-in-process through experiments/entries.py, its checkpoints under ``<checkpoints>/<id>/``, and a
-training run always resumes what an interrupted one left there (train()'s resume). So a killed
-study continues where it stopped, ``--jobs N`` runs N at once (N processes of threads // N torch
-threads each), and ``commands()`` gives one shell command per run for any scheduler.
+and probes (id = their name), which read the training runs' checkpoints, and its benches (id = their
+name), which read nothing and run last, alone. A run is done when its JSON exists
+(``<results>/runs/<id>.json``, written atomically at the end); a run is executed in-process through
+experiments/entries.py, its checkpoints under ``<checkpoints>/<id>/``, and a training run always
+resumes what an interrupted one left there (train()'s resume). So a killed study continues where it
+stopped, ``--jobs N`` runs N at once (N processes of threads // N torch threads each; benches one at
+a time), and ``commands()`` gives one shell command per run for any scheduler.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
-from .study import Measure, Point, Probe, Study
+from .study import Bench, Measure, Point, Probe, Study
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,11 @@ def layout_for(study: Study, out: str | None) -> Layout:
 @dataclass(frozen=True)
 class Unit:
     """One run of the plan: a training ``point`` (``needs``: the run an evaluated arm reads, or the one a
-    second training phase starts from), or a ``measure`` / ``probe`` that ``needs`` runs."""
+    second training phase starts from), a ``measure`` / ``probe`` that ``needs`` runs, or a ``bench``."""
 
     id: str
     point: Point | None = None
-    step: Measure | Probe | None = None
+    step: Measure | Probe | Bench | None = None
     needs: tuple[str, ...] = ()
 
     evaluated: bool = False
@@ -65,7 +66,7 @@ class Unit:
     def kind(self) -> str:
         if self.point is not None:
             return "evaluate" if self.evaluated else "train"
-        return "measure" if isinstance(self.step, Measure) else "probe"
+        return "measure" if isinstance(self.step, Measure) else "bench" if isinstance(self.step, Bench) else "probe"
 
 
 def plan(study: Study) -> list[Unit]:
@@ -85,6 +86,7 @@ def plan(study: Study) -> list[Unit]:
         needs = (study.point(pr.arm, pr.at).id,) if pr.arm else \
             () if study.bed.reference else (study.point(study.baseline, {}).id,)
         units.append(Unit(pr.name, step=pr, needs=needs))
+    units += [Unit(b.name, step=b) for b in study.benches]
     return units
 
 
@@ -166,6 +168,11 @@ class Runner:
             doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
                                                            speed=speed, data_dir=fields.get("data_dir"),
                                                            subset=fields.get("eval_subset"), log=self.log))
+        elif isinstance(unit.step, Bench):
+            b = self.study.bench_run(unit.step)
+            doc["result"] = entries.bench(b.model, b.specs, checkpoint=b.checkpoint, control=b.control,
+                                          match_random=b.match_random, speed=b.speed, threads=self.threads,
+                                          device=self.device, argv=self.command(unit), log=self.log)
         else:
             doc.update(self._probe(unit, work))
         doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,
@@ -199,29 +206,32 @@ class Runner:
                              log=self.log)
 
     def run(self, jobs: int = 1) -> list[str]:
-        """Run every run not done yet (``jobs`` at a time, in subprocesses when > 1); returns the ids run."""
+        """Run every run not done yet (``jobs`` at a time, in subprocesses when > 1; benches last, one at a
+        time in-process with every thread: a timing shares its cores with nothing); returns the ids run."""
         pending = [u for u in self.units if not self.done(u)]
         total, ran, times = len(self.units), [], []
         self.log(f"study {self.study.name}: {len(pending)} of {total} runs to do on {self.study.bed.text()}"
                  f"{' (smoke)' if self.study.is_smoke else ''}; results in {self.layout.results}")
-        waves = [[u for u in pending if not u.needs], [u for u in pending if u.needs]]
-        for wave in waves:
-            def one(u: Unit) -> str:
+        timed = [u for u in pending if u.kind == "bench"]
+        rest = [u for u in pending if u.kind != "bench"]
+        waves = [([u for u in rest if not u.needs], jobs), ([u for u in rest if u.needs], jobs), (timed, 1)]
+        for wave, lanes in waves:
+            def one(u: Unit, lanes: int = lanes) -> str:
                 t0 = time.perf_counter()
-                if jobs > 1:
+                if lanes > 1:
                     self._subprocess(u, max(1, self.threads // jobs))
                 else:
                     self.run_one(u)
                 times.append(time.perf_counter() - t0)
                 ran.append(u.id)
                 left = len(pending) - len(ran)
-                eta = sum(times) / len(times) * left / max(1, min(jobs, left or 1))
+                eta = sum(times) / len(times) * left / max(1, min(lanes, left or 1))
                 self.log(f"[{total - left}/{total}] {self.study.name}/{u.id} done in {times[-1]:.0f} s; "
                          f"{left} left, about {eta / 60:.1f} min")
                 return u.id
 
-            if jobs > 1:
-                with ThreadPoolExecutor(max_workers=jobs) as pool:
+            if lanes > 1:
+                with ThreadPoolExecutor(max_workers=lanes) as pool:
                     list(pool.map(one, wave))
             else:
                 for u in wave:

@@ -17,7 +17,8 @@ for ``-1``), at level alpha, with the effect the source reports (``effect``, opt
     not reproduced   neither rejects, but an effect of the reported size would have been detected
                      (|effect - margin| >= the smallest detectable effect at this n and spread);
     inconclusive     neither rejects and the test could not have seen the reported effect (or no
-                     effect is reported, or n < 2).
+                     effect is reported), or n < 2: one paired value (one seed done) admits no test
+                     at all, and its verdict says so instead of computing one.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ class Summary:
     std: float | None
 
     def text(self, fmt: str = "{:.2f}") -> str:
-        """'mean ± std' (just the mean for one value; '-' for none)."""
+        """'mean ± std'; for one value the value and 'n = 1' (it has no spread, and a bare number would
+        read as a mean over the planned seeds); '-' for none."""
         if self.mean is None:
             return "-"
         if self.std is None:
-            return fmt.format(self.mean)
+            return f"{fmt.format(self.mean)} (n = {self.n})"
         return f"{fmt.format(self.mean)} ± {fmt.format(self.std)}"
 
 
@@ -99,6 +101,8 @@ def betainc(a: float, b: float, x: float) -> float:
 
 def t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t with ``df`` degrees of freedom: 1 - I_{df/(df+t^2)}(df/2, 1/2) / 2 for t > 0."""
+    if df <= 0:
+        raise ValueError(f"Student's t needs df > 0, got {df} (n = 1 admits no t-test)")
     if math.isinf(t):
         return 1.0 if t > 0 else 0.0
     tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
@@ -198,7 +202,7 @@ def verdict(diffs: Sequence[float], *, direction: int, margin: float = 0.0, leve
     ci = bootstrap_ci(diffs)
     side = "above" if direction > 0 else "below"
     if test.t is None:
-        why = f"n = {test.n}: a paired t-test needs at least 2 seeds"
+        why = f"n = {test.n}: no test possible (a paired t-test needs at least 2 seeds)"
         return Verdict("inconclusive", test, level, direction, None, ci, why)
     p_for, p_against = (test.p_greater, test.p_less) if direction > 0 else (test.p_less, test.p_greater)
     detectable = smallest_detectable(test.std, test.n, level)

@@ -6,12 +6,15 @@ a typed ``recipe`` (TrainConfig fields, checked against them when the study is r
 (:class:`Axis`: seeds, code lengths, budgets ...), its ``testbed`` (a parameter: a built-in
 reference, or a timm model with pretrained or local weights and a dataset or image folder), the
 tables it prints, ``measures`` and ``probes`` that evaluate its trained runs (speed, a registered
-Experiment), the ``expect``\\ ed outcomes (:class:`Expect`: the statistic, the level, the
-published effect) and a ``smoke`` version (:class:`Smoke`: the same study at tiny sizes, run by
-the test suite). ``budget`` says what the full study costs where it was run.
+Experiment), ``benches`` (:class:`Bench`: the ``bench`` command's timing of specs on a model given by
+its config, no training needed; ``bench_tables``, :class:`BenchTable`: several side by side), the
+``expect``\\ ed outcomes (:class:`Expect`: the statistic, the level, the published effect) and a
+``smoke`` version (:class:`Smoke`: the same study at tiny sizes, run by the test suite). ``budget``
+says what the full study costs where it was run.
 
 Every arm x grid point is one run with a stable id (``d_eet-b16-s0``; ``eet/d_eet-b16-s0`` with
-the study), executed by experiments/runner.py; nothing is declared twice.
+the study), executed by experiments/runner.py; nothing is declared twice. A study of benches only
+has no arms: it trains nothing, so it has no grid (no seeds), baseline, columns or expectations.
 """
 
 from __future__ import annotations
@@ -135,6 +138,37 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Bench:
+    """A run of the ``tokenreduce bench`` pipeline (bench/compare.py): ``specs`` against the unpatched
+    model and the zero-reduction ``control`` in one interleaved run, with ``match_random`` a random
+    pruner of each spec's token counts beside it; on the timm model ``model`` (``{"name", "kwargs"}``,
+    random weights: nothing to train or load) or, with ``checkpoint`` (a trained recipe's name), on its
+    trained weights. ``speed``: the command's timing flags (batch, warmup, repeats, min_run_s), backend,
+    dtype and seed; ``columns``: its table, (row key, header) as the command prints it."""
+
+    name: str
+    model: dict[str, Any]
+    specs: tuple[str, ...] = ()
+    checkpoint: str | None = None
+    control: str = "tome(r=0)"
+    match_random: bool = False
+    speed: dict[str, Any] = field(default_factory=dict)
+    columns: tuple[tuple[str, str], ...] = ()  #: empty: the bench command's (bench/compare.py)
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class BenchTable:
+    """Several benches of the same specs side by side (one backend each, say): a row per spec and the
+    control, two cells per bench: speed-ups against the unpatched model at batch B / batch 1, and against
+    the matched random pruner (``match_random``). ``headers``: the first column's, then two per bench."""
+
+    title: str
+    benches: tuple[str, ...]
+    headers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Smoke:
     """The smoke version: a test bed, recipe overrides (TrainConfig fields) and a smaller grid
     (axis name -> values); everything else is the study's own."""
@@ -144,6 +178,9 @@ class Smoke:
     grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     measure: dict[str, Any] = field(default_factory=dict)  #: speed settings (bench/evaluation.py)
     probe: dict[str, Any] = field(default_factory=dict)  #: parameters added to every probe's spec
+    #: every bench's overrides: timing settings (batch, repeats ...) and ``model_kwargs``, merged into its
+    #: model's kwargs (a narrow copy of the same depth and patch grid); a smoke never loads a checkpoint
+    bench: dict[str, Any] = field(default_factory=dict)
 
 
 from .testbed import Testbed  # noqa: E402  (Smoke names it; testbed.py needs nothing from here)
@@ -183,6 +220,8 @@ class Study:
     columns: ClassVar[tuple[Col, ...]] = ()
     measures: ClassVar[tuple[Measure, ...]] = ()
     probes: ClassVar[tuple[Probe, ...]] = ()
+    benches: ClassVar[tuple[Bench, ...]] = ()
+    bench_tables: ClassVar[tuple[BenchTable, ...]] = ()
     expect: ClassVar[tuple[Expect, ...]] = ()
     smoke: ClassVar[Smoke | None] = None
     #: what the full study costs where it was run (runs x minutes, machine)
@@ -195,6 +234,9 @@ class Study:
         if smoke and self.smoke is None:
             raise TokenReduceError(f"study {self.name} declares no smoke version")
         default = self.smoke.testbed if smoke else type(self).testbed
+        if not self.arms and testbed is not None and testbed != default:
+            raise TokenReduceError(f"study {self.name} trains nothing (benches only, each on its own model); "
+                                   "it takes no test bed (--model, --pretrained, --weights, --data)")
         self.bed = testbed if testbed is not None else default
         self.default_bed = testbed is None or testbed == default
 
@@ -237,6 +279,14 @@ class Study:
         at = self.resolve(m.at)
         tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
         return (self.point(ref, m.at).id if ref else None), tuned
+
+    def bench_run(self, b: Bench) -> Bench:
+        """``b`` as this study runs it: the smoke's timing settings and narrower model, no checkpoint."""
+        if not self.is_smoke:
+            return b
+        over = dict(self.smoke.bench)
+        kwargs = {**b.model.get("kwargs", {}), **over.pop("model_kwargs", {})}
+        return dataclasses.replace(b, model={**b.model, "kwargs": kwargs}, checkpoint=None, speed={**b.speed, **over})
 
     def train_fields(self, p: Point, scratch: Path) -> dict[str, Any]:
         """TrainConfig fields of run ``p`` (without ``out``, set by the runner): recipe, test bed, smoke
@@ -289,11 +339,37 @@ def _with_param(spec: str, key: str, value: Any) -> str:
     return format_spec(name, {**params, key: value})
 
 
+#: What a bench's ``speed`` may set: the ``bench`` command's timing flags, backend, dtype and seed.
+_BENCH_SETTINGS = {"batch", "warmup", "repeats", "min_run_s", "backend", "dtype", "seed"}
+
+
 def check_study(cls: type[Study]) -> None:
     """Refuse a study whose declarations do not fit together (a typo here would surface hours later)."""
     if not _CONFIG_FIELDS:
         _CONFIG_FIELDS.update(_config_fields())
     where = f"study {cls.name}"
+    names = [*(m.name for m in cls.measures), *(p.name for p in cls.probes), *(b.name for b in cls.benches)]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{where}: its measures, probes and benches need distinct names; they are {names}")
+    smoke_bench = [("smoke bench", cls.smoke.bench, {"model_kwargs"})] if cls.smoke else []
+    for what, speed, more in [*((f"bench {b.name}", b.speed, set()) for b in cls.benches), *smoke_bench]:
+        bad = sorted(set(speed) - _BENCH_SETTINGS - more)
+        if bad:
+            raise SpecError(f"{where}: its {what} names unknown settings {bad}; "
+                            f"choose from {sorted(_BENCH_SETTINGS | more)}")
+    for t in cls.bench_tables:
+        unknown = sorted(set(t.benches) - {b.name for b in cls.benches})
+        if unknown or len(t.headers) != 1 + 2 * len(t.benches):
+            raise SpecError(f"{where}: bench table {t.title!r} needs benches it declares (unknown: {unknown}) and "
+                            f"1 + 2 per bench headers (it has {len(t.headers)} for {len(t.benches)})")
+    if not cls.arms:
+        extra = [k for k in ("recipe", "baseline", "grid", "split", "columns", "expect", "measures", "probes")
+                 if getattr(cls, k)]
+        if extra or not cls.benches:
+            raise SpecError(f"{where} has no arms: it trains nothing, so it declares benches only and no recipe, "
+                            "baseline, grid, split, columns, expectations, measures or probes "
+                            f"(it has {', '.join(extra) or 'no benches'})")
+        return
     overrides = [("recipe", cls.recipe)] + ([("smoke recipe", cls.smoke.recipe)] if cls.smoke else [])
     for what, fields in overrides:
         bad = sorted(set(fields) - _CONFIG_FIELDS)

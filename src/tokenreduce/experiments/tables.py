@@ -90,6 +90,49 @@ def measure_table(decl, doc: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def bench_table(decl, doc: dict[str, Any] | None) -> list[str]:
+    """A bench's table as the ``bench`` command prints it (the same columns, the same cells), under the
+    line that says what was timed how."""
+    from ..bench.compare import COLUMNS
+    from ..bench.report import format_table
+
+    if doc is None:
+        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
+    result = doc["result"]
+    model, settings, prov = result["model"], result["settings"], result["provenance"]
+    weights = f"the trained {model['reference']}" if model.get("reference") else "random weights"
+    h, w = model["img_size"]
+    said = (f"{model['name']} ({h}x{w}, {weights}), batch {settings['batch']} (latency: batch 1), "
+            f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
+            f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
+    return [said, "", "```", format_table(result["results"], list(decl.columns) or COLUMNS), "```"]
+
+
+def bench_comparison(decl, runs: dict[str, dict]) -> list[str]:
+    """A :class:`~.study.BenchTable`: per spec (and the control) each bench's speed-ups, unpatched and
+    matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is empty."""
+    missing = [n for n in decl.benches if n not in runs]
+    if missing:
+        return [f"{NOT_RUN}: no run JSON for {', '.join(missing)}"]
+    rows = {n: {r["label"]: r for r in runs[n]["result"]["results"]} for n in decl.benches}
+    first = runs[decl.benches[0]]["result"]["results"]
+
+    def pair(r: dict | None, a: str, b: str) -> str:
+        return f"{r[a]:.2f} / {r[b]:.2f}" if r and r.get(a) is not None and r.get(b) is not None else ""
+
+    lines = ["| " + " | ".join(decl.headers) + " |", "|" + "---|" * len(decl.headers)]
+    for r in first:
+        if r["kind"] not in ("control", "method"):
+            continue
+        label = f"control `{r['spec']}`" if r["kind"] == "control" else f"`{r['label']}`"
+        cells = [label]
+        for n in decl.benches:
+            mine = rows[n].get(r["label"])
+            cells += [pair(mine, "speedup", "latency_speedup"), pair(mine, "ratio_vs_random", "latency_vs_random")]
+        lines.append(" ".join(["|", *(f"{c} |" if c else "|" for c in cells)]))
+    return lines
+
+
 def probe_text(decl, doc: dict[str, Any] | None) -> list[str]:
     from .entries import report_probe
 
@@ -135,7 +178,8 @@ def measured(j: Judged) -> str:
     if j.verdict is None:
         return NOT_RUN
     t = j.verdict.test
-    return f"{stats.Summary(t.n, t.mean, t.std).text()} (n = {t.n})"
+    text = stats.Summary(t.n, t.mean, t.std).text()
+    return text if t.std is None else f"{text} (n = {t.n})"  # one value's text names its n already
 
 
 def ci_text(j: Judged) -> str:
@@ -156,7 +200,7 @@ def verdict_table(study: Study, runs: dict[str, dict]) -> list[str]:
     lines.append("")
     for j in judged:
         lines.append(f"- {j.expect.claim} ({_where(j.expect) or 'all'}): {j.why}.")
-    ns = sorted({j.verdict.test.n for j in judged if j.verdict})
+    ns = sorted({j.verdict.test.n for j in judged if j.verdict and j.verdict.test.df > 0})  # n = 1: no test, no df
     if ns and ns[0] <= 5:
         lines += ["", f"With n = {ns[0]} seeds a one-sided paired t-test has {ns[0] - 1} degree(s) of freedom "
                   f"(t at 0.95: {stats.t_ppf(0.95, ns[0] - 1):.2f}): it resolves only differences several times "
@@ -170,12 +214,12 @@ def verdict_table(study: Study, runs: dict[str, dict]) -> list[str]:
 
 
 def summary(study: Study, runs: dict[str, dict]) -> str:
-    """The study's markdown: arm tables per split value, measures, probes, verdicts."""
-    lines = [f"## Arms ({study.recipe.get('recipe') or 'recipe'}) on {study.bed.text()}", ""]
+    """The study's markdown: arm tables per split value, measures, probes, benches, verdicts."""
+    lines = [f"## Arms ({study.recipe.get('recipe') or 'recipe'}) on {study.bed.text()}", ""] if study.arms else []
     missing = [p.id for p in study.points() if p.id not in runs]
     if missing and study.pending:
         lines += [f"{len(missing)} of {len(study.points())} runs {NOT_RUN}: {study.pending}.", ""]
-    for value in _split_values(study):
+    for value in _split_values(study) if study.arms else []:
         at = {study.split[0]: value} if study.split else {}
         if study.split:
             lines += [f"### {study.split[1].format(value)}", ""]
@@ -188,6 +232,10 @@ def summary(study: Study, runs: dict[str, dict]) -> str:
                       f"bed is {study.bed.text()}", ""]
             continue
         lines += [f"## {p.title or p.name}", "", *probe_text(p, runs.get(p.name)), ""]
+    for t in study.bench_tables:
+        lines += [f"## {t.title}", "", *bench_comparison(t, runs), ""]
+    for b in study.benches:
+        lines += [f"## {b.title or b.name}", "", *bench_table(b, runs.get(b.name)), ""]
     if study.expect:
         lines += ["## Verdicts", "", *verdict_table(study, runs), ""]
     return "\n".join(lines).rstrip() + "\n"
