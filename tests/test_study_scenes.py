@@ -131,3 +131,10 @@ def test_a_recipe_distils_from_the_test_beds_reference(tmp_path: Path):
     scratch = BenchScenes(testbed=Bed(model="vit_tiny_patch16_224", data="fmnist_scenes"))
     with pytest.raises(TokenReduceError, match="distils from the test bed's reference"):
         scratch.train_fields(scratch.point("tome-1.5x", {"seed": 0}), tmp_path)
+
+
+def test_a_measure_scores_the_runs_test_items(tmp_path: Path):
+    full, smoke = EETScenes(), EETScenes(smoke=True)
+    assert full.eval_items(tmp_path) == (None, 2000)  # the reference's own scenes, the recipe's 2 000
+    data_dir, n = smoke.eval_items(tmp_path)
+    assert n == 16 and Path(data_dir).is_dir()  # the synthetic images the smoke's runs were trained on

@@ -163,11 +163,10 @@ class Runner:
             ref = ckpt[ref_id] if ref_id else self.study.bed.checkpoint()
             tuned = [ckpt[n] for n in tuned_ids]
             speed = {**m.speed, **(self.study.smoke.measure if self.study.is_smoke else {})}
-            fields = self.study.train_fields(self.study.point(m.reference or self.study.baseline, m.at),
-                                             self.layout.checkpoints)  # the runs' test items
+            data_dir, subset = self.study.eval_items(self.layout.checkpoints)  # the runs' test items
             doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
-                                                           speed=speed, data_dir=fields.get("data_dir"),
-                                                           subset=fields.get("eval_subset"), log=self.log))
+                                                           speed=speed, data_dir=data_dir, subset=subset,
+                                                           log=self.log))
         elif isinstance(unit.step, Bench):
             b = self.study.bench_run(unit.step)
             doc["result"] = entries.bench(b.model, b.specs, checkpoint=b.checkpoint, control=b.control,

@@ -288,6 +288,15 @@ class Study:
         kwargs = {**b.model.get("kwargs", {}), **over.pop("model_kwargs", {})}
         return dataclasses.replace(b, model={**b.model, "kwargs": kwargs}, checkpoint=None, speed={**b.speed, **over})
 
+    def eval_items(self, scratch: Path) -> tuple[str | None, int | None]:
+        """(data_dir, eval_subset) of the study's runs: where a measure finds the same test items (a
+        synthetic test bed's folder under ``scratch``, else the checkpoint's own data) and how many."""
+        from .testbed import synthetic_data
+
+        recipe = {**self.recipe, **(self.smoke.recipe if self.is_smoke else {})}
+        data_dir = str(synthetic_data(scratch)) if self.bed.synthetic and self.bed.data else None
+        return data_dir, recipe.get("eval_subset")
+
     def train_fields(self, p: Point, scratch: Path) -> dict[str, Any]:
         """TrainConfig fields of run ``p`` (without ``out``, set by the runner): recipe, test bed, smoke
         overrides, arm, grid point, in increasing priority; ``scratch``: where a synthetic test bed's
