@@ -103,11 +103,26 @@ def _cropr_diagnostics(r: dict[str, Any], report: str) -> None:
         assert 1 <= mod["kept"] <= mod["tokens"] and _within(mod["spearman"], -1, 1) and _within(mod["overlap"], 0, 1)
         assert f"| {mod['block']} | {mod['tokens']} | {mod['kept']} | {mod['spearman']:.3f} |" in report
     assert f"| unpruned (same weights) | {m['unpruned']:.2f} |" in report
+    metrics = r["metrics"]  # what a study reads as an evaluated arm's metrics
+    assert metrics["miou"] == m["softmax"] and metrics["miou_deployed"] == m["logits"]
+    assert metrics["spearman"] == pytest.approx(sum(x["spearman"] for x in r["modules"]) / len(r["modules"]))
+
+
+def _oracle_at_counts(r: dict[str, Any], report: str) -> None:
+    assert r.keys() >= {"checkpoint", "spec", "oracle_spec", "metric", "items", "counts", "locs", "rows", "metrics"}
+    assert list(r["rows"]) == ["own", "object_first", "unpruned"] and r["items"] == 8
+    assert r["counts"] == [98, 49] and r["locs"] == [3, 7]  # the smoke's fixed schedule on 196 patches
+    assert r["oracle_spec"].startswith("oracle(counts=(98, 49), locs=(3, 7), where='block'")
+    assert r["metrics"] == r["rows"]["object_first"]
+    for name, row in r["rows"].items():
+        assert _within(row["top1"], 0, 100) and row["n"] == 8, (name, row)
+        assert f"| {name} | {row['top1']:.2f} |" in report
 
 
 #: What each experiment's smoke result must hold: its keys, its claim's numbers finite and in range,
 #: the report showing them. A new experiment adds its checker here.
-CHECKS = {"recall_at_kept": _recall_at_kept, "bspf_symmetry": _bspf_symmetry, "cropr_diagnostics": _cropr_diagnostics}
+CHECKS = {"recall_at_kept": _recall_at_kept, "bspf_symmetry": _bspf_symmetry, "cropr_diagnostics": _cropr_diagnostics,
+          "oracle_at_counts": _oracle_at_counts}
 
 
 def test_every_experiment_has_a_result_check():
