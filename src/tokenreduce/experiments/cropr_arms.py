@@ -25,9 +25,9 @@ from .eet_arms import _TINY
 from .study import Arm, Axis, Col, Expect, Smoke, Study, register_study
 from .testbed import Testbed
 
-_SOURCE = "Token Cropr, arXiv 2412.00965"
-_CLS_SOURCE = f"{_SOURCE}, its ImageNet classification results against other pruners"
-_SEG_SOURCE = f"{_SOURCE}, its ADE20k semantic segmentation results with LLF"
+SOURCE = "Token Cropr, arXiv 2412.00965"
+CLS_SOURCE = f"{SOURCE}, its ImageNet classification results against other pruners"
+SEG_SOURCE = f"{SOURCE}, its ADE20k semantic segmentation results with LLF"
 _CLS_AT = "counts=(42, 36, 30, 24, 18), locs=(0, 1, 2, 3, 4)"  # what cropr(r=6) keeps on 49 patches
 _SEG_AT = "counts=(155, 115, 75, 35), locs=(0, 1, 2, 3)"  # what cropr(r=40, locs=(0, 1, 2, 3)) keeps on 196
 _SEEDS = Axis("seed", (0, 1, 2), "s")
@@ -35,7 +35,7 @@ _SMOKE_RECIPE = {"subset": 32, "eval_subset": 16, "batch_size": 16, "eval_batch_
                  "ckpt_every": 1, "augment": "none", "deterministic": True, "quiet": True}
 
 
-def _beats(baseline: str, metric: str, source: str) -> Expect:
+def router_beats(baseline: str, metric: str, source: str) -> Expect:
     """The paper's claim that its router beats the fixed scorer ``baseline`` at the same token counts."""
     return Expect(f"Cropr beats {baseline} at the same counts", source, arm="cropr", baseline=baseline,
                   metric=metric, direction=1)
@@ -45,7 +45,7 @@ def _beats(baseline: str, metric: str, source: str) -> Expect:
 class CroprClassify(Study):
     title = "Token Cropr on Fashion-MNIST classification: the learned router against fixed scorers"
     claim = "Cropr's learned router keeps better tokens than a fixed scorer at the same per-block counts"
-    source = _CLS_SOURCE
+    source = CLS_SOURCE
     testbed = Testbed(reference="fmnist-vit")
     recipe = get_recipe("fmnist-cropr")  # also `tokenreduce train --recipe fmnist-cropr`
     arms = {
@@ -60,9 +60,9 @@ class CroprClassify(Study):
     columns = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True),
                Col("train_time_s", "wall s"))
     expect = (
-        _beats(baseline="random", metric="top1", source=_CLS_SOURCE),
-        _beats(baseline="topk", metric="top1", source=_CLS_SOURCE),
-        Expect("pruning to 18 of 49 patches costs top-1", _CLS_SOURCE, arm="cropr", baseline="none", metric="top1",
+        router_beats(baseline="random", metric="top1", source=CLS_SOURCE),
+        router_beats(baseline="topk", metric="top1", source=CLS_SOURCE),
+        Expect("pruning to 18 of 49 patches costs top-1", CLS_SOURCE, arm="cropr", baseline="none", metric="top1",
                direction=-1),
     )
     smoke = Smoke(testbed=Testbed(model="vit_tiny_patch16_224", kwargs=_TINY, synthetic=True),
@@ -74,7 +74,7 @@ class CroprClassify(Study):
 class CroprSegment(Study):
     title = "Token Cropr on Fashion-MNIST mosaics (segmentation): the learned router against fixed scorers"
     claim = "with Last Layer Fusion, Cropr's router segments about as well as unpruned, better than fixed scorers"
-    source = _SEG_SOURCE
+    source = SEG_SOURCE
     testbed = Testbed()  # the recipe's model, trained from scratch by every arm
     recipe = get_recipe("fmnist-cropr-seg")
     arms = {
@@ -90,10 +90,10 @@ class CroprSegment(Study):
     columns = (Col("miou", "mIoU %"), Col("pixel_acc", "pixel acc %"), Col("miou", "Δ mIoU vs unpruned", paired=True),
                Col("train_time_s", "wall s"))
     expect = (
-        Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", _SEG_SOURCE, arm="cropr",
+        Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", SEG_SOURCE, arm="cropr",
                baseline="none", metric="miou", direction=1, margin=-1.0),
-        _beats(baseline="random", metric="miou", source=_SEG_SOURCE),
-        _beats(baseline="topk", metric="miou", source=_SEG_SOURCE),
+        router_beats(baseline="random", metric="miou", source=SEG_SOURCE),
+        router_beats(baseline="topk", metric="miou", source=SEG_SOURCE),
     )
     smoke = Smoke(testbed=Testbed(model="vit_tiny_patch16_224", kwargs={**_TINY, "img_size": 56}, synthetic=True),
                   recipe=_SMOKE_RECIPE, grid={"seed": (0, 1)})

@@ -27,13 +27,11 @@ diagnostics x 2-3 min: about 100 minutes for both.
 from __future__ import annotations
 
 from ..train.recipes import get_recipe
+from .cropr_arms import CLS_SOURCE, SEG_SOURCE, SOURCE, router_beats
 from .scene_bed import SCENES, SCENES_SEG, shortened
 from .scene_bed import smoke as scene_smoke
 from .study import Arm, Axis, Col, Expect, Study, register_study
 
-_SOURCE = "Token Cropr, arXiv 2412.00965"
-_CLS_SOURCE = f"{_SOURCE}, its ImageNet classification results against other pruners"
-_SEG_SOURCE = f"{_SOURCE}, its ADE20k semantic segmentation results with LLF"
 _REVIEW = "review of Token Cropr (the fixed random scorer; the dense-task inference score)"
 _R = 16
 #: Cropr's counts without LLF (blocks 0-10) and with it (blocks 0-9), on 196 patches
@@ -43,16 +41,11 @@ _AT_LLF = f"counts={_COUNTS[:10]}, locs={tuple(range(10))}"
 _SEEDS = Axis("seed", (0, 1, 2), "s")
 
 
-def _beats(*, arm: str, baseline: str, metric: str, source: str) -> Expect:
-    return Expect(f"Cropr beats {baseline} at the same counts", source, arm=arm, baseline=baseline, metric=metric,
-                  direction=1)
-
-
 @register_study("cropr_scenes")
 class CroprScenes(Study):
     title = "Token Cropr on the scene test bed (classification): the learned router against fixed scorers"
     claim = "Cropr's learned router keeps better tokens than a fixed scorer at the same per-block counts"
-    source = _CLS_SOURCE
+    source = CLS_SOURCE
     testbed = SCENES
     recipe = shortened(get_recipe("fmnist-cropr"))
     arms = {
@@ -68,14 +61,14 @@ class CroprScenes(Study):
     grid = (_SEEDS,)
     columns = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True), Col("train_time_s", "wall s"))
     expect = (
-        _beats(arm="cropr", baseline="random", metric="top1", source=_CLS_SOURCE),
-        _beats(arm="cropr", baseline="topk", metric="top1", source=_CLS_SOURCE),
-        _beats(arm="cropr", baseline="evit", metric="top1", source=_CLS_SOURCE),
+        router_beats(baseline="random", metric="top1", source=CLS_SOURCE),
+        router_beats(baseline="topk", metric="top1", source=CLS_SOURCE),
+        router_beats(baseline="evit", metric="top1", source=CLS_SOURCE),
         Expect("the learned router beats a fixed random linear scorer", _REVIEW, arm="cropr", baseline="frozen",
                metric="top1", direction=1),
-        Expect("pruning to 19 of 196 patches costs top-1", _CLS_SOURCE, arm="cropr", baseline="none", metric="top1",
+        Expect("pruning to 19 of 196 patches costs top-1", CLS_SOURCE, arm="cropr", baseline="none", metric="top1",
                direction=-1),
-        Expect("LLF raises Cropr's top-1", f"{_SOURCE}, Last Layer Fusion", arm="cropr_llf", baseline="cropr",
+        Expect("LLF raises Cropr's top-1", f"{SOURCE}, Last Layer Fusion", arm="cropr_llf", baseline="cropr",
                metric="top1", direction=1),
     )
     smoke = scene_smoke(grid={"seed": (0, 1)})
@@ -86,7 +79,7 @@ class CroprScenes(Study):
 class CroprSegScenes(Study):
     title = "Token Cropr on the scene masks (segmentation): the router with LLF, fixed scorers, the collapse"
     claim = "with Last Layer Fusion, Cropr's router segments about as well as unpruned, better than fixed scorers"
-    source = _SEG_SOURCE
+    source = SEG_SOURCE
     testbed = SCENES_SEG
     recipe = {**shortened(get_recipe("fmnist-cropr")), "task": "segment", "label_smoothing": 0.0}
     arms = {
@@ -103,11 +96,11 @@ class CroprSegScenes(Study):
                Col("miou_deployed", "mIoU, deployed score s %"), Col("miou_fixed", "mIoU, fixed random scorer %"),
                Col("spearman", "Spearman(s, t)"), Col("overlap", "kept-set overlap"), Col("train_time_s", "wall s"))
     expect = (
-        Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", _SEG_SOURCE, arm="cropr",
+        Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", SEG_SOURCE, arm="cropr",
                baseline="none", metric="miou", direction=1, margin=-1.0, effect=-0.1,
                published="ADE20k: -0.1 median mIoU at 2.0x"),
-        _beats(arm="cropr", baseline="random", metric="miou", source=_SEG_SOURCE),
-        _beats(arm="cropr", baseline="topk", metric="miou", source=_SEG_SOURCE),
+        router_beats(baseline="random", metric="miou", source=SEG_SOURCE),
+        router_beats(baseline="topk", metric="miou", source=SEG_SOURCE),
         Expect("pruning by the training-time score t beats the deployed score s", _REVIEW, arm="rescored",
                baseline="cropr", metric="miou", direction=1),
     )
