@@ -27,12 +27,11 @@ diagnostics x 2-3 min: about 100 minutes for both.
 from __future__ import annotations
 
 from ..train.recipes import get_recipe
-from .cropr_arms import CLS_SOURCE, SEG_SOURCE, SOURCE, router_beats
+from .cropr_arms import CLS_SOURCE, REVIEW, SEG_SOURCE, SOURCE, router_beats
 from .scene_bed import SCENES, SCENES_SEG, shortened
 from .scene_bed import smoke as scene_smoke
 from .study import Arm, Axis, Col, Expect, Study, register_study
 
-_REVIEW = "review of Token Cropr (the fixed random scorer; the dense-task inference score)"
 _R = 16
 #: Cropr's counts without LLF (blocks 0-10) and with it (blocks 0-9), on 196 patches
 _COUNTS = tuple(196 - (_R + 1) - _R * i for i in range(11))
@@ -64,7 +63,7 @@ class CroprScenes(Study):
         router_beats(baseline="random", metric="top1", source=CLS_SOURCE),
         router_beats(baseline="topk", metric="top1", source=CLS_SOURCE),
         router_beats(baseline="evit", metric="top1", source=CLS_SOURCE),
-        Expect("the learned router beats a fixed random linear scorer", _REVIEW, arm="cropr", baseline="frozen",
+        Expect("the learned router beats a fixed random linear scorer", REVIEW, arm="cropr", baseline="frozen",
                metric="top1", direction=1),
         Expect("pruning to 19 of 196 patches costs top-1", CLS_SOURCE, arm="cropr", baseline="none", metric="top1",
                direction=-1),
@@ -101,7 +100,7 @@ class CroprSegScenes(Study):
                published="ADE20k: -0.1 median mIoU at 2.0x"),
         router_beats(baseline="random", metric="miou", source=SEG_SOURCE),
         router_beats(baseline="topk", metric="miou", source=SEG_SOURCE),
-        Expect("pruning by the training-time score t beats the deployed score s", _REVIEW, arm="rescored",
+        Expect("pruning by the training-time score t beats the deployed score s", REVIEW, arm="rescored",
                baseline="cropr", metric="miou", direction=1),
     )
     smoke = scene_smoke("fmnist_scenes_seg", grid={"seed": (0, 1)}, probe={"images": 16, "seeds": (0,), "batch": 8})
