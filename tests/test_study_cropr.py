@@ -29,8 +29,8 @@ def _summary(name: str) -> tuple[str, int]:
                        "| top-k | 0, 1, 2 | 27.05 ± 0.30 |", "| EViT | 0, 1, 2 | 7.73 ± 1.03 |",
                        "| unpruned (same recipe) | 0, 1, 2 | 26.98 ± 0.77 | 69.12 ± 0.44 |",
                        # the diagnostics, one evaluated run per seed: the training-time score t, the deployed s
-                       "| Cropr's weights pruned by the training-time score t | 0, 1, 2 | 21.80 ± 2.99 | - | -5.19 ± 2.24 "
-                       "| 25.57 ± 1.01 | 22.06 ± 2.02 | 0.37 ± 0.06 | 0.74 ± 0.02 | - |"]),
+                       "| Cropr's weights pruned by the training-time score t | 0, 1, 2 | 21.80 ± 2.99 | - "
+                       "| -5.19 ± 2.24 | 25.57 ± 1.01 | 22.06 ± 2.02 | 0.37 ± 0.06 | 0.74 ± 0.02 | - |"]),
     ("platform", 9, ["| hash head, unpruned | 0, 1, 2 | 77.44 ± 1.60 | 73.14 ± 1.22 | 73.86 ± 2.72 |",
                      "| hash head, unpruned | 0, 1, 2 | 73.61 ± 3.78 | 73.48 ± 2.70 | 67.68 ± 4.31 |",
                      "| hash head, unpruned | 0, 1, 2 | 67.74 ± 7.64 | 76.56 ± 3.15 | 61.08 ± 8.80 |"]),
