@@ -39,6 +39,15 @@ _SMOKE_RECIPE = {"subset": 32, "eval_subset": 16, "batch_size": 16, "eval_batch_
 REVIEW = "review of Token Cropr (the fixed random scorer; the dense-task inference score)"
 
 
+#: the dense studies' columns: the task metric, then the collapse diagnostic's (its evaluated arm ``rescored``)
+SEG_COLUMNS = (Col("miou", "mIoU %"), Col("pixel_acc", "pixel acc %"), Col("miou", "Δ mIoU vs unpruned", paired=True),
+               Col("miou_deployed", "mIoU, deployed score s %"), Col("miou_fixed", "mIoU, fixed random scorer %"),
+               Col("spearman", "Spearman(s, t)"), Col("overlap", "kept-set overlap"), Col("train_time_s", "wall s"))
+#: the review's claim on the dense-task score: pruning by the training-time score t beats the deployed s
+RESCORED_BEATS_DEPLOYED = Expect("pruning by the training-time score t beats the deployed score s", REVIEW,
+                                 arm="rescored", baseline="cropr", metric="miou", direction=1)
+
+
 def router_beats(baseline: str, metric: str, source: str) -> Expect:
     """The paper's claim that its router beats the fixed scorer ``baseline`` at the same token counts."""
     return Expect(f"Cropr beats {baseline} at the same counts", source, arm="cropr", baseline=baseline,
@@ -93,16 +102,13 @@ class CroprSegment(Study):
     }
     baseline = "none"
     grid = (_SEEDS,)
-    columns = (Col("miou", "mIoU %"), Col("pixel_acc", "pixel acc %"), Col("miou", "Δ mIoU vs unpruned", paired=True),
-               Col("miou_deployed", "mIoU, deployed score s %"), Col("miou_fixed", "mIoU, fixed random scorer %"),
-               Col("spearman", "Spearman(s, t)"), Col("overlap", "kept-set overlap"), Col("train_time_s", "wall s"))
+    columns = SEG_COLUMNS
     expect = (
         Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", SEG_SOURCE, arm="cropr",
                baseline="none", metric="miou", direction=1, margin=-1.0),
         router_beats(baseline="random", metric="miou", source=SEG_SOURCE),
         router_beats(baseline="topk", metric="miou", source=SEG_SOURCE),
-        Expect("pruning by the training-time score t beats the deployed score s", REVIEW, arm="rescored",
-               baseline="cropr", metric="miou", direction=1),
+        RESCORED_BEATS_DEPLOYED,
     )
     smoke = Smoke(testbed=Testbed(model="vit_tiny_patch16_224", kwargs={**_TINY, "img_size": 56}, synthetic=True),
                   recipe=_SMOKE_RECIPE, grid={"seed": (0, 1)})

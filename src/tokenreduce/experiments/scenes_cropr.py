@@ -27,7 +27,7 @@ diagnostics x 2-3 min: about 100 minutes for both.
 from __future__ import annotations
 
 from ..train.recipes import get_recipe
-from .cropr_arms import CLS_SOURCE, REVIEW, SEG_SOURCE, SOURCE, router_beats
+from .cropr_arms import CLS_SOURCE, RESCORED_BEATS_DEPLOYED, REVIEW, SEG_COLUMNS, SEG_SOURCE, SOURCE, router_beats
 from .scene_bed import SCENES, SCENES_SEG, shortened
 from .scene_bed import smoke as scene_smoke
 from .study import Arm, Axis, Col, Expect, Study, register_study
@@ -91,17 +91,14 @@ class CroprSegScenes(Study):
     }
     baseline = "none"
     grid = (_SEEDS,)
-    columns = (Col("miou", "mIoU %"), Col("pixel_acc", "pixel acc %"), Col("miou", "Δ mIoU vs unpruned", paired=True),
-               Col("miou_deployed", "mIoU, deployed score s %"), Col("miou_fixed", "mIoU, fixed random scorer %"),
-               Col("spearman", "Spearman(s, t)"), Col("overlap", "kept-set overlap"), Col("train_time_s", "wall s"))
+    columns = SEG_COLUMNS
     expect = (
         Expect("Cropr + LLF keeps the unpruned model's mIoU (within 1 point)", SEG_SOURCE, arm="cropr",
                baseline="none", metric="miou", direction=1, margin=-1.0, effect=-0.1,
                published="ADE20k: -0.1 median mIoU at 2.0x"),
         router_beats(baseline="random", metric="miou", source=SEG_SOURCE),
         router_beats(baseline="topk", metric="miou", source=SEG_SOURCE),
-        Expect("pruning by the training-time score t beats the deployed score s", REVIEW, arm="rescored",
-               baseline="cropr", metric="miou", direction=1),
+        RESCORED_BEATS_DEPLOYED,
     )
     smoke = scene_smoke("fmnist_scenes_seg", grid={"seed": (0, 1)}, probe={"images": 16, "seeds": (0,), "batch": 8})
     budget = "12 training runs x 2-4 min + 3 diagnostics x 2-3 min on 2 CPU cores: about 45 min"
