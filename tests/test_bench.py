@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from conftest import make_host, supplied
+from conftest import TINY, make_host, supplied
+from timm.models.vision_transformer import VisionTransformer
 
 import tokenreduce as tr
 from tokenreduce.adapters.timm_vit import check_host
@@ -171,6 +172,17 @@ def test_measure_speed_rejects_bad_input():
         measure_speed(model, [Case("x", "tome(r=8)")])
     with pytest.raises(tr.SpecError, match="beyond"):
         measure_speed(make_host("deit"), [Case("x", "evit(locs=(9,))")], repeats=1)
+    with pytest.raises(tr.TokenReduceError, match="share one input"):
+        other = VisionTransformer(**{**TINY, "img_size": 64}).eval()
+        measure_speed(make_host("deit"), [Case("x", None, model=other)], repeats=1)
+
+
+def test_a_case_with_its_own_model_is_timed_on_it_and_is_not_the_baseline():
+    model, own = make_host("deit"), make_host("deit").train()
+    results = measure_speed(model, [Case("own", None, model=own), Case("tome", "tome(r=8)", model=own)], batch=2,
+                            warmup=0, repeats=1, min_run_s=0.0, threads=1)
+    assert [r.label for r in results] == ["unpatched", "own", "tome"] and own.training
+    assert not hasattr(own, "_tokenreduce_patch")
 
 
 def test_paired_ratio_is_the_median_of_same_round_ratios():

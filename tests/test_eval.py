@@ -220,6 +220,35 @@ def test_eval_refuses_a_fine_tuned_checkpoint_of_another_task(tmp_path, capsys):
                    "must share the reference's task")
 
 
+def test_eval_times_a_fine_tune_with_another_stem_on_its_own_model(tmp_path, ckpt, capsys):
+    """A fine-tune of the reference with the conv stem swapped in is scored, counted and timed with its stem:
+    its MACs exceed the same spec's on the reference by the stem's, and its row says which stem; a checkpoint
+    of an unrelated model is refused naming both."""
+    from tokenreduce.bench.macs import count_macs
+    from tokenreduce.models import ModelSource, make_model, model_config
+
+    data = make_synthetic(tmp_path / "fmnist", n_train=20, n_test=12)
+    spec = "tome(r=4)"
+    conv = make_model(ModelSource(checkpoint=str(ckpt), config={**MODEL, "stem": "conv"}, spec=spec)).model
+    save_checkpoint(tmp_path / "conv.safetensors", conv,
+                    meta={"model": model_config(MODEL, stem="conv"), "spec": spec, "data": {"name": "fashion_mnist"}})
+    out = tmp_path / "eval"
+    assert main(["eval", "--checkpoint", str(ckpt), "--spec", spec, "--finetuned", str(tmp_path / "conv.safetensors"),
+                 "--data", str(data), "--out", str(out), *FAST]) == 0
+    rows = {r["label"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    tuned = rows["tome(r=4, prop_attn=True) [stem conv(norm='bn'), fine-tuned x1]"]
+    plain = rows[spec]
+    patched = tokenreduce.apply(tiny_model(), spec)
+    stem_macs = count_macs(conv).total - count_macs(patched).total
+    assert stem_macs > 0 and tuned["macs"] == plain["macs"] + stem_macs
+    assert tuned["macs_speedup"] < plain["macs_speedup"] and tuned["img_per_s"] > 0
+    other = {**MODEL, "kwargs": {**MODEL["kwargs"], "depth": 2}}
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "other.safetensors", build_model(other), meta={"model": other, "spec": None})
+    one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--finetuned", str(tmp_path / "other.safetensors"),
+                            "--data", str(data), *FAST], "or it with another stem or added transforms")
+
+
 # ----------------------------------------------------------------------------- engine
 
 

@@ -229,6 +229,34 @@ def test_save_load_rebuilds_stem_and_transforms(tmp_path: Path, stem: str, trans
     assert torch.equal(loaded(X1), model(X1))
 
 
+@pytest.mark.parametrize(("start", "swap", "kind"), [("patch", "conv", ConvStem), ("conv", "patch", nn.Conv2d)])
+def test_a_stem_swapped_onto_a_checkpoint_is_fresh_and_the_rest_kept(tmp_path: Path, start: str, swap: str,
+                                                                      kind: type) -> None:
+    """--init CKPT --stem S: S in place of the checkpoint's stem, freshly initialised; every other weight is
+    the checkpoint's; the run's checkpoint rebuilds with S."""
+    from tokenreduce.cli import build_parser
+    from tokenreduce.commands.train import config_from_args
+    from tokenreduce.train.loop import make_model
+
+    torch.manual_seed(0)
+    cfg = model_config(CFG, stem=start)
+    ref = build_model(cfg).eval()
+    path = tmp_path / "ref.safetensors"
+    save_checkpoint(path, ref, meta={"model": cfg, "spec": None})
+    args = build_parser().parse_args(["train", "--init", str(path), "--stem", swap, "--out", str(tmp_path / "r")])
+    train_cfg = config_from_args(args)
+    model, model_cfg, _ = make_model(train_cfg)
+    assert model_cfg == model_config(CFG, stem=swap) and type(model.patch_embed.proj) is kind
+    before, after = ref.state_dict(), model.state_dict()
+    rest = [k for k in before if not k.startswith("patch_embed.proj")]
+    assert rest and all(torch.equal(before[k], after[k]) for k in rest)
+    assert not any(k.startswith("patch_embed.proj") and k in before and before[k].shape == v.shape
+                   and torch.equal(before[k], v) for k, v in after.items())
+    save_checkpoint(tmp_path / "tuned.safetensors", model, meta={"model": model_cfg, "spec": None})
+    loaded, _ = load_model(tmp_path / "tuned.safetensors")
+    assert torch.equal(loaded(X1), model.eval()(X1))
+
+
 def test_old_meta_without_stem_loads(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = build_model(CFG).eval()

@@ -138,3 +138,22 @@ def test_a_measure_scores_the_runs_test_items(tmp_path: Path):
     assert full.eval_items(tmp_path) == (None, 2000)  # the reference's own scenes, the recipe's 2 000
     data_dir, n = smoke.eval_items(tmp_path)
     assert n == 16 and Path(data_dir).is_dir()  # the synthetic images the smoke's runs were trained on
+
+
+def test_a_stem_arm_swaps_the_stem_into_the_reference(tmp_path: Path):
+    """The stem-only control on the scene bed: the reference's own architecture with the conv stem, starting
+    from the reference's weights (models/build.py swaps the stem in fresh)."""
+    from tokenreduce.experiments.scenes_imagepiece import ImagePieceScenes
+    from tokenreduce.models import model_config
+    from tokenreduce.train.loop import TrainConfig, make_model
+    from tokenreduce.train.recipes import get_recipe, reference_checkpoint
+
+    study = ImagePieceScenes()
+    fields = study.train_fields(study.point("conv", {"seed": 0}), tmp_path)
+    assert fields["init"] == str(reference_checkpoint("scenes-vit"))
+    assert fields["model"] == {**get_recipe("scenes-vit")["model"], "stem": "conv"} and fields["spec"] is None
+    with_ip = study.train_fields(study.point("conv_imagepiece", {"seed": 0}), tmp_path)
+    assert with_ip["model"] == fields["model"] and with_ip["spec"].startswith("imagepiece(")
+    model, cfg, _ = make_model(TrainConfig(init=fields["init"], model=fields["model"]))
+    assert cfg == model_config(get_recipe("scenes-vit")["model"], stem="conv")
+    assert type(model.patch_embed.proj).__name__ == "ConvStem"

@@ -20,13 +20,16 @@ segment, ...; its metrics come from ``Task.evaluate``), an evaluation set and a 
 Runs: a stochastic method (its config has a ``seed`` field) is evaluated once per seed, its spec's
 seed replaced; a deterministic one once; a trained case once per checkpoint (checkpoints of one
 spec, e.g. fine-tuned with different seeds, make one row), each with its own task tensors (a hash
-head). A trained case is timed as its spec on the reference model: weights do not change the
-shapes, so the speed is the same.
+head). A trained case is timed as its spec on the reference model (weights do not change the
+shapes, so the speed is the same), unless its checkpoints hold another architecture of the reference
+(another stem: ``EvalCase.model``): then on that model, unpatched from its first checkpoint, so the
+stem's cost is in its MACs and speed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +65,8 @@ class EvalCase:
         budget_speedup: the speed-up the budget rule expected of the spec (what tables show: a pick
             may fall short of its target).
         checkpoints: for 'fine-tuned': the checkpoints to evaluate (one run each).
+        model: for 'fine-tuned' checkpoints whose model is the reference's with another stem or added
+            transforms: that model config (their speed is timed on it); None: the reference's model.
     """
 
     label: str
@@ -70,6 +75,13 @@ class EvalCase:
     budget: float | None = None
     checkpoints: tuple[str, ...] = ()
     budget_speedup: float | None = None
+    model: dict[str, Any] | None = None
+
+    def timing_key(self) -> tuple[str | None, str | None]:
+        """What its speed depends on: (its own model config as JSON, or None for the reference's; the
+        canonical spec or None)."""
+        own = json.dumps(self.model, sort_keys=True) if self.model is not None else None
+        return own, (build_reducer(self.spec).spec() if self.spec else None)
 
     @property
     def method(self) -> str:
@@ -231,16 +243,26 @@ def evaluate_cases(
     task = bind_task(model) if task is None else task
     rows = [_evaluate_case(model, task, c, data, database, seeds, eval_batch, img_size, progress) for c in cases]
 
-    timed: dict[str | None, str] = {}  # canonical spec -> label timed for it
+    timed: dict[tuple[str | None, str | None], Case] = {}  # timing key -> the case timed for it
     for c in cases:
-        key = None if c.spec is None else build_reducer(c.spec).spec()
-        timed.setdefault(key, c.label)
+        key = c.timing_key()
+        if key not in timed:
+            timed[key] = Case(c.label, key[1], _own_model(c, model))
     if progress:
         progress(f"timing {len(timed)} cases in one interleaved run")
-    results = measure_speed(model, [Case(label, None if key is None else key) for key, label in timed.items()],
-                            img_size=img_size, progress=progress, **(speed or {}))
-    by_key = {r.spec: r for r in results}
+    results = measure_speed(model, list(timed.values()), img_size=img_size, progress=progress, **(speed or {}))
+    by_key = dict(zip(timed, results, strict=True))
     return [_finish(r, task, by_key, rows[0]) for r in rows]
+
+
+def _own_model(case: EvalCase, reference: nn.Module) -> nn.Module | None:
+    """The unpatched model a fine-tuned case with its own architecture is timed on (its first
+    checkpoint's), on the reference's device; None for a case on the reference's model."""
+    if case.model is None:
+        return None
+    from ..models import ModelSource, make_model
+
+    return make_model(ModelSource(checkpoint=case.checkpoints[0], spec=None), next(reference.parameters()).device).model
 
 
 def _numeric(v: Any) -> bool:
@@ -252,7 +274,7 @@ def _finish(row: _Row, task: Task, speed: dict, base: _Row) -> dict[str, Any]:
     value, std = _stats([r[m] for r in row.runs])
     ref = statistics.fmean(r[m] for r in base.runs)
     drop = 0.0 if c.kind == "unpatched" else (ref - value if task.higher_is_better else value - ref)
-    s = speed[None if c.spec is None else build_reducer(c.spec).spec()]
+    s = speed[c.timing_key()]
     seeds = [r["seed"] for r in row.runs if r.get("seed") is not None]
     names = [k for k, v in row.runs[0].items() if _numeric(v) and k != "seed"
              and all(_numeric(r.get(k)) for r in row.runs)]

@@ -16,6 +16,7 @@ Progress goes to stderr (:func:`log`), results to the files and the table.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -218,20 +219,22 @@ def matched_cases(model: nn.Module, cases: Sequence[EvalCase]) -> list[EvalCase]
 
 
 def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
-    """One EvalCase per spec among the fine-tuned checkpoints ``paths``; each must hold the
-    reference's model, have been trained for the reference's task and on its classes, in its order
-    (the labels of the evaluation data index the reference's)."""
+    """One EvalCase per (model, spec) among the fine-tuned checkpoints ``paths``; each must hold the
+    reference's model, or it with another stem or added transforms (``tokenreduce train --init REF
+    --stem conv``: timed on its own model, the stem counted), have been trained for the reference's task
+    and on its classes, in its order (the labels of the evaluation data index the reference's)."""
     from ..core.method import build_reducer
     from ..models import classes_of, read_meta, resolve
     from ..tasks import build_task
     from .accuracy import DEFAULT_TASK, EvalCase
 
-    groups: dict[str | None, list[str]] = {}
+    groups: dict[tuple[str | None, str | None], list[str]] = {}
+    models: dict[str | None, tuple[dict[str, Any] | None, str]] = {None: (None, "")}
     for path in paths:
         meta = read_meta(path)
-        if meta.get("model") != ref.meta.get("model"):
-            raise TokenReduceError(f"{path} holds model {meta.get('model')}, the reference holds "
-                                   f"{ref.meta.get('model')}; fine-tuned checkpoints must share the reference's model")
+        own, note = _own_model(meta.get("model"), ref.meta.get("model"), path)
+        key = json.dumps(own, sort_keys=True) if own is not None else None
+        models[key] = (own, note)
         mine, theirs = classes_of(meta), classes_of(ref.meta)
         if mine and theirs and mine != theirs:
             other = sorted(set(mine) ^ set(theirs))
@@ -243,9 +246,27 @@ def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
             raise TokenReduceError(f"{path} was trained for the task {task}, the reference for {ref.task.spec()}; "
                                    "fine-tuned checkpoints must share the reference's task")
         spec = build_reducer(meta["spec"]).spec() if meta.get("spec") else None
-        groups.setdefault(spec, []).append(str(resolve(path)))
-    return [EvalCase(f"{spec or 'no reducer'} [fine-tuned x{len(ps)}]", spec, "fine-tuned", checkpoints=tuple(ps))
-            for spec, ps in groups.items()]
+        groups.setdefault((key, spec), []).append(str(resolve(path)))
+    return [EvalCase(f"{spec or 'no reducer'} [{models[key][1]}fine-tuned x{len(ps)}]", spec, "fine-tuned",
+                     checkpoints=tuple(ps), model=models[key][0])
+            for (key, spec), ps in groups.items()]
+
+
+def _own_model(model: Any, reference: Any, path: str) -> tuple[dict[str, Any] | None, str]:
+    """(the canonical model config of a fine-tuned checkpoint when it is not the reference's, or None;
+    the words a row label says about it, e.g. "stem conv(norm='bn'), "); an unrelated model is refused."""
+    from ..models import changes_on_top, model_config
+
+    if model == reference:
+        return None, ""
+    on_top = changes_on_top(reference, model) if isinstance(model, dict) and isinstance(reference, dict) else None
+    if on_top is None:
+        raise TokenReduceError(f"{path} holds model {model}, the reference holds {reference}; fine-tuned checkpoints "
+                               "must hold the reference's model, or it with another stem or added transforms")
+    stem, extra = on_top
+    if stem is None and not extra:  # the same model spelt another way
+        return None, ""
+    return model_config(model), "".join([*([f"stem {stem}, "] if stem else []), *(f"+ {t}, " for t in extra)])
 
 
 def one_per_method(picks: Sequence[dict[str, Any]], target: float) -> list[str]:

@@ -36,10 +36,17 @@ from .macs import input_shape
 
 @dataclass(frozen=True)
 class Case:
-    """One thing to time: ``spec`` None is the unpatched model."""
+    """One thing to time: ``spec`` None is no reducer. ``model``: the case's own unpatched model when it is
+    another architecture than the run's on the same input (a fine-tune with another stem: the stem is part
+    of what the method costs); None: the run's model. The run's model without a reducer is the baseline."""
 
     label: str
     spec: str | None
+    model: nn.Module | None = field(default=None, compare=False)
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.spec is None and self.model is None
 
 
 @dataclass
@@ -108,7 +115,8 @@ def measure_speed(
 
     Args:
         model: an unpatched ViT (any host), already on its device and dtype.
-        cases: what to time; a spec is applied before its measurement and removed after.
+        cases: what to time; a spec is applied before its measurement and removed after, on the
+            case's own model if it has one (moved to ``model``'s device and dtype).
         batch: batch size for throughput; latency is always at batch 1.
         warmup: untimed rounds before the ``repeats`` timed ones.
         min_run_s: each timed measurement repeats the forward until it lasts about this long
@@ -126,11 +134,20 @@ def measure_speed(
     if batch < 1 or repeats < 1 or warmup < 0:
         raise TokenReduceError(f"need batch >= 1, repeats >= 1, warmup >= 0; got {batch}, {repeats}, {warmup}")
     runs_on = get_backend(backend, threads)
-    runs_on.check(model)
     cases = list(cases)
-    if not any(c.spec is None for c in cases):
+    if not any(c.is_baseline for c in cases):
         cases.insert(0, Case("unpatched", None))
-    cases.sort(key=lambda c: c.spec is not None)  # the baseline first; stable for the rest
+    cases.sort(key=lambda c: not c.is_baseline)  # the baseline first; stable for the rest
+    ref = next(model.parameters())
+    models = [model if c.model is None else c.model.to(ref.device, ref.dtype) for c in cases]
+    own = list({id(m): m for m in models}.values())
+    for m in own:
+        if hosts.is_patched(m):
+            raise TokenReduceError("measure_speed takes unpatched models; pass the methods as specs")
+        if input_shape(m, img_size) != input_shape(model, img_size):
+            raise TokenReduceError(f"a case's own model takes input {input_shape(m, img_size)}, the run's "
+                                   f"{input_shape(model, img_size)}; cases timed together share one input")
+        runs_on.check(m)
     # Eager: one model instance for all cases, patched and unpatched in turn: every case runs on
     # the very same weights in the same memory, and the footprint stays one model however many
     # specs are timed (a deepcopy per spec would multiply memory and give each case its own
@@ -138,28 +155,28 @@ def measure_speed(
     # the timer. A compiled or exported case holds its own copy (backends.py).
     # Reducers are built once so a learned one keeps the same parameters in every round.
     reducers = [None if c.spec is None else build_reducer(c.spec) for c in cases]
-    for reducer in reducers:  # fail on a bad spec before any timing
-        with hosts.patched(model, reducer):
+    for m, reducer in zip(models, reducers, strict=True):  # fail on a bad spec before any timing
+        with hosts.patched(m, reducer):
             pass
 
-    ref = next(model.parameters())
     gen = torch.Generator().manual_seed(seed)
     x_big = torch.randn(batch, *input_shape(model, img_size), generator=gen).to(ref.device, ref.dtype)
     x_one = x_big[:1].clone()
     results = [SpeedResult(c.label, c.spec, batch, backend) for c in cases]
     iters = [[1, 1] for _ in cases]  # forwards per measurement: (batch B, batch 1)
 
-    old_threads, was_training = torch.get_num_threads(), model.training
+    old_threads, was_training = torch.get_num_threads(), [m.training for m in own]
     if threads is not None:
         torch.set_num_threads(threads)
-    model.eval()
+    for m in own:
+        m.eval()
     try:
         with runs_on:
             runners = []
-            for case, reducer in zip(cases, reducers, strict=True):
+            for case, m, reducer in zip(cases, models, reducers, strict=True):
                 if progress is not None and backend != "eager":
                     progress(f"{backend}: preparing {case.label} ({len(runners) + 1}/{len(cases)})")
-                runners.append(runs_on.runner(model, reducer, [x_big, x_one], case.label))
+                runners.append(runs_on.runner(m, reducer, [x_big, x_one], case.label))
             with torch.inference_mode():
                 for rnd in range(warmup + repeats):
                     _round(rnd, warmup, runners, results, iters, x_big, x_one, min_run_s)
@@ -170,7 +187,8 @@ def measure_speed(
                         progress(f"warm-up round {rnd + 1}/{warmup}")
     finally:
         torch.set_num_threads(old_threads)
-        model.train(was_training)
+        for m, training in zip(own, was_training, strict=True):
+            m.train(training)
 
     base = results[0]
     for res in results:

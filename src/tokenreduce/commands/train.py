@@ -67,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--drop-path", type=float, help="stochastic depth rate")
     vocab.add_pretrained(g, default=None)
     g.add_argument("--stem", metavar="SPEC", help="patch embedding: 'patch' (timm's, default) or 'conv' "
-                   "(local-coherence conv stem on the same token grid); see tokenreduce list")
+                   "(local-coherence conv stem on the same token grid); see tokenreduce list; with --init, a "
+                   "fresh stem in place of the checkpoint's, every other weight kept")
     g.add_argument("--transform", action="append", metavar="SPEC",
                    help="model transform applied after building, e.g. 'tie_qk' (shared W_q = W_k); repeatable; "
                    "with --init, applied on top of the checkpoint's model, starting from its weights")
@@ -156,12 +157,14 @@ def config_from_args(args: argparse.Namespace):
     if args.transform:
         model["transforms"] = list(args.transform)
     init = args.init or fields.get("init")
-    if init and args.transform and set(model) == {"transforms"} and not kwargs:
-        # --init CKPT --transform T: the checkpoint's own model with T on top (train.loop.make_model)
+    if init and (args.stem or args.transform) and set(model) <= {"stem", "transforms"} and not kwargs:
+        # --init CKPT --stem S --transform T: the checkpoint's own model with a fresh stem S and T on top
+        # (models.build.changes_on_top)
         from ..models import read_meta
 
         base = read_meta(init)["model"]
-        model = {**base, "transforms": [*base.get("transforms", []), *args.transform]}
+        model = {**base, **({"stem": args.stem} if args.stem else {}),
+                 "transforms": [*base.get("transforms", []), *(args.transform or [])]}
         kwargs = dict(base.get("kwargs") or {})
     if model or kwargs:
         if "name" not in model:

@@ -87,5 +87,3 @@ class EETScenes(Study):
                         probe={"subset": 16, "batch": 8})
     budget = ("18 training runs x 2-6 min + 3 oracle evaluations x 2 min + 1 speed run x 3 min on 2 CPU cores: "
               "about 70 min")
-    pending = ("the FISH arms' seed 2 was cut at the end of the sitting that ran the rest; "
-               "`tokenreduce study eet_scenes` runs it")

@@ -36,7 +36,8 @@ from ..core.registry import NoParams, Registry, format_spec, parse_spec
 @dataclass(frozen=True)
 class Arm:
     """One arm: what differs from the recipe. ``task``: a task spec (None: the recipe's); ``spec``: the
-    reducer to train with (None: none); ``stem``, ``transforms``: model options (models/build.py);
+    reducer to train with (None: none); ``stem``, ``transforms``: model options (models/build.py; on a test
+    bed's reference checkpoint a stem is swapped in with fresh weights, the rest kept);
     ``init``, ``teacher``: checkpoints (None: the test bed's); ``label``: the name tables print. ``spec`` may
     name grid values in braces (``random(..., seed={seed})``: a pruner's own seed that follows the run's).
 
@@ -316,8 +317,8 @@ class Study:
             if fields["teacher"] is None:
                 raise TokenReduceError(f"study {self.name}: its recipe distils from the test bed's reference, and "
                                        f"{self.bed.text()} has none; give a test bed with a reference checkpoint")
-        if arm.transforms and not arm.stem and not fields.get("model") and self.bed.reference:
-            from ..train.recipes import get_recipe  # a weight transform of the reference: its own architecture
+        if (arm.transforms or arm.stem) and not fields.get("model") and self.bed.reference:
+            from ..train.recipes import get_recipe  # the reference's architecture, its stem swapped / transformed
 
             fields["model"] = get_recipe(self.bed.reference)["model"]
         if arm.stem or arm.transforms:

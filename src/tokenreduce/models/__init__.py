@@ -10,7 +10,17 @@
 - ``deploy``: a patched model without its reducer's training-only parts, and its checkpoint.
 """
 
-from .build import KEEP, BuiltModel, ModelSource, build_model, load_model, load_weights_file, make_model, model_config
+from .build import (
+    KEEP,
+    BuiltModel,
+    ModelSource,
+    build_model,
+    changes_on_top,
+    load_model,
+    load_weights_file,
+    make_model,
+    model_config,
+)
 from .checkpoint import (
     TASK_PREFIX,
     Checkpoint,
@@ -35,7 +45,7 @@ from .transforms import TiedQKV, apply_transform, list_transforms, register_tran
 
 __all__ = [
     "KEEP", "TASK_PREFIX", "BuiltModel", "Checkpoint", "CheckpointError", "ConvStem", "ModelSource", "TiedQKV",
-    "apply_transform", "atomic_write", "classes_of",
+    "apply_transform", "atomic_write", "changes_on_top", "classes_of",
     "build_model", "build_stem", "deploy", "export_inference", "list_stems", "list_transforms", "load_model",
     "load_weights", "load_weights_file", "make_model", "model_config",
     "read_checkpoint", "read_meta", "register_stem", "register_transform", "resolve", "restore_training_state",

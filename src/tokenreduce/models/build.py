@@ -38,7 +38,7 @@ from .checkpoint import Checkpoint, CheckpointError, load_weights, read_checkpoi
 from .stems import build_stem, canonical_stem
 from .transforms import apply_transform, canonical_transform
 
-__all__ = ["KEEP", "BuiltModel", "ModelSource", "added_transforms", "build_model", "load_model", "load_weights_file",
+__all__ = ["KEEP", "BuiltModel", "ModelSource", "changes_on_top", "build_model", "load_model", "load_weights_file",
            "make_model", "model_config", "unwrap"]
 
 DEFAULT_STEM = "patch"
@@ -104,8 +104,10 @@ class ModelSource:
     Attributes:
         config: a model config (module docstring): a timm model by name, its kwargs, timm's
             pretrained weights (network), stem and transforms. With ``checkpoint`` it must describe
-            the checkpoint's model, or that model with transforms added, which are applied on top
-            of the checkpoint's weights (a transform starts from them, e.g. tie_qk's init).
+            the checkpoint's model, or that model with another stem (installed with fresh weights
+            in place of the checkpoint's; every other weight is the checkpoint's) and/or transforms
+            added, which are applied on top of the checkpoint's weights (a transform starts from
+            them, e.g. tie_qk's init).
         checkpoint: a tokenreduce checkpoint: a file, a training output directory, or a
             :class:`Checkpoint` already read (a run that needs one file twice reads it once).
         hf_config: a transformers model of a config folder or built-in config (``models/hf.py``),
@@ -220,12 +222,18 @@ def load_model(path: str | os.PathLike | Checkpoint,
     return built.model, built.meta
 
 
-def added_transforms(base: dict[str, Any], requested: dict[str, Any]) -> list[str] | None:
-    """The transforms the model config ``requested`` adds after those of ``base`` when it is otherwise
-    the same model (``--init CKPT --transform T``), else None."""
+def changes_on_top(base: dict[str, Any], requested: dict[str, Any]) -> tuple[str | None, list[str]] | None:
+    """What the model config ``requested`` changes on top of ``base`` when it is otherwise the same model
+    (``--init CKPT --stem S --transform T``): ``(stem, transforms)``, the canonical stem it installs
+    instead of base's (None: the same stem) and the transforms it adds after base's; None when it is
+    another model (other kwargs, or transforms that do not extend base's)."""
     have, want = model_config(base), model_config(requested)
     old, new = have.pop("transforms", []), want.pop("transforms", [])
-    return new[len(old):] if have == want and new[:len(old)] == old else None
+    old_stem = have.pop("stem", canonical_stem(DEFAULT_STEM))
+    new_stem = want.pop("stem", canonical_stem(DEFAULT_STEM))
+    if have != want or new[:len(old)] != old:
+        return None
+    return (new_stem if new_stem != old_stem else None), new[len(old):]
 
 
 def _canonical(spec: str) -> str:
@@ -236,8 +244,8 @@ def _canonical(spec: str) -> str:
 
 def _from_checkpoint(source: str | os.PathLike | Checkpoint,
                      requested: dict[str, Any] | None) -> tuple[nn.Module, dict[str, Any], dict[str, Any]]:
-    """(model with its spec and weights, its model config, meta) of a checkpoint; ``requested`` may add
-    transforms on top (:class:`ModelSource`)."""
+    """(model with its spec and weights, its model config, meta) of a checkpoint; ``requested`` may swap
+    the stem and add transforms on top (:class:`ModelSource`)."""
     from ..api import apply
 
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source)
@@ -255,10 +263,13 @@ def _from_checkpoint(source: str | os.PathLike | Checkpoint,
             raise CheckpointError(f"{ckpt.path}: cannot apply its spec {ckpt.meta['spec']!r}: {e}") from e
     load_weights(model, ckpt)
     if requested is not None and model_config(requested) != model_config(config):
-        extra = added_transforms(config, requested)
-        if extra is None:
+        on_top = changes_on_top(config, requested)
+        if on_top is None:
             raise TokenReduceError(f"--init {ckpt.path} holds model {config}, which differs from the model "
                                    f"requested {requested}; drop one of them")
+        stem, extra = on_top
+        if stem is not None:
+            build_stem(stem, model)  # a fresh stem in place of the checkpoint's; every other weight kept
         for t in extra:
             apply_transform(t, model)
         config = requested

@@ -6,6 +6,10 @@ everything after them are unchanged. The replacement maps (B, C_in, H, W) -> (B,
 like the patchify convolution it replaces and exposes ``in_channels`` / ``out_channels``.
 
 - ``patch``: timm's PatchEmbed as it is (one p x p convolution with stride p).
+
+:func:`build_stem` installs a stem with fresh weights; on a trained checkpoint that is a stem swap
+(``--init CKPT --stem conv``): the rest of the network keeps its weights and the new stem is trained
+by the fine-tune.
 - ``conv(norm='bn')``: :class:`ConvStem`, ImagePiece's local-coherence stem.
 """
 
@@ -58,7 +62,16 @@ def build_stem(spec: str, model: nn.Module) -> nn.Module:
 
 @register_stem("patch")
 def _patch(model: nn.Module, cfg: NoParams) -> None:
-    """timm's patch embedding, unchanged."""
+    """timm's patch embedding: left as it is when ``patch_embed.proj`` is already the p x p, stride-p
+    convolution (a model timm just built), else (a stem swap on a checkpoint) a fresh one of the same
+    widths replaces the other stem."""
+    pe = model.patch_embed
+    proj, size = pe.proj, tuple(int(s) for s in pe.patch_size)
+    if isinstance(proj, nn.Conv2d) and tuple(proj.kernel_size) == size == tuple(proj.stride):
+        return
+    fresh = nn.Conv2d(proj.in_channels, proj.out_channels, size, stride=size)
+    ref = next(proj.parameters(), None)
+    pe.proj = fresh if ref is None else fresh.to(device=ref.device, dtype=ref.dtype)
 
 
 def _check_norm(norm: str) -> None:
