@@ -157,3 +157,13 @@ def test_a_stem_arm_swaps_the_stem_into_the_reference(tmp_path: Path):
     model, cfg, _ = make_model(TrainConfig(init=fields["init"], model=fields["model"]))
     assert cfg == model_config(get_recipe("scenes-vit")["model"], stem="conv")
     assert type(model.patch_embed.proj).__name__ == "ConvStem"
+
+
+def test_an_arm_table_heading_names_the_schedule_a_study_changed():
+    from tokenreduce.experiments.scenes_cropr import CroprScenes
+    from tokenreduce.experiments.tables import recipe_text
+    from tokenreduce.train.recipes import get_recipe
+
+    said = "fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64"
+    assert recipe_text(CroprScenes.recipe) == said
+    assert recipe_text(get_recipe("fmnist-cropr")) == "fmnist-cropr" and recipe_text({}) == "recipe"

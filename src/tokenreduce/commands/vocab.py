@@ -138,8 +138,8 @@ def add_finetuned(p: argparse.ArgumentParser) -> argparse.Action:
     """``--finetuned PATH``: fine-tuned tokenreduce checkpoints next to the reference ``--checkpoint``."""
     return _add(p, "--finetuned", action="append", default=[], metavar="PATH",
                 help="a fine-tuned tokenreduce checkpoint (file or training directory) evaluated with the spec it "
-                "carries; repeatable (checkpoints of one spec make one row, mean and std over them); the reference's model, "
-                "or it with another stem (timed and counted with that stem)")
+                "carries; repeatable (checkpoints of one spec make one row, mean and std over them); the reference's "
+                "model, or it with another stem (timed and counted with that stem)")
 
 
 def add_model(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str | None = DEFAULT_MODEL,

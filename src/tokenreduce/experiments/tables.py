@@ -212,10 +212,27 @@ def verdict_table(study: Study, runs: dict[str, dict]) -> list[str]:
 
 # ----------------------------------------------------------------------------- the summary
 
+#: the schedule fields a study may lay over a named recipe (e.g. the scene bed's shortened fine-tune)
+_SCHEDULE = ("epochs", "subset", "batch_size")
+
+
+def recipe_text(recipe: dict[str, Any]) -> str:
+    """The recipe a study trains with, in words: its name, and its schedule when the study changed the
+    recipe's ("fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64")."""
+    from ..train.recipes import RECIPES
+
+    name = recipe.get("recipe")
+    if not name:
+        return "recipe"
+    if all(recipe.get(k) == RECIPES.get(name, {}).get(k) for k in _SCHEDULE):
+        return name
+    subset = f" of {recipe['subset']} training items" if recipe.get("subset") else ""
+    return f"{name}, schedule changed: {recipe.get('epochs')} epoch(s){subset}, batch {recipe.get('batch_size')}"
+
 
 def summary(study: Study, runs: dict[str, dict]) -> str:
     """The study's markdown: arm tables per split value, measures, probes, benches, verdicts."""
-    lines = [f"## Arms ({study.recipe.get('recipe') or 'recipe'}) on {study.bed.text()}", ""] if study.arms else []
+    lines = [f"## Arms ({recipe_text(study.recipe)}) on {study.bed.text()}", ""] if study.arms else []
     missing = [p.id for p in study.points() if p.id not in runs]
     if missing and study.pending:
         lines += [f"{len(missing)} of {len(study.points())} runs {NOT_RUN}: {study.pending}.", ""]
