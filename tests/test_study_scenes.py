@@ -167,3 +167,13 @@ def test_an_arm_table_heading_names_the_schedule_a_study_changed():
     said = "fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64"
     assert recipe_text(CroprScenes.recipe) == said
     assert recipe_text(get_recipe("fmnist-cropr")) == "fmnist-cropr" and recipe_text({}) == "recipe"
+
+
+def test_a_measure_over_two_arms_of_one_model_and_spec_is_refused():
+    """The evaluation groups checkpoints by model and spec: two such arms would silently share one row."""
+    from tokenreduce.experiments import Measure
+    from tokenreduce.experiments.scenes_bspf import BSPFScenes
+
+    both = Measure("speed", reference=None, at={"seed": 0}, finetuned=("bspf_mirrored", "bspf_untied2"))
+    with pytest.raises(SpecError, match="bspf_mirrored and bspf_untied2, which carry the same model and spec"):
+        register_study("_bad_measure")(type("Bad", (BSPFScenes,), {"measures": (both,)}))

@@ -30,6 +30,12 @@ SHORT: dict[str, Any] = {"subset": STEPS * BATCH, "batch_size": BATCH, "epochs":
                          "data": "fmnist_scenes", "augment": "crop_flip", "threads": 2, "ckpt_every": 25}
 
 
+#: the columns of a scene study's speed measure: each fine-tuned arm's MACs and measured speed beside its top-1
+SPEED_COLUMNS = (("label", "spec", "{}"), ("kind", "kind", "{}"), ("macs_speedup", "MACs x", "{:.2f}"),
+                 ("speedup", "speed-up b32", "{:.2f}"), ("latency_speedup", "speed-up b1", "{:.2f}"),
+                 ("top1", "top-1 %", "{:.2f}"))
+
+
 def shortened(recipe: dict[str, Any]) -> dict[str, Any]:
     """``recipe`` (TrainConfig fields) on the scene test bed's shortened schedule (module docstring)."""
     out = {k: v for k, v in recipe.items() if k not in ("init", "model", "description")}

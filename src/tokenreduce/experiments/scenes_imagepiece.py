@@ -32,7 +32,7 @@ Compute plan (2 CPU cores): 15 arms x 3 seeds = 45 fine-tunes x 2-3 min, one spe
 from __future__ import annotations
 
 from ..train.recipes import get_recipe
-from .scene_bed import SCENES, shortened
+from .scene_bed import SCENES, SPEED_COLUMNS, shortened
 from .scene_bed import smoke as scene_smoke
 from .study import TESTBED_TEACHER, Arm, Axis, Col, Expect, Measure, Study, register_study
 
@@ -61,10 +61,6 @@ _ARMS = {
     "conv_imagepiece": Arm("conv stem + ImagePiece", stem="conv", spec=f"{_IP})"),
 }
 
-_SPEED_COLUMNS = (("label", "spec", "{}"), ("kind", "kind", "{}"), ("macs_speedup", "MACs x", "{:.2f}"),
-                  ("speedup", "speed-up b32", "{:.2f}"), ("latency_speedup", "speed-up b1", "{:.2f}"),
-                  ("top1", "top-1 %", "{:.2f}"))
-
 
 def _expect(claim: str, *, arm: str, baseline: str, where: str, **kw) -> Expect:
     return Expect(claim, f"{_SOURCE}, {where}", arm=arm, baseline=baseline, metric="top1", direction=1, **kw)
@@ -82,7 +78,7 @@ class ImagePieceScenes(Study):
     grid = (Axis("seed", (0, 1, 2), "s"),)
     columns = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True), Col("train_time_s", "wall s"))
     measures = (Measure("speed", reference=None, at={"seed": 0}, finetuned=tuple(a for a in _ARMS if a != "none"),
-                        columns=_SPEED_COLUMNS,
+                        columns=SPEED_COLUMNS,
                         title="Speed: every arm's seed-0 checkpoint against the reference, one interleaved run (each "
                               "row with its own stem: the conv-stem rows count the conv stem)"),)
     expect = (

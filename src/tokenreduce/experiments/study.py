@@ -419,6 +419,13 @@ def check_study(cls: type[Study]) -> None:
         for arm in (*([m.reference] if m.reference else []), *m.finetuned):
             if arm not in cls.arms:
                 raise SpecError(f"{where}: measure {m.name} names unknown arm {arm!r}")
+        same: dict[tuple, str] = {}
+        for arm in m.finetuned:
+            a = cls.arms[arm]
+            other = same.setdefault((a.spec, a.stem, a.transforms), arm)
+            if other != arm:  # the evaluation groups checkpoints by model and spec
+                raise SpecError(f"{where}: measure {m.name} reads arms {other} and {arm}, which carry the same model "
+                                "and spec: their checkpoints would make one row; measure one of them")
     for pr in cls.probes:
         if pr.arm is not None and pr.arm not in cls.arms:
             raise SpecError(f"{where}: probe {pr.name} names unknown arm {pr.arm!r}")
