@@ -62,16 +62,15 @@ def build_stem(spec: str, model: nn.Module) -> nn.Module:
 
 @register_stem("patch")
 def _patch(model: nn.Module, cfg: NoParams) -> None:
-    """timm's patch embedding: left as it is when ``patch_embed.proj`` is already the p x p, stride-p
-    convolution (a model timm just built), else (a stem swap on a checkpoint) a fresh one of the same
-    widths replaces the other stem."""
+    """timm's patch embedding: the model's own ``patch_embed.proj`` is left as timm built it; in place of
+    this module's conv stem (a stem swap on a checkpoint) a fresh p x p, stride-p convolution of the same
+    widths."""
     pe = model.patch_embed
-    proj, size = pe.proj, tuple(int(s) for s in pe.patch_size)
-    if isinstance(proj, nn.Conv2d) and tuple(proj.kernel_size) == size == tuple(proj.stride):
-        return
-    fresh = nn.Conv2d(proj.in_channels, proj.out_channels, size, stride=size)
-    ref = next(proj.parameters(), None)
-    pe.proj = fresh if ref is None else fresh.to(device=ref.device, dtype=ref.dtype)
+    if isinstance(pe.proj, ConvStem):
+        size = tuple(int(s) for s in pe.patch_size)
+        old = pe.proj
+        ref = next(old.parameters())
+        pe.proj = nn.Conv2d(old.in_channels, old.out_channels, size, stride=size).to(device=ref.device, dtype=ref.dtype)
 
 
 def _check_norm(norm: str) -> None:
