@@ -15,8 +15,13 @@ The picks are fixed here, not searched at each run: ``tokenreduce eval --checkpo
 table: results/scenes/free-budgets.txt), and a declared study trains the same arms wherever it runs
 (a measured pick moves with the machine). The matched specs are the ones that run printed.
 
-Compute plan (2 CPU cores): 24 arms x 3 seeds = 72 fine-tunes x 2-3 min, two evaluation runs of
-~10 min: about 3 h.
+DynamicViT, the learned baseline, has no training-free row; its picks (keep 0.7 and 0.45 at its official
+placement) are the keep rates nearest 1.5x and 2x when its speed was timed on the reference
+(results/scenes/dynamicvit-budgets.txt), and it is fine-tuned like every arm. Cropr and BSPF, learned and
+structural, are compared with the random pruner at their own counts in ``cropr_scenes`` and ``bspf_scenes``.
+
+Compute plan (2 CPU cores): 26 arms x 3 seeds = 78 fine-tunes x 2-3 min, two evaluation runs of
+~10 min: about 3.5 h.
 """
 
 from __future__ import annotations
@@ -52,6 +57,14 @@ PICKS = {
     "topk-2x": ("topk(keep=0.45, locs=(3, 6, 9))", "random(counts=(89, 41, 19), locs=(3, 6, 9), where='attn', "
                                                      "seed={seed})"),
 }
+#: the learned baseline's picks: timed on the reference (its cost does not depend on its predictors' weights;
+#: results/scenes/dynamicvit-budgets.txt), fine-tuned only: it has no training-free row
+LEARNED_PICKS = {
+    "dynamicvit-1.5x": ("dynamicvit(keep=0.7, locs=(2, 5, 8))",
+                        "random(counts=(137, 96, 67), locs=(2, 5, 8), where='block', seed={seed})"),
+    "dynamicvit-2x": ("dynamicvit(keep=0.45, locs=(2, 5, 8))",
+                      "random(counts=(88, 39, 17), locs=(2, 5, 8), where='block', seed={seed})"),
+}
 #: the random pruner's own picks at the two measured speed-ups
 RANDOM = {"random-1.5x": "random(keep=0.65, locs=(3, 6, 9), seed={seed})",
           "random-2x": "random(keep=0.45, locs=(3, 6, 9), seed={seed})"}
@@ -63,7 +76,7 @@ _COLUMNS = (("label", "case", "{}"), ("kind", "kind", "{}"), ("macs_speedup", "M
 
 def _arms() -> dict[str, Arm]:
     arms = {}
-    for name, (pick, matched) in PICKS.items():
+    for name, (pick, matched) in {**PICKS, **LEARNED_PICKS}.items():
         arms[name] = Arm(f"{name.replace('-', ' ')}: {pick}", spec=pick)
         arms[f"random~{name}"] = Arm(f"random at {name}'s counts", spec=matched)
     arms.update({name: Arm(f"{name.replace('-', ' ')}: {spec.format(seed='s')}", spec=spec)
@@ -95,19 +108,21 @@ class BenchScenes(Study):
                Col("train_time_s", "wall s"))
     measures = (
         Measure("free", reference=None, at={}, columns=_COLUMNS,
-                specs=tuple(_free(s) for pair in PICKS.values() for s in pair) + tuple(map(_free, RANDOM.values())),
-                title="Training-free: every pick and its matched random pruner on the reference"),
+                specs=(*(_free(s) for pair in PICKS.values() for s in pair),
+                       *(_free(matched) for _, matched in LEARNED_PICKS.values()), *map(_free, RANDOM.values())),
+                title="Training-free: every pick and its matched random pruner on the reference (DynamicViT, "
+                      "learned, only its matched pruner)"),
         Measure("final", reference=None, at={}, finetuned=tuple(_arms()), columns=_COLUMNS,
                 title="Fine-tuned (3 seeds each), one interleaved timing run"),
     )
     expect = (
-        *(_beats_matched(name) for name in PICKS),
+        *(_beats_matched(name) for name in (*PICKS, *LEARNED_PICKS)),
         Expect("at ~1.5x measured speed-up ToMe (the best training-free pick) beats random selection, fine-tuned",
                _SOURCE, arm="tome-1.5x", baseline="random-1.5x", metric="top1", direction=1),
         Expect("at ~2x measured speed-up ToMe (the best training-free pick) beats random selection, fine-tuned",
                _SOURCE, arm="tome-2x", baseline="random-2x", metric="top1", direction=1),
     )
     smoke = scene_smoke(grid={"seed": (0, 1)}, measure={"batch": 4, "warmup": 0, "repeats": 1})
-    budget = "72 fine-tunes x 2-3 min + 2 evaluation runs x ~10 min on 2 CPU cores: about 3 h"
+    budget = "78 fine-tunes x 2-3 min + 2 evaluation runs x ~10 min on 2 CPU cores: about 3.5 h"
     pending = ("the 2-core budget of the sitting that declared it went to eet_scenes and cropr_scenes; "
                "`tokenreduce study bench_scenes` runs it")
