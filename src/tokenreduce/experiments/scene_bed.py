@@ -17,8 +17,9 @@ from .testbed import Testbed
 
 #: the scene reference starts every run and names the data
 SCENES = Testbed(reference="scenes-vit")
-#: the same reference on the same scenes read as a dense task (the target's pixels labelled)
-SCENES_SEG = Testbed(reference="scenes-vit", data="fmnist_scenes_seg")
+#: the dense task (the target's pixels labelled): its own reference, scenes-vit with a segmentation head trained
+#: for one epoch (recipe ``scenes-vit-seg``), so a dense arm's 100 steps adapt a model that segments to pruning
+SCENES_SEG = Testbed(reference="scenes-vit-seg", data="fmnist_scenes_seg")
 #: optimiser steps of every scene fine-tune (batch 64)
 STEPS = 100
 BATCH = 64
