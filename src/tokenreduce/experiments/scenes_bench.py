@@ -27,7 +27,7 @@ Compute plan (2 CPU cores): 26 arms x 3 seeds = 78 fine-tunes x 2-3 min, two eva
 from __future__ import annotations
 
 from ..train.recipes import get_recipe
-from .scene_bed import SCENES, shortened
+from .scene_bed import SCENES, pending_reason, shortened
 from .scene_bed import smoke as scene_smoke
 from .study import TESTBED_TEACHER, Arm, Axis, Col, Expect, Measure, Study, register_study
 
@@ -124,5 +124,4 @@ class BenchScenes(Study):
     )
     smoke = scene_smoke(grid={"seed": (0, 1)}, measure={"batch": 4, "warmup": 0, "repeats": 1})
     budget = "78 fine-tunes x 2-3 min + 2 evaluation runs x ~10 min on 2 CPU cores: about 3.5 h"
-    pending = ("the 2-core budget of the sitting that declared it went to eet_scenes and cropr_scenes; "
-               "`tokenreduce study bench_scenes` runs it")
+    pending = pending_reason("bench_scenes")
