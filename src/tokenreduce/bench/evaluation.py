@@ -232,7 +232,7 @@ def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
     models: dict[str | None, tuple[dict[str, Any] | None, str]] = {None: (None, "")}
     for path in paths:
         meta = read_meta(path)
-        own, note = _own_model(meta.get("model"), ref.meta.get("model"), path)
+        own, note = _beside_reference(meta.get("model"), ref.meta.get("model"), path)
         key = json.dumps(own, sort_keys=True) if own is not None else None
         models[key] = (own, note)
         mine, theirs = classes_of(meta), classes_of(ref.meta)
@@ -252,7 +252,7 @@ def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
             for (key, spec), ps in groups.items()]
 
 
-def _own_model(model: Any, reference: Any, path: str) -> tuple[dict[str, Any] | None, str]:
+def _beside_reference(model: Any, reference: Any, path: str) -> tuple[dict[str, Any] | None, str]:
     """(the canonical model config of a fine-tuned checkpoint when it is not the reference's, or None;
     the words a row label says about it, e.g. "stem conv(norm='bn'), "); an unrelated model is refused."""
     from ..models import changes_on_top, model_config
