@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from ..train.recipes import get_recipe
 from .cropr_arms import CLS_SOURCE, RESCORED_BEATS_DEPLOYED, REVIEW, SEG_COLUMNS, SEG_SOURCE, SOURCE, router_beats
-from .scene_bed import SCENES, SCENES_SEG, pending_reason, shortened
+from .scene_bed import SCENES, SCENES_SEG, shortened
 from .scene_bed import smoke as scene_smoke
 from .study import Arm, Axis, Col, Expect, Study, register_study
 
@@ -107,4 +107,3 @@ class CroprSegScenes(Study):
     smoke = scene_smoke("fmnist_scenes_seg", grid={"seed": (0, 1)}, probe={"images": 16, "seeds": (0,), "batch": 8})
     budget = ("the dense reference once (~25 min), 12 training runs x 3-7 min + 3 diagnostics x 2-3 min on 2 CPU "
               "cores: about 90 min")
-    pending = pending_reason("cropr_seg_scenes")
