@@ -49,6 +49,28 @@ def test_bench_end_to_end_writes_every_spec(tmp_path, capsys):
     assert prov["threads"] == 1 and prov["batch_sizes"] == [4, 1] and "bench" in prov["command"]
 
 
+def test_bench_stem_counts_and_times_the_stem_against_the_plain_model(tmp_path, capsys):
+    """--stem conv: the model with the conv stem, unreduced and with each spec, beside the plain rows; their MACs
+    are the plain rows' plus the stem's, their tokens the same, their speed-ups against the plain unpatched model."""
+    from tokenreduce.bench.macs import count_macs
+    from tokenreduce.models import build_stem
+
+    spec = "tome(r=2)"
+    assert main(["bench", *TINY, "--quick", "--threads", "1", "--spec", spec, "--stem", "conv",
+                 "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    rows = {r["label"]: r for r in data["results"]}
+    stem, tuned = rows["stem conv(norm='bn')"], rows[f"{spec} [stem conv(norm='bn')]"]
+    plain = timm.create_model("test_vit", img_size=64)
+    extra = count_macs(build_stem("conv", timm.create_model("test_vit", img_size=64))).total - count_macs(plain).total
+    assert extra > 0 and stem["macs"] == rows["unpatched"]["macs"] + extra
+    assert tuned["macs"] == rows[spec]["macs"] + extra
+    assert tuned["tokens_per_block"] == rows[spec]["tokens_per_block"] and stem["kind"] == "stem"
+    assert data["settings"]["stem"] == "conv(norm='bn')" and rows["unpatched"]["speedup"] == 1.0
+    assert stem["speedup"] > 0 and f"{spec} [stem conv(norm='bn')]" in capsys.readouterr().out
+    one_line_error(capsys, ["bench", *TINY, "--quick", "--stem", "hexagon"], "valid stems")
+
+
 def test_bench_loads_a_checkpoint(tmp_path, capsys):
     model = timm.create_model("test_vit", img_size=64)
     good, bad = tmp_path / "good.pth", tmp_path / "bad.pth"

@@ -10,6 +10,9 @@ a spec with a matched pruner
     latency_vs_random = median over rounds of latency(matched random) / latency(spec)   (batch 1)
 
 (about 1: the method's scoring costs nothing measurable; below 1: what its scoring costs).
+With a ``stem`` (a method that needs another stem, e.g. ImagePiece's conv stem) two more kinds of row:
+the unreduced model with that stem (``stem S``) and each spec on it (``spec [stem S]``), counted and timed
+on that model against the same plain unpatched model, so a method's figures include its stem.
 :func:`bench_document` is the whole run as ``tokenreduce bench`` makes it (its ``results.json``), for
 the command and for a study's benches (experiments/entries.py) alike.
 """
@@ -34,8 +37,21 @@ COLUMNS = [
 ]
 
 
-def bench_cases(model: nn.Module, specs: Sequence[str], control: str, match_random: bool) -> list[dict[str, Any]]:
-    """Rows to measure: unpatched, control, each spec and (optionally) its matched random pruner."""
+def with_stem(model: nn.Module, stem: str) -> tuple[str, nn.Module]:
+    """(the canonical spec of ``stem``, a copy of the unpatched timm ``model`` with that stem in place of its
+    patch embedding, freshly initialised; every other weight the same): the stem rows' model."""
+    import copy
+
+    from ..models.stems import build_stem, canonical_stem
+
+    spec = canonical_stem(stem)  # an unknown stem fails naming the valid ones
+    return spec, build_stem(spec, copy.deepcopy(model))
+
+
+def bench_cases(model: nn.Module, specs: Sequence[str], control: str, match_random: bool,
+                stem: str | None = None) -> list[dict[str, Any]]:
+    """Rows to measure: unpatched, control, each spec and (optionally) its matched random pruner; with
+    ``stem``, the model with that stem and each spec on it."""
     rows = [{"label": "unpatched", "kind": "unpatched", "spec": None},
             {"label": f"control {control}", "kind": "control", "spec": control}]
     for spec in specs:
@@ -43,6 +59,10 @@ def bench_cases(model: nn.Module, specs: Sequence[str], control: str, match_rand
         if match_random:
             rows.append({"label": f"random~{spec}", "kind": "matched", "spec": matched_random(model, spec),
                          "matched_to": spec})
+    if stem is not None:
+        rows.append({"label": f"stem {stem}", "kind": "stem", "spec": None, "stem": stem})
+        rows += [{"label": f"{spec} [stem {stem}]", "kind": "method+stem", "spec": spec, "stem": stem}
+                 for spec in specs]
     labels = [r["label"] for r in rows]
     if len(set(labels)) != len(labels):
         raise TokenReduceError("each --spec must be given once")
@@ -51,18 +71,24 @@ def bench_cases(model: nn.Module, specs: Sequence[str], control: str, match_rand
 
 def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_random: bool = False,
                 img_size: int | None = None, speed: dict[str, Any] | None = None, seed: int = 0,
+                stem: tuple[str, nn.Module] | None = None,
                 progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The rows (module docstring) for ``specs`` on the unpatched ``model`` (on its device and dtype).
 
-    ``speed``: ``measure_speed`` keywords (batch, warmup, repeats, min_run_s, threads).
+    ``speed``: ``measure_speed`` keywords (batch, warmup, repeats, min_run_s, threads); ``stem``: (its spec,
+    the unpatched model with it) for the stem rows.
     """
-    rows = bench_cases(model, specs, control, match_random)
+    rows = bench_cases(model, specs, control, match_random, stem[0] if stem else None)
+
+    def host(row: dict[str, Any]) -> nn.Module:
+        return stem[1] if stem and "stem" in row else model
+
     for row in rows:  # MACs from the compiled schedules; also rejects a bad spec before any timing
-        with hosts.patched(model, row["spec"]):
-            macs = count_macs(model, img_size)
+        with hosts.patched(host(row), row["spec"]):
+            macs = count_macs(host(row), img_size)
         row.update(macs=macs.total, gmacs=macs.total / 1e9, tokens_per_block=macs.tokens_per_block)
-    results = measure_speed(model, [Case(r["label"], r["spec"]) for r in rows], img_size=img_size, seed=seed,
-                            progress=progress, **(speed or {}))
+    cases = [Case(r["label"], r["spec"], stem[1] if stem and "stem" in r else None) for r in rows]
+    results = measure_speed(model, cases, img_size=img_size, seed=seed, progress=progress, **(speed or {}))
     by_label = {s.label: s for s in results}
     for row in rows:
         row.update({k: v for k, v in by_label[row["label"]].as_dict().items() if k not in ("label", "spec")})
@@ -79,6 +105,7 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
 def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[str, Any], settings: dict[str, Any],
                    control: str, match_random: bool, threads: int, backend: str, device: str, dtype: str,
                    seed: int, img_size: int | None = None, argv: Sequence[str] | None = None,
+                   stem: tuple[str, nn.Module] | None = None,
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``tokenreduce bench``'s results document: :func:`bench_specs` on the unpatched ``model`` (already
     on ``device`` and ``dtype``) with ``settings`` (batch, warmup, repeats, min_run_s), plus provenance,
@@ -87,13 +114,15 @@ def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[s
     from .report import provenance
 
     rows = bench_specs(model, specs, control=control, match_random=match_random, img_size=img_size,
-                       speed={**settings, "threads": threads, "backend": backend}, seed=seed, progress=progress)
+                       speed={**settings, "threads": threads, "backend": backend}, seed=seed, stem=stem,
+                       progress=progress)
     h, w = input_shape(model)[1:]
     return {
         "provenance": provenance(argv=argv, threads=threads, dtype=dtype, device=device,
                                  batch_sizes=[settings["batch"], 1], seed=seed, backend=backend,
                                  **get_backend(backend).versions()),
         "model": {**model_info, "img_size": [h, w], "params": sum(p.numel() for p in model.parameters())},
-        "settings": {**settings, "control": control, "match_random": match_random, "backend": backend},
+        "settings": {**settings, "control": control, "match_random": match_random, "backend": backend,
+                     **({"stem": stem[0]} if stem else {})},
         "results": rows,
     }

@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per spec, also time a random pruner with the same per-block token counts")
     p.add_argument("--control", default="tome(r=0)", metavar="SPEC",
                    help="zero-reduction spec timed as the patch-overhead control (default: %(default)s)")
+    p.add_argument("--stem", metavar="SPEC",
+                   help="also time the model with this stem in place of its patch embedding (e.g. 'conv', "
+                   "ImagePiece's; fresh weights), unreduced and with every spec, against the plain unpatched "
+                   "model: the figures of a method that needs the stem")
     vocab.add_batch_size(p, default=None, note=f"timed throughput (default {DEFAULTS['batch']})")
     vocab.renamed(p, "--batch", "--batch-size")
     vocab.add_threads(p)
@@ -118,7 +122,7 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..bench.compare import COLUMNS, bench_document
+    from ..bench.compare import COLUMNS, bench_document, with_stem
     from ..bench.evaluation import log
     from ..bench.report import format_table, write_json
     from ..core.method import build_reducer
@@ -139,8 +143,13 @@ def run(args: argparse.Namespace) -> int:
             f"({'pretrained' if args.pretrained else 'randomly initialised'} weights)")
         model, args.model = build_model(args)
     model.to(args.device, getattr(torch, args.dtype))
+    if args.stem and args.hf_config:
+        raise TokenReduceError("--stem replaces a timm model's patch embedding; a transformers model (--hf-config) "
+                               "keeps its own")
+    stem = with_stem(model, args.stem) if args.stem else None
     threads = checks.resolve_threads(args.threads)
-    log(f"timing {len(args.spec) * (2 if args.match_random else 1) + 2} cases, batch {settings['batch']} and 1, "
+    n_cases = len(args.spec) * (2 if args.match_random else 1) + 2 + (len(args.spec) + 1 if stem else 0)
+    log(f"timing {n_cases} cases, batch {settings['batch']} and 1, "
         f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {threads} threads, {args.device} "
         f"{args.dtype}, backend {args.backend}")
     info = {"name": args.model, "hf_config": args.hf_config, "pretrained": args.pretrained, "weights": args.weights,
@@ -148,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     doc = bench_document(model, args.spec, model_info=info, settings=settings, control=args.control,
                          match_random=args.match_random, img_size=args.img_size, threads=threads,
                          backend=args.backend, device=args.device, dtype=args.dtype, seed=args.seed, argv=args.argv,
-                         progress=log)
+                         stem=stem, progress=log)
     rows, (h, w) = doc["results"], doc["model"]["img_size"]
     print(f"{args.model}  {h}x{w}  batch {settings['batch']} (latency: batch 1)  "
           f"{threads} threads  {args.device} {args.dtype}  backend {args.backend}  "

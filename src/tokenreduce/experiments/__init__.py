@@ -8,6 +8,7 @@ Importing this package registers the built-in experiments and studies.
 from . import (  # noqa: F401
     bench_backends,
     bench_deit,
+    bench_imagepiece,
     bspf_arms,
     bspf_symmetry,
     cropr_arms,

@@ -67,7 +67,7 @@ def report_probe(spec: str, result: dict[str, Any]) -> str:
 
 def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None = None, control: str,
           match_random: bool, speed: dict[str, Any], threads: int, device: str, argv: Sequence[str],
-          log: Callable[[str], None] = print) -> dict[str, Any]:
+          stem: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """``tokenreduce bench --model NAME --spec S ...``: ``specs`` against the unpatched model and the
     ``control`` in one interleaved run, on the timm model ``model`` (``{"name", "kwargs"}``, random weights
     from ``speed['seed']``) or, with ``checkpoint`` (a trained recipe's name), on its trained weights;
@@ -76,7 +76,7 @@ def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None
     (bench/compare.py)."""
     import torch
 
-    from ..bench.compare import bench_document
+    from ..bench.compare import bench_document, with_stem
     from ..bench.evaluation import SPEED
     from ..models import ModelSource, make_model
 
@@ -96,4 +96,4 @@ def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None
             "reference": checkpoint}
     return bench_document(built.model, specs, model_info=info, settings=speed, control=control,
                           match_random=match_random, threads=threads, backend=backend, device=device, dtype=dtype,
-                          seed=seed, argv=argv, progress=log)
+                          seed=seed, argv=argv, stem=with_stem(built.model, stem) if stem else None, progress=log)

@@ -170,7 +170,7 @@ class Runner:
         elif isinstance(unit.step, Bench):
             b = self.study.bench_run(unit.step)
             doc["result"] = entries.bench(b.model, b.specs, checkpoint=b.checkpoint, control=b.control,
-                                          match_random=b.match_random, speed=b.speed, threads=self.threads,
+                                          match_random=b.match_random, stem=b.stem, speed=b.speed, threads=self.threads,
                                           device=self.device, argv=self.command(unit), log=self.log)
         else:
             doc.update(self._probe(unit, work))

@@ -145,7 +145,8 @@ class Bench:
     pruner of each spec's token counts beside it; on the timm model ``model`` (``{"name", "kwargs"}``,
     random weights: nothing to train or load) or, with ``checkpoint`` (a trained recipe's name), on its
     trained weights. ``speed``: the command's timing flags (batch, warmup, repeats, min_run_s), backend,
-    dtype and seed; ``columns``: its table, (row key, header) as the command prints it."""
+    dtype and seed; ``stem``: ``--stem`` (the model with that stem, unreduced and with each spec, beside the
+    plain rows); ``columns``: its table, (row key, header) as the command prints it."""
 
     name: str
     model: dict[str, Any]
@@ -153,6 +154,7 @@ class Bench:
     checkpoint: str | None = None
     control: str = "tome(r=0)"
     match_random: bool = False
+    stem: str | None = None
     speed: dict[str, Any] = field(default_factory=dict)
     columns: tuple[tuple[str, str], ...] = ()  #: empty: the bench command's (bench/compare.py)
     title: str = ""
