@@ -87,7 +87,7 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
         with hosts.patched(host(row), row["spec"]):
             macs = count_macs(host(row), img_size)
         row.update(macs=macs.total, gmacs=macs.total / 1e9, tokens_per_block=macs.tokens_per_block)
-    cases = [Case(r["label"], r["spec"], stem[1] if stem and "stem" in r else None) for r in rows]
+    cases = [Case(r["label"], r["spec"], host(r) if "stem" in r else None) for r in rows]
     results = measure_speed(model, cases, img_size=img_size, seed=seed, progress=progress, **(speed or {}))
     by_label = {s.label: s for s in results}
     for row in rows:
