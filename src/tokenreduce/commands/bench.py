@@ -20,7 +20,7 @@ from .vocab import DEFAULT_MODEL
 DEFAULTS = {"batch": 32, "warmup": 2, "repeats": 10, "min_run_s": 0.05}
 QUICK = {"batch": 4, "warmup": 1, "repeats": 3, "min_run_s": 0.0}
 #: Flags of bench's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS = ("--match-random", "--control", "--dtype")
+OWN_FLAGS = ("--match-random", "--control", "--dtype", "--stem")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
