@@ -8,9 +8,12 @@ from pathlib import Path
 import pytest
 
 from tokenreduce.core.errors import SpecError
-from tokenreduce.experiments import Arm, get_study, register_study
+from tokenreduce.experiments import Arm, Measure, get_study, register_study
 from tokenreduce.experiments.runner import Runner, layout_for, load_runs
+from tokenreduce.experiments.scene_bed import SPEED_COLUMNS
+from tokenreduce.experiments.scene_bed import smoke as scene_smoke
 from tokenreduce.experiments.scenes_eet import EETScenes
+from tokenreduce.experiments.scenes_imagepiece import ImagePieceScenes
 from tokenreduce.experiments.tables import paired
 from tokenreduce.experiments.testbed import Testbed as Bed
 
@@ -177,3 +180,75 @@ def test_a_measure_over_two_arms_of_one_model_and_spec_is_refused():
     both = Measure("speed", reference=None, at={"seed": 0}, finetuned=("bspf_mirrored", "bspf_untied2"))
     with pytest.raises(SpecError, match="bspf_mirrored and bspf_untied2, which carry the same model and spec"):
         register_study("_bad_measure")(type("Bad", (BSPFScenes,), {"measures": (both,)}))
+
+
+@register_study("_tiny_records_test")
+class _TinyRecords(ImagePieceScenes):
+    """Two fine-tuned arms, one on its own model (the conv stem), and a measure over both, one seed."""
+
+    arms = {k: ImagePieceScenes.arms[k] for k in ("none", "imagepiece", "conv_imagepiece")}
+    expect = ()
+    measures = (Measure("speed", reference=None, at={"seed": 0}, finetuned=("imagepiece", "conv_imagepiece"),
+                        columns=SPEED_COLUMNS),)
+    smoke = scene_smoke(grid={"seed": (0,)}, measure={"batch": 4, "warmup": 0, "repeats": 1})
+
+
+def _fine_tuned(doc: dict) -> dict[str, dict]:
+    return {r["label"]: r for r in doc["result"]["results"] if r["kind"] == "fine-tuned"}
+
+
+def test_a_measure_reads_the_runs_records_and_needs_no_checkpoint(tmp_path: Path):
+    """A measure takes each run's final evaluation from its record (what evaluating its checkpoint on the
+    same items gives) and counts its model and spec afresh (the trained model's MACs), so it runs after
+    the checkpoints are gone: a study spread over checkouts keeps only its records."""
+    from tokenreduce.bench import evaluation as ev
+    from tokenreduce.bench.accuracy import evaluate_cases
+
+    runner = _runner(get_study("_tiny_records_test")(smoke=True), tmp_path)
+    runner.run()
+    runs = load_runs(runner.layout)
+    rows = _fine_tuned(runs["speed"])
+    notes = {label.split(" [")[1] for label in rows}
+    assert notes == {"fine-tuned x1]", "stem conv(norm='bn'), fine-tuned x1]"}
+    ref = ev.load_reference(runs["none-s0"]["metrics"]["checkpoint"])  # the smoke bed's reference: its baseline
+    data = ev.load_data(ref, data_dir=runner.study.eval_items(runner.layout.checkpoints)[0], subset=16)
+    paths = [runs[f"{a}-s0"]["metrics"]["checkpoint"] for a in ("imagepiece", "conv_imagepiece")]
+    direct = evaluate_cases(ref.model, data.test, ev.finetuned_cases(paths, ref), task=ref.task,
+                            speed={"batch": 2, "warmup": 0, "repeats": 1, "threads": 1})
+    for row in (r for r in direct if r["kind"] == "fine-tuned"):
+        assert rows[row["label"]]["top1"] == pytest.approx(row["top1"], abs=1e-9)
+        assert rows[row["label"]]["macs"] == row["macs"]  # the own model from its config costs what the trained one does
+    for path in paths:
+        Path(path).unlink()
+    runner.layout.json("speed").unlink()
+    again = _fine_tuned(runner.run_one(runner.unit("speed")))
+    assert {s: (r["top1"], r["macs"]) for s, r in again.items()} == {s: (r["top1"], r["macs"]) for s, r in rows.items()}
+
+
+def test_a_lost_checkpoint_is_made_again_and_a_changed_result_replaces_its_record(tmp_path: Path):
+    import json
+
+    from tokenreduce.core.errors import TokenReduceError
+
+    runner = _runner(get_study("bspf_scenes")(smoke=True), tmp_path)
+    first = runner.run_one(runner.unit("tied_full-s0"))
+    ckpt = Path(first["metrics"]["checkpoint"])
+    ckpt.unlink()
+    runner.run_one(runner.unit("bspf_tied2-s0"))  # reads tied_full-s0's checkpoint: made again, reproduced
+    assert ckpt.is_file() and "replaces" not in json.loads(runner.layout.json("tied_full-s0").read_text())
+
+    record = runner.layout.json("tied_full-s0")
+    doc = json.loads(record.read_text())
+    doc["metrics"]["top1"] = -1.0  # as if made on a machine whose arithmetic differs
+    record.write_text(json.dumps(doc))
+    ckpt.unlink()
+    with pytest.raises(TokenReduceError, match=r"the done runs \['bspf_tied2-s0'\] read the old run"):
+        runner.run_one(runner.unit("bspf_tied2-s0"))
+
+    record.write_text(json.dumps(doc))
+    ckpt.unlink()
+    runner.layout.json("bspf_tied2-s0").unlink()
+    runner.run_one(runner.unit("bspf_tied2-s0"))
+    replaced = json.loads(record.read_text())
+    assert replaced["metrics"]["top1"] == first["metrics"]["top1"]
+    assert replaced["replaces"]["metrics"] == {"top1": -1.0} and "did not reproduce" in replaced["replaces"]["why"]

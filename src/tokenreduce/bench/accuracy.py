@@ -20,10 +20,11 @@ segment, ...; its metrics come from ``Task.evaluate``), an evaluation set and a 
 Runs: a stochastic method (its config has a ``seed`` field) is evaluated once per seed, its spec's
 seed replaced; a deterministic one once; a trained case once per checkpoint (checkpoints of one
 spec, e.g. fine-tuned with different seeds, make one row), each with its own task tensors (a hash
-head). A trained case is timed as its spec on the reference model (weights do not change the
-shapes, so the speed is the same), unless its checkpoints hold another architecture of the reference
-(another stem: ``EvalCase.model``): then on that model, unpatched from its first checkpoint, so the
-stem's cost is in its MACs and speed.
+head), or, for runs that were evaluated on these items when they finished (a study's training runs:
+``EvalCase.recorded``), their recorded metrics as they are. A trained case is counted and timed as
+its spec on the reference model (weights do not change the shapes, so the cost is the same), unless
+its runs hold another architecture of the reference (another stem: ``EvalCase.model``): then on
+that model, built from its config, so the stem's cost is in its MACs and speed.
 """
 
 from __future__ import annotations
@@ -65,8 +66,12 @@ class EvalCase:
         budget_speedup: the speed-up the budget rule expected of the spec (what tables show: a pick
             may fall short of its target).
         checkpoints: for 'fine-tuned': the checkpoints to evaluate (one run each).
-        model: for 'fine-tuned' checkpoints whose model is the reference's with another stem or added
-            transforms: that model config (their speed is timed on it); None: the reference's model.
+        recorded: for 'fine-tuned': runs evaluated already on the same items (one metrics dict each,
+            the task's numbers as its evaluation returns them, plus 'seed' and 'run'): rows of the
+            group as they are, no checkpoint read (a study's runs, whose checkpoints need not outlive
+            them).
+        model: for 'fine-tuned' runs whose model is the reference's with another stem or added
+            transforms: that model config (their cost is counted and timed on it); None: the reference's.
     """
 
     label: str
@@ -76,6 +81,7 @@ class EvalCase:
     checkpoints: tuple[str, ...] = ()
     budget_speedup: float | None = None
     model: dict[str, Any] | None = None
+    recorded: tuple[dict[str, Any], ...] = ()
 
     def timing_key(self) -> tuple[str | None, str | None]:
         """What its speed depends on: (its own model config as JSON, or None for the reference's; the
@@ -182,6 +188,11 @@ def _evaluate_case(model: nn.Module, task: Task, case: EvalCase, data: TensorDat
             row.macs = count_macs(trained, img_size)
             if progress:
                 progress(f"{case.label} [{path}]: {m} {metrics[m]:.2f}")
+        row.runs += [dict(r) for r in case.recorded]
+        if row.macs is None:  # recorded runs only: the cost of their spec on their model
+            host = _own_model(case, model) or model
+            with hosts.patched(host, case.spec):
+                row.macs = count_macs(host, img_size)
         return row
     variants = [(None, case.spec)]
     if case.spec is not None and is_stochastic(case.spec):
@@ -256,13 +267,15 @@ def evaluate_cases(
 
 
 def _own_model(case: EvalCase, reference: nn.Module) -> nn.Module | None:
-    """The unpatched model a fine-tuned case with its own architecture is timed on (its first
-    checkpoint's), on the reference's device; None for a case on the reference's model."""
+    """The unpatched model a fine-tuned case with its own architecture is counted and timed on, built
+    from its config (fresh weights: the shapes are the trained model's), on the reference's device;
+    None for a case on the reference's model."""
     if case.model is None:
         return None
     from ..models import ModelSource, make_model
 
-    return make_model(ModelSource(checkpoint=case.checkpoints[0], spec=None), next(reference.parameters()).device).model
+    config = {**case.model, "pretrained": False}  # the weights are not what is timed: never fetch any
+    return make_model(ModelSource(config=config, spec=None), next(reference.parameters()).device).model
 
 
 def _numeric(v: Any) -> bool:

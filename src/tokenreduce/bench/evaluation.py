@@ -8,7 +8,8 @@ Its steps live here too:
                       training split as the retrieval database (read only if a task uses it)
     budget_cases      per training-free method and target speed-up, the spec chosen by bench/budgets.py
     matched_cases     per training-free case, the random pruner with its per-block token counts
-    finetuned_cases   fine-tuned checkpoints grouped by spec (mean and std over each group)
+    finetuned_cases   fine-tuned checkpoints and recorded runs grouped by (model, spec) (mean and
+                      std over each group)
     table             the results table (the task's primary metric, MACs, speed) and its legend
     write_outputs     results.json, results.csv, pareto.png and the task's own figures
 Progress goes to stderr (:func:`log`), results to the files and the table.
@@ -218,50 +219,73 @@ def matched_cases(model: nn.Module, cases: Sequence[EvalCase]) -> list[EvalCase]
     return out
 
 
-def finetuned_cases(paths: Sequence[str], ref: Reference) -> list[EvalCase]:
-    """One EvalCase per (model, spec) among the fine-tuned checkpoints ``paths``; each must hold the
-    reference's model, or it with another stem or added transforms (``tokenreduce train --init REF
-    --stem conv``: timed on its own model, the stem counted), have been trained for the reference's task
-    and on its classes, in its order (the labels of the evaluation data index the reference's)."""
+@dataclass(frozen=True)
+class Recorded:
+    """A fine-tuned run evaluated when it finished, on the items an evaluation reads (a study's training
+    run: its test items are the study's): its ``model`` config, ``spec``, ``task`` and the ``metrics``
+    of that evaluation (the task's numbers, ``train.final_evaluation``); ``name``: its run id. A study's
+    measure groups these instead of reading checkpoints, which need not outlive the run."""
+
+    name: str
+    model: dict[str, Any]
+    spec: str | None
+    task: str
+    seed: int | None
+    metrics: dict[str, Any]
+
+
+def finetuned_cases(paths: Sequence[str], ref: Reference, recorded: Sequence[Recorded] = ()) -> list[EvalCase]:
+    """One EvalCase per (model, spec) among the fine-tuned checkpoints ``paths`` and ``recorded`` runs;
+    each must hold the reference's model, or it with another stem or added transforms (``tokenreduce
+    train --init REF --stem conv``: timed on its own model, the stem counted), have been trained for the
+    reference's task and (a checkpoint says so) on its classes, in its order (the labels of the
+    evaluation data index the reference's)."""
     from ..core.method import build_reducer
     from ..models import classes_of, read_meta, resolve
     from ..tasks import build_task
     from .accuracy import DEFAULT_TASK, EvalCase
 
-    groups: dict[tuple[str | None, str | None], list[str]] = {}
+    groups: dict[tuple[str | None, str | None], tuple[list[str], list[dict[str, Any]]]] = {}
     models: dict[str | None, tuple[dict[str, Any] | None, str]] = {None: (None, "")}
-    for path in paths:
-        meta = read_meta(path)
-        own, note = _beside_reference(meta.get("model"), ref.meta.get("model"), path)
+
+    def group(name: str, model: Any, task: str | None, spec: str | None) -> tuple[list[str], list[dict[str, Any]]]:
+        own, note = _beside_reference(model, ref.meta.get("model"), name)
         key = json.dumps(own, sort_keys=True) if own is not None else None
         models[key] = (own, note)
+        task = build_task(task or DEFAULT_TASK).spec()
+        if task != ref.task.spec():
+            raise TokenReduceError(f"{name} was trained for the task {task}, the reference for {ref.task.spec()}; "
+                                   "fine-tuned runs must share the reference's task")
+        spec = build_reducer(spec).spec() if spec else None
+        return groups.setdefault((key, spec), ([], []))
+
+    for path in paths:
+        meta = read_meta(path)
         mine, theirs = classes_of(meta), classes_of(ref.meta)
         if mine and theirs and mine != theirs:
             other = sorted(set(mine) ^ set(theirs))
             why = f"classes the other lacks: {', '.join(other)}" if other else "the same classes in another order"
             raise TokenReduceError(f"{path} was trained on other classes than the reference {ref.path} ({why}); "
                                    "its outputs would be scored against the wrong labels")
-        task = build_task(meta.get("task") or DEFAULT_TASK).spec()
-        if task != ref.task.spec():
-            raise TokenReduceError(f"{path} was trained for the task {task}, the reference for {ref.task.spec()}; "
-                                   "fine-tuned checkpoints must share the reference's task")
-        spec = build_reducer(meta["spec"]).spec() if meta.get("spec") else None
-        groups.setdefault((key, spec), []).append(str(resolve(path)))
-    return [EvalCase(f"{spec or 'no reducer'} [{models[key][1]}fine-tuned x{len(ps)}]", spec, "fine-tuned",
-                     checkpoints=tuple(ps), model=models[key][0])
-            for (key, spec), ps in groups.items()]
+        group(path, meta.get("model"), meta.get("task"), meta.get("spec"))[0].append(str(resolve(path)))
+    for r in recorded:
+        group(r.name, r.model, r.task, r.spec)[1].append({**r.metrics, "seed": r.seed, "run": r.name})
+    return [EvalCase(f"{spec or 'no reducer'} [{models[key][1]}fine-tuned x{len(ps) + len(rs)}]", spec, "fine-tuned",
+                     checkpoints=tuple(ps), recorded=tuple(rs), model=models[key][0])
+            for (key, spec), (ps, rs) in groups.items()]
 
 
-def _beside_reference(model: Any, reference: Any, path: str) -> tuple[dict[str, Any] | None, str]:
-    """(the canonical model config of a fine-tuned checkpoint when it is not the reference's, or None;
-    the words a row label says about it, e.g. "stem conv(norm='bn'), "); an unrelated model is refused."""
+def _beside_reference(model: Any, reference: Any, name: str) -> tuple[dict[str, Any] | None, str]:
+    """(the canonical model config of the fine-tuned run ``name`` (a checkpoint or a record) when it is
+    not the reference's, or None; the words a row label says about it, e.g. "stem conv(norm='bn'), ");
+    an unrelated model is refused."""
     from ..models import changes_on_top, model_config
 
     if model == reference:
         return None, ""
     on_top = changes_on_top(reference, model) if isinstance(model, dict) and isinstance(reference, dict) else None
     if on_top is None:
-        raise TokenReduceError(f"{path} holds model {model}, the reference holds {reference}; fine-tuned checkpoints "
+        raise TokenReduceError(f"{name} holds model {model}, the reference holds {reference}; fine-tuned runs "
                                "must hold the reference's model, or it with another stem or added transforms")
     stem, extra = on_top
     if stem is None and not extra:  # the same model spelt another way

@@ -19,19 +19,23 @@ def train_run(fields: dict[str, Any]) -> dict[str, Any]:
     return {"config": cfg.to_dict(), "metrics": train(cfg)}
 
 
-def evaluate(reference: str, specs: Sequence[str], finetuned: Sequence[str], *, out: Path, threads: int,
+def evaluate(reference: str, specs: Sequence[str], recorded: Sequence[dict[str, Any]], *, out: Path, threads: int,
              speed: dict[str, Any], seeds: Sequence[int] = (0, 1, 2), eval_batch: int = 250,
              data_dir: str | None = None, subset: int | None = None,
              log: Callable[[str], None] = print) -> dict[str, Any]:
-    """``tokenreduce eval --checkpoint REFERENCE --spec S ... --checkpoint F ...``: the reference checkpoint
-    unpatched and with each training-free spec, the fine-tuned checkpoints grouped by spec; the task's
-    metric, MACs, throughput and latency in one interleaved run, on the checkpoint's data (read from
-    ``data_dir`` when given) or a fixed random ``subset`` of its test items (``--subset``). Writes the
-    command's files to ``out``; returns its results (data, speed settings, rows)."""
+    """``tokenreduce eval --checkpoint REFERENCE --spec S ...`` with fine-tuned runs beside them: the
+    reference checkpoint unpatched and with each training-free spec evaluated, the ``recorded`` training
+    runs (each ``{"name", "model", "seed", "metrics"}``: a run id, its model config, its seed and the
+    final metrics train() returned) grouped by model and spec with the evaluation each made of itself on the same
+    items; the task's metric, MACs, throughput and latency in one interleaved run, on the checkpoint's
+    data (read from ``data_dir`` when given) or a fixed random ``subset`` of its test items
+    (``--subset``). Writes the command's files to ``out``; returns its results (data, speed settings,
+    rows)."""
     import torch
 
     from ..bench import evaluation as ev
     from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
+    from ..train import final_evaluation
 
     defaults = {k: ev.SPEED[k] for k in ("batch", "warmup", "repeats")}  # the eval command's
     settings = ev.speed_settings(threads=threads, eval_batch=eval_batch, **{**defaults, **speed})
@@ -39,7 +43,9 @@ def evaluate(reference: str, specs: Sequence[str], finetuned: Sequence[str], *, 
     ref = ev.load_reference(reference)
     cases = [EvalCase(s, s) for s in specs]
     check_cases(ref.model, cases)
-    cases += ev.finetuned_cases(list(finetuned), ref)
+    runs = [ev.Recorded(r["name"], r["model"], r["metrics"].get("spec"), r["metrics"]["task"], r["seed"],
+                        final_evaluation(r["metrics"])) for r in recorded]
+    cases += ev.finetuned_cases([], ref, runs)
     data = ev.load_data(ref, data_dir=data_dir, subset=subset)
     rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=list(seeds),
                           eval_batch=eval_batch, speed=settings, progress=log)

@@ -1,13 +1,20 @@
 """Executing a study: its plan of idempotent runs, each writing one JSON.
 
 A study's plan is its training runs (arm x grid point, id ``d_eet-b16-s0``) followed by its measures
-and probes (id = their name), which read the training runs' checkpoints, and its benches (id = their
-name), which read nothing and run last, alone. A run is done when its JSON exists
-(``<results>/runs/<id>.json``, written atomically at the end); a run is executed in-process through
-experiments/entries.py, its checkpoints under ``<checkpoints>/<id>/``, and a training run always
-resumes what an interrupted one left there (train()'s resume). So a killed study continues where it
-stopped, ``--jobs N`` runs N at once (N processes of threads // N torch threads each; benches one at
-a time), and ``commands()`` gives one shell command per run for any scheduler.
+(id = their name), which read the training runs' records, its probes (id = their name), which read
+their checkpoints, and its benches (id = their name), which read nothing and run last, alone. A run
+is done when its JSON exists (``<results>/runs/<id>.json``, written atomically at the end); a run is
+executed in-process through experiments/entries.py, its checkpoints under ``<checkpoints>/<id>/``,
+and a training run always resumes what an interrupted one left there (train()'s resume). So a killed
+study continues where it stopped, ``--jobs N`` runs N at once (N processes of threads // N torch
+threads each; benches one at a time), and ``commands()`` gives one shell command per run for any
+scheduler.
+
+The records are what a study keeps (results/ is committed; checkpoints are not): a measure takes each
+fine-tuned run's own final evaluation, made on the same test items, from its record, and counts and
+times its model and spec afresh (weights do not change the cost), so a study spread over machines or
+checkouts measures runs whose checkpoints are long gone. A run that needs a checkpoint that is gone (a
+probe, a second training phase) runs its source again first (:meth:`Runner._checkpoint`).
 """
 
 from __future__ import annotations
@@ -151,17 +158,13 @@ class Runner:
             doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=unit.needs[0], **probe,
                        metrics=probe["result"].get("metrics", {}))
         elif unit.point is not None:
-            fields = self.study.train_fields(unit.point, self.layout.checkpoints)
-            if unit.needs:  # a second phase: it starts from the first phase's checkpoint
-                fields["init"] = self._checkpoint(unit.needs[0])
-            fields.update(out=str(work), resume=True, threads=self.threads, device=self.device)
-            doc.update(arm=unit.point.arm, point=unit.point.values, **entries.train_run(fields))
+            doc.update(arm=unit.point.arm, point=unit.point.values, **self._train(unit))
         elif isinstance(unit.step, Measure):
             m = unit.step
-            ckpt = {n: self._checkpoint(n) for n in unit.needs}
             ref_id, tuned_ids = self.study.measure_runs(m)
-            ref = ckpt[ref_id] if ref_id else self.study.bed.checkpoint()
-            tuned = [ckpt[n] for n in tuned_ids]
+            ref = self._checkpoint(ref_id) if ref_id else self.study.bed.checkpoint()
+            tuned = [{"name": n, "model": self._model(n), "seed": self._doc(n)["config"].get("seed"),
+                      "metrics": self._doc(n)["metrics"]} for n in tuned_ids]
             speed = {**m.speed, **(self.study.smoke.measure if self.study.is_smoke else {})}
             data_dir, subset = self.study.eval_items(self.layout.checkpoints)  # the runs' test items
             doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
@@ -179,8 +182,71 @@ class Runner:
         write_json(self.layout.json(unit.id), doc)
         return doc
 
+    def _train(self, unit: Unit) -> dict[str, Any]:
+        """Train (or resume) the training run ``unit``; returns its config and final metrics."""
+        from . import entries
+
+        fields = self.study.train_fields(unit.point, self.layout.checkpoints)
+        if unit.needs:  # a second phase: it starts from the first phase's checkpoint
+            fields["init"] = self._checkpoint(unit.needs[0])
+        fields.update(out=str(self.layout.checkpoints / unit.id), resume=True, threads=self.threads,
+                      device=self.device)
+        return entries.train_run(fields)
+
+    def _doc(self, run_id: str) -> dict[str, Any]:
+        return json.loads(self.layout.json(run_id).read_text())
+
     def _checkpoint(self, run_id: str) -> str:
-        return json.loads(self.layout.json(run_id).read_text())["metrics"]["checkpoint"]
+        """The checkpoint of the done training run ``run_id``. One that is gone (the results are kept,
+        the checkpoints are not: a new checkout, another machine) is made again by running the run
+        again. Where that does not reproduce the recorded metric (another machine's arithmetic), the
+        new run replaces the record, which keeps the old one's metric and provenance under
+        ``replaces``: a record describes the checkpoint later runs read. Refused when a done run read
+        the old run (its result would no longer match the record)."""
+        from ..bench.report import write_json
+
+        doc = self._doc(run_id)
+        path = doc["metrics"]["checkpoint"]
+        if Path(path).is_file():
+            return path
+        unit = self.unit(run_id)
+        if unit.kind != "train":
+            raise TokenReduceError(f"run {run_id} has no checkpoint of its own to read ({unit.kind})")
+        readers = [u.id for u in self.units if run_id in u.needs and self.done(u)]
+        self.log(f"{self.study.name}/{run_id}: its checkpoint {path} is gone; running it again to make it")
+        again = self.run_one(unit)
+        metric = doc["metrics"]["metric"]
+        if again["metrics"][metric] != doc["metrics"][metric]:
+            if readers:
+                raise TokenReduceError(f"{run_id} made again gave {metric} {again['metrics'][metric]}, not the "
+                                       f"recorded {doc['metrics'][metric]}, and the done runs {readers} read the old "
+                                       "run: delete their records to make them again from the new one")
+            self.log(f"{self.study.name}/{run_id}: made again, {metric} {again['metrics'][metric]} (recorded "
+                     f"{doc['metrics'][metric]}, {doc['metrics']['provenance'].get('cpu')}); the new run replaces "
+                     "its record")
+            again["replaces"] = {"why": "its checkpoint was gone and running it again did not reproduce its metric",
+                                 "metrics": {metric: doc["metrics"][metric]}, "provenance": doc["provenance"],
+                                 "cpu": doc["metrics"]["provenance"].get("cpu")}
+            write_json(self.layout.json(run_id), again)
+        return again["metrics"]["checkpoint"]
+
+    def _model(self, run_id: str) -> dict[str, Any]:
+        """The model config the training run ``run_id`` trained: its own, else that of the run it started
+        from (a second phase), else the test bed reference's."""
+        from ..models import read_meta
+
+        unit = self.unit(run_id)
+        if unit.kind != "train":
+            raise TokenReduceError(f"run {run_id} trains no model ({unit.kind}); a measure reads training runs")
+        config = self._doc(run_id)["config"]
+        if config.get("model"):
+            return config["model"]
+        if unit.needs:
+            return self._model(unit.needs[0])
+        start = self.study.bed.checkpoint() or config.get("init")
+        if start is None:
+            raise TokenReduceError(f"run {run_id} names no model and starts from no run or reference")
+        return read_meta(start)["model"]
 
     def _probe(self, unit: Unit, work: Path) -> dict[str, Any]:
         checkpoint = self._checkpoint(unit.needs[0]) if unit.needs else self.study.bed.checkpoint()

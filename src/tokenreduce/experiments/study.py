@@ -111,7 +111,8 @@ class Measure:
     of ``reference`` (arm at the grid point ``at``; None: the test bed's reference checkpoint, or on a
     test bed without one the baseline arm's run) unpatched and with each training-free ``specs``, and
     the runs ``finetuned`` (arm names, every run of theirs at ``at``: leave the seed out of ``at`` to
-    group all seeds), with throughput and latency; ``speed``: the eval's speed settings (``backend``)."""
+    group all seeds; each with the final evaluation its record holds, its cost counted and timed on its
+    model), with throughput and latency; ``speed``: the eval's speed settings (``backend``)."""
 
     name: str
     reference: str | None

@@ -19,11 +19,11 @@ from ..models import (
     unwrap,
 )
 from .config import TrainConfig
-from .loop import fit, train
+from .loop import final_evaluation, fit, train
 from .recipes import get_recipe, list_recipes, reference_checkpoint
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "TrainConfig", "build_model", "fit", "get_recipe", "list_recipes", "load_model",
-    "load_weights", "read_checkpoint", "read_meta", "reference_checkpoint", "resolve", "restore_training_state",
-    "rng_state", "save_checkpoint", "train", "unwrap",
+    "Checkpoint", "CheckpointError", "TrainConfig", "build_model", "final_evaluation", "fit", "get_recipe",
+    "list_recipes", "load_model", "load_weights", "read_checkpoint", "read_meta", "reference_checkpoint", "resolve",
+    "restore_training_state", "rng_state", "save_checkpoint", "train", "unwrap",
 ]

@@ -144,6 +144,14 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def final_evaluation(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of the test evaluation that ends a run, from the final ``metrics`` train() returned
+    (its last history row without the epoch's training statistics): the numbers ``tokenreduce eval`` of
+    its checkpoint on the same items reports (``n`` as ``n_eval``). Empty for a run that ended without one."""
+    last = (metrics.get("history") or [{}])[-1]
+    return {k: v for k, v in last.items() if k not in ("epoch", "step", "time_s") and not k.startswith("train_")}
+
+
 def _same_file(path: str, read: Checkpoint | None) -> str | Checkpoint:
     """``read`` when it is the checkpoint ``path`` names (a --teacher that is the --init), else ``path``."""
     return read if read is not None and resolve(path).resolve() == read.path.resolve() else path
