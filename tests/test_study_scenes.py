@@ -14,7 +14,7 @@ from tokenreduce.experiments.scene_bed import SPEED_COLUMNS
 from tokenreduce.experiments.scene_bed import smoke as scene_smoke
 from tokenreduce.experiments.scenes_eet import EETScenes
 from tokenreduce.experiments.scenes_imagepiece import ImagePieceScenes
-from tokenreduce.experiments.tables import paired
+from tokenreduce.experiments.tables import machines_text, paired, summary
 from tokenreduce.experiments.testbed import Testbed as Bed
 
 
@@ -217,7 +217,7 @@ def test_a_measure_reads_the_runs_records_and_needs_no_checkpoint(tmp_path: Path
                             speed={"batch": 2, "warmup": 0, "repeats": 1, "threads": 1})
     for row in (r for r in direct if r["kind"] == "fine-tuned"):
         assert rows[row["label"]]["top1"] == pytest.approx(row["top1"], abs=1e-9)
-        assert rows[row["label"]]["macs"] == row["macs"]  # the own model from its config costs what the trained one does
+        assert rows[row["label"]]["macs"] == row["macs"]  # its own model, built from its config, costs the same
     for path in paths:
         Path(path).unlink()
     runner.layout.json("speed").unlink()
@@ -252,3 +252,14 @@ def test_a_lost_checkpoint_is_made_again_and_a_changed_result_replaces_its_recor
     replaced = json.loads(record.read_text())
     assert replaced["metrics"]["top1"] == first["metrics"]["top1"]
     assert replaced["replaces"]["metrics"] == {"top1": -1.0} and "did not reproduce" in replaced["replaces"]["why"]
+    text = summary(runner.study, load_runs(runner.layout))
+    assert f"tied_full-s0 was made again (its checkpoint was gone and running it again did not reproduce its " \
+           f"metric): top1 {first['metrics']['top1']:.2f}" in text and "in place of -1.00" in text
+
+
+def test_a_summary_says_when_its_runs_were_made_on_several_machines():
+    study = get_study("bspf_scenes")()
+    runs = {f"full-s{i}": {"kind": "train", "metrics": {"provenance": {"cpu": cpu}}}
+            for i, cpu in enumerate(["AMD EPYC", "AMD EPYC", "Intel Xeon"])}
+    assert "made on 2 machines (AMD EPYC: 2 runs; Intel Xeon: 1 run)" in "".join(machines_text(study, runs))
+    assert machines_text(study, {k: runs[k] for k in ("full-s0", "full-s1")}) == []

@@ -25,7 +25,7 @@ decisions are from the exact ones on each seed's tied model.
 
 The pruners at BSPF's counts are matched on token counts, hence roughly on MACs (fusion and scoring add
 their own); the measure ``speed`` reports every arm's MACs and measured speed side by side, each on its
-seed-0 checkpoint, so a reader sees how close the match is.
+seed-0 run's model and spec, so a reader sees how close the match is.
 
 Compute plan (2 CPU cores): 30 training runs x 2-3 min, 3 symmetry probes x 1 min and one speed run
 ~6 min: about 90 min.
@@ -77,7 +77,7 @@ class BSPFScenes(Study):
     measures = (Measure("speed", reference=None, at={"seed": 0},
                         finetuned=tuple(a for a in _ARMS if a not in ("full", "bspf_untied2")),
                         columns=SPEED_COLUMNS,
-                        title="MACs and speed: every arm's seed-0 checkpoint against the reference, one interleaved "
+                        title="MACs and speed: every arm's seed-0 run against the reference, one interleaved "
                               "run"),)
     probes = tuple(Probe(f"symmetry_tied2_s{s}", "bspf_symmetry(images=2000)", arm="bspf_tied2", at={"seed": s},
                          title=f"Symmetry: the phase-2 tied model, seed {s}") for s in _SEEDS)

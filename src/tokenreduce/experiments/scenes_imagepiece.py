@@ -79,7 +79,7 @@ class ImagePieceScenes(Study):
     columns = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True), Col("train_time_s", "wall s"))
     measures = (Measure("speed", reference=None, at={"seed": 0}, finetuned=tuple(a for a in _ARMS if a != "none"),
                         columns=SPEED_COLUMNS,
-                        title="Speed: every arm's seed-0 checkpoint against the reference, one interleaved run (each "
+                        title="Speed: every arm's seed-0 run against the reference, one interleaved run (each "
                               "row with its own stem: the conv-stem rows count the conv stem)"),)
     expect = (
         _expect("ImagePiece beats EViT at equal measured speed", arm="imagepiece", baseline="evit_speed",

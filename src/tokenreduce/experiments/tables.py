@@ -230,6 +230,28 @@ def recipe_text(recipe: dict[str, Any]) -> str:
     return f"{name}, schedule changed: {recipe.get('epochs')} epoch(s){subset}, batch {recipe.get('batch_size')}"
 
 
+def machines_text(study: Study, runs: dict[str, dict]) -> list[str]:
+    """Where the training runs were made, when on more than one machine (their wall times compare only
+    within one), and each run made again in place of an earlier one (``Runner._checkpoint``)."""
+    trained = {rid: d for rid, d in runs.items() if d.get("kind") == "train"}
+    cpus: dict[str, list[str]] = {}
+    for rid, d in trained.items():
+        cpus.setdefault(d["metrics"].get("provenance", {}).get("cpu") or "unknown", []).append(rid)
+    lines = []
+    if len(cpus) > 1:
+        parts = "; ".join(f"{cpu}: {len(ids)} run{'s' if len(ids) > 1 else ''}" for cpu, ids in sorted(cpus.items()))
+        lines.append(f"The training runs were made on {len(cpus)} machines ({parts}); wall times compare within "
+                     "one machine only.")
+    for rid, d in sorted(trained.items()):
+        old = d.get("replaces")
+        if old:
+            metric = d["metrics"]["metric"]
+            lines.append(f"{rid} was made again ({old['why']}): {metric} {d['metrics'][metric]:.2f} on "
+                         f"{d['metrics']['provenance'].get('cpu')}, in place of {old['metrics'][metric]:.2f} on "
+                         f"{old.get('cpu')}.")
+    return [*lines, ""] if lines else []
+
+
 def summary(study: Study, runs: dict[str, dict]) -> str:
     """The study's markdown: arm tables per split value, measures, probes, benches, verdicts."""
     lines = [f"## Arms ({recipe_text(study.recipe)}) on {study.bed.text()}", ""] if study.arms else []
@@ -241,6 +263,7 @@ def summary(study: Study, runs: dict[str, dict]) -> str:
         if study.split:
             lines += [f"### {study.split[1].format(value)}", ""]
         lines += [*arm_table(study, runs, at), ""]
+    lines += machines_text(study, runs)
     for m in study.measures:
         lines += [f"## {m.title or m.name}", "", *measure_table(m, runs.get(m.name)), ""]
     for p in study.probes:
