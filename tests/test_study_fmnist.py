@@ -88,10 +88,14 @@ def test_a_measure_reads_the_test_bed_reference_every_seed_of_its_arms_and_its_b
     unit = runner.unit("matched-onnxruntime")
     assert unit.needs == tuple(f"{a}-s{s}" for a in ("random-1.5x", "topk-1.5x", "random-matched-topk-1.5x")
                                for s in (0, 1, 2))
-    for run_id in unit.needs:
+    model = {"name": "vit_tiny_patch16_224", "kwargs": {"depth": 1}}
+    for run_id in unit.needs:  # records whose checkpoints are gone: a measure reads the records only
         path = runner.layout.json(run_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"metrics": {"checkpoint": f"ckpt/{run_id}"}}))
+        path.write_text(json.dumps({"config": {"model": model, "seed": int(run_id[-1])},
+                                    "metrics": {"checkpoint": f"gone/{run_id}", "top1": 50.0}}))
     runner.run_one(unit)
     assert seen["ref"] == "REF" and seen["specs"] == ("random(keep=0.55, locs=(1, 3, 4))",)
-    assert seen["tuned"] == [f"ckpt/{n}" for n in unit.needs] and seen["speed"] == {"backend": "onnxruntime"}
+    assert seen["tuned"] == [{"name": n, "model": model, "seed": int(n[-1]),
+                              "metrics": {"checkpoint": f"gone/{n}", "top1": 50.0}} for n in unit.needs]
+    assert seen["speed"] == {"backend": "onnxruntime"}
