@@ -9,7 +9,7 @@ import pytest
 
 from tokenreduce.core.errors import SpecError
 from tokenreduce.experiments import Arm, Measure, get_study, register_study
-from tokenreduce.experiments.runner import Runner, layout_for, load_runs
+from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.scene_bed import SPEED_COLUMNS
 from tokenreduce.experiments.scene_bed import smoke as scene_smoke
 from tokenreduce.experiments.scenes_eet import EETScenes
@@ -263,3 +263,23 @@ def test_a_summary_says_when_its_runs_were_made_on_several_machines():
             for i, cpu in enumerate(["AMD EPYC", "AMD EPYC", "Intel Xeon"])}
     assert "made on 2 machines (AMD EPYC: 2 runs; Intel Xeon: 1 run)" in "".join(machines_text(study, runs))
     assert machines_text(study, {k: runs[k] for k in ("full-s0", "full-s1")}) == []
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name, n_runs, rows", [
+    ("eet_scenes", 22, ["| (b) CTP only | 0, 1, 2 | 43.70 ± 3.12 |", "| -6.59 ± 0.91 (n = 3) |"]),
+    ("cropr_scenes", 21, ["| Token Cropr + LLF | 0, 1, 2 | 55.28 ± 1.06 | -5.40 ± 1.08 |",
+                          "| fixed random linear scorer (frozen query) | 0, 1, 2 | 50.83 ± 2.80 | -9.85 ± 2.74 |"]),
+    ("cropr_seg_scenes", 15, ["| Token Cropr + LLF | 0, 1, 2 | 33.54 ± 2.23 |",
+                              "| top-k + LLF | 0, 1, 2 | 36.98 ± 0.57 |"]),
+])
+def test_the_committed_scene_tables_regenerate_from_the_stored_runs(name: str, n_runs: int, rows: list[str]):
+    """The scene studies' stored summaries (what the README quotes) are what their stored runs give."""
+    runs = load_runs(Layout(ROOT / "results" / name, ROOT / "runs" / name))
+    text = summary(get_study(name)(), runs)
+    assert len(runs) == n_runs and "not run" not in text
+    assert text == (ROOT / "results" / name / "summary.md").read_text()
+    for row in rows:
+        assert row in text, row
