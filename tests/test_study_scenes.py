@@ -242,8 +242,10 @@ def test_a_lost_checkpoint_is_made_again_and_a_changed_result_replaces_its_recor
     doc["metrics"]["top1"] = -1.0  # as if made on a machine whose arithmetic differs
     record.write_text(json.dumps(doc))
     ckpt.unlink()
-    with pytest.raises(TokenReduceError, match=r"the done runs \['bspf_tied2-s0'\] read the old run"):
+    with pytest.raises(TokenReduceError, match=r"its record now holds the new run\), and the done runs "
+                                               r"\['bspf_tied2-s0'\] read the old run"):
         runner.run_one(runner.unit("bspf_tied2-s0"))
+    assert json.loads(record.read_text())["replaces"]["metrics"] == {"top1": -1.0}
 
     record.write_text(json.dumps(doc))
     ckpt.unlink()

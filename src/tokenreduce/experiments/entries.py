@@ -24,13 +24,13 @@ def evaluate(reference: str, specs: Sequence[str], recorded: Sequence[dict[str, 
              data_dir: str | None = None, subset: int | None = None,
              log: Callable[[str], None] = print) -> dict[str, Any]:
     """``tokenreduce eval --checkpoint REFERENCE --spec S ...`` with fine-tuned runs beside them: the
-    reference checkpoint unpatched and with each training-free spec evaluated, the ``recorded`` training
-    runs (each ``{"name", "model", "seed", "metrics"}``: a run id, its model config, its seed and the
-    final metrics train() returned) grouped by model and spec with the evaluation each made of itself on the same
-    items; the task's metric, MACs, throughput and latency in one interleaved run, on the checkpoint's
-    data (read from ``data_dir`` when given) or a fixed random ``subset`` of its test items
-    (``--subset``). Writes the command's files to ``out``; returns its results (data, speed settings,
-    rows)."""
+    reference checkpoint unpatched and with each training-free spec evaluated, and the ``recorded``
+    training runs (each ``{"name", "model", "seed", "metrics"}``: a run id, its model config, its seed
+    and the final metrics train() returned) grouped by model and spec, each with the evaluation it
+    made of itself on the same items; the task's metric, MACs, throughput and latency in one
+    interleaved run, on the checkpoint's data (read from ``data_dir`` when given) or a fixed random
+    ``subset`` of its test items (``--subset``). Writes the command's files to ``out``; returns its
+    results (data, speed settings, rows)."""
     import torch
 
     from ..bench import evaluation as ev

@@ -201,8 +201,8 @@ class Runner:
         the checkpoints are not: a new checkout, another machine) is made again by running the run
         again. Where that does not reproduce the recorded metric (another machine's arithmetic), the
         new run replaces the record, which keeps the old one's metric and provenance under
-        ``replaces``: a record describes the checkpoint later runs read. Refused when a done run read
-        the old run (its result would no longer match the record)."""
+        ``replaces``: a record describes the checkpoint later runs read. Where a done run read the old
+        run, the error names it (its result no longer matches the record)."""
         from ..bench.report import write_json
 
         doc = self._doc(run_id)
@@ -217,10 +217,6 @@ class Runner:
         again = self.run_one(unit)
         metric = doc["metrics"]["metric"]
         if again["metrics"][metric] != doc["metrics"][metric]:
-            if readers:
-                raise TokenReduceError(f"{run_id} made again gave {metric} {again['metrics'][metric]}, not the "
-                                       f"recorded {doc['metrics'][metric]}, and the done runs {readers} read the old "
-                                       "run: delete their records to make them again from the new one")
             self.log(f"{self.study.name}/{run_id}: made again, {metric} {again['metrics'][metric]} (recorded "
                      f"{doc['metrics'][metric]}, {doc['metrics']['provenance'].get('cpu')}); the new run replaces "
                      "its record")
@@ -228,6 +224,11 @@ class Runner:
                                  "metrics": {metric: doc["metrics"][metric]}, "provenance": doc["provenance"],
                                  "cpu": doc["metrics"]["provenance"].get("cpu")}
             write_json(self.layout.json(run_id), again)
+            if readers:
+                raise TokenReduceError(f"{run_id} made again gave {metric} {again['metrics'][metric]}, not the "
+                                       f"recorded {doc['metrics'][metric]} (its record now holds the new run), and "
+                                       f"the done runs {readers} read the old run: delete their records to make "
+                                       "them again from the new one")
         return again["metrics"]["checkpoint"]
 
     def _model(self, run_id: str) -> dict[str, Any]:
