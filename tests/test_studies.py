@@ -180,10 +180,14 @@ def test_jobs_split_the_threads_among_the_subprocesses(threads: int, jobs: int, 
                                                        monkeypatch: pytest.MonkeyPatch):
     study = get_study("eet")(smoke=True)
     started = _as_subprocesses(monkeypatch, fake=True)
+    in_process: list[str] = []
+    monkeypatch.setattr(Runner, "run_one", lambda self, unit: in_process.append(unit.id) or {})
     runner = Runner(study, layout_for(study, str(tmp_path)), threads=threads,
                     flags=["--smoke", "--out", str(tmp_path)], log=lambda msg: None)
     runner.run(jobs=jobs)
-    assert sorted(_run_ids(started)) == sorted(u.id for u in runner.units)
+    timed = [u.id for u in runner.units if u.kind in ("measure", "bench")]
+    assert timed and in_process == timed  # the timing runs: one at a time, in-process, every thread
+    assert sorted(_run_ids(started)) == sorted(u.id for u in runner.units if u.id not in timed)
     first_wave = {u.id for u in runner.units if not u.needs}
     assert set(_run_ids(started)[:len(first_wave)]) == first_wave  # the runs that read others start after
     for argv in started:
@@ -440,6 +444,25 @@ def test_jobs_run_benches_one_at_a_time_with_every_thread(tmp_path: Path, monkey
     assert runner.run(jobs=2) == ["deit_small"]
     assert started == [] and threads == [2]  # a timing shares its cores with no other run
     assert load_runs(Layout(tmp_path, tmp_path))["deit_small"]["kind"] == "bench"
+
+
+def test_jobs_run_a_measure_after_the_training_runs_alone_even_when_it_reads_none(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    """bench_scenes' training-free measure reads no run; it still times alone, in-process, after every
+    training run (the runs and the evaluation are faked: only the order is under test)."""
+    from tokenreduce.experiments import entries as entries_module
+
+    started = _as_subprocesses(monkeypatch, fake=True)
+    order: list[str] = []
+    monkeypatch.setattr(entries_module, "evaluate", lambda *a, **kw: order.append(f"after {len(started)}") or {})
+    study = get_study("bench_scenes")()
+    runner = Runner(study, layout_for(study, str(tmp_path)), threads=2, flags=["--out", str(tmp_path)],
+                    log=lambda msg: None)
+    assert runner.unit("free").needs == ()  # it would have gone with the first wave of runs
+    trained = [u.id for u in runner.units if u.kind == "train"]
+    with pytest.raises(TokenReduceError, match="not done"):  # the faked runs wrote no records for "final"
+        runner.run(jobs=2)
+    assert sorted(_run_ids(started)) == sorted(trained) and order == [f"after {len(trained)}"]
 
 
 def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys):

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="print one shell command per run, in order")
     p.add_argument("--summarize", action="store_true", help="print the tables and verdicts, write summary.md")
     p.add_argument("--smoke", action="store_true", help="the tiny version (seconds; what the tests run)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="runs at once (N processes, threads // N each)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="runs at once (N processes, threads // N each; runs that time go one at a time, last)")
     vocab.add_threads(p)
     vocab.add_device(p)
     vocab.add_out_dir(p, default=None, note="results/NAME for the study's own test bed, runs/studies/NAME-<test "

@@ -7,8 +7,8 @@ is done when its JSON exists (``<results>/runs/<id>.json``, written atomically a
 executed in-process through experiments/entries.py, its checkpoints under ``<checkpoints>/<id>/``,
 and a training run always resumes what an interrupted one left there (train()'s resume). So a killed
 study continues where it stopped, ``--jobs N`` runs N at once (N processes of threads // N torch
-threads each; benches one at a time), and ``commands()`` gives one shell command per run for any
-scheduler.
+threads each; measures and benches, which time, one at a time after the rest), and ``commands()``
+gives one shell command per run for any scheduler.
 
 The records are what a study keeps (results/ is committed; checkpoints are not): a measure takes each
 fine-tuned run's own final evaluation, made on the same test items, from its record, and counts and
@@ -272,14 +272,15 @@ class Runner:
                              log=self.log)
 
     def run(self, jobs: int = 1) -> list[str]:
-        """Run every run not done yet (``jobs`` at a time, in subprocesses when > 1; benches last, one at a
-        time in-process with every thread: a timing shares its cores with nothing); returns the ids run."""
+        """Run every run not done yet (``jobs`` at a time, in subprocesses when > 1; measures and benches,
+        which time, last, one at a time in-process with every thread: a timing shares its cores with
+        nothing); returns the ids run."""
         pending = [u for u in self.units if not self.done(u)]
         total, ran, times = len(self.units), [], []
         self.log(f"study {self.study.name}: {len(pending)} of {total} runs to do on {self.study.bed.text()}"
                  f"{' (smoke)' if self.study.is_smoke else ''}; results in {self.layout.results}")
-        timed = [u for u in pending if u.kind == "bench"]
-        rest = [u for u in pending if u.kind != "bench"]
+        timed = [u for u in pending if u.kind in ("measure", "bench")]
+        rest = [u for u in pending if u not in timed]
         waves = [([u for u in rest if not u.needs], jobs), ([u for u in rest if u.needs], jobs), (timed, 1)]
         for wave, lanes in waves:
             def one(u: Unit, lanes: int = lanes) -> str:
