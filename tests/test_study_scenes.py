@@ -276,6 +276,11 @@ ROOT = Path(__file__).resolve().parents[1]
                           "| fixed random linear scorer (frozen query) | 0, 1, 2 | 50.83 ± 2.80 | -9.85 ± 2.74 |"]),
     ("cropr_seg_scenes", 15, ["| Token Cropr + LLF | 0, 1, 2 | 33.54 ± 2.23 |",
                               "| top-k + LLF | 0, 1, 2 | 36.98 ± 0.57 |"]),
+    ("bspf_scenes", 34, ["| BSPF, exact path | 0, 1, 2 | 52.90 ± 0.18 | -7.82 ± 0.25 |",
+                         "mirrored BSPF after tied_full | 0, 1, 2 | 47.20 ± 0.75 | -13.52 ± 0.50 |",
+                         "(AMD EPYC: 12 runs; Intel(R) Xeon(R) Processor: 18 runs)"]),
+    ("imagepiece_scenes", 46, ["| ImagePiece (1.5x measured pick) | 0, 1, 2 | 59.72 ± 0.32 | -1.53 ± 0.33 |",
+                               "| ToMe at equal measured speed | 0, 1, 2 | 60.25 ± 0.35 | -1.00 ± 0.41 |"]),
 ])
 def test_the_committed_scene_tables_regenerate_from_the_stored_runs(name: str, n_runs: int, rows: list[str]):
     """The scene studies' stored summaries (what the README quotes) are what their stored runs give."""
