@@ -8,6 +8,7 @@ shows as "not run" with the reason, never as a number.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,16 +231,14 @@ def recipe_text(recipe: dict[str, Any]) -> str:
     return f"{name}, schedule changed: {recipe.get('epochs')} epoch(s){subset}, batch {recipe.get('batch_size')}"
 
 
-def machines_text(study: Study, runs: dict[str, dict]) -> list[str]:
+def machines_text(runs: dict[str, dict]) -> list[str]:
     """Where the training runs were made, when on more than one machine (their wall times compare only
     within one), and each run made again in place of an earlier one (``Runner._checkpoint``)."""
     trained = {rid: d for rid, d in runs.items() if d.get("kind") == "train"}
-    cpus: dict[str, list[str]] = {}
-    for rid, d in trained.items():
-        cpus.setdefault(d["metrics"].get("provenance", {}).get("cpu") or "unknown", []).append(rid)
+    cpus = Counter(d["metrics"].get("provenance", {}).get("cpu") or "unknown" for d in trained.values())
     lines = []
     if len(cpus) > 1:
-        parts = "; ".join(f"{cpu}: {len(ids)} run{'s' if len(ids) > 1 else ''}" for cpu, ids in sorted(cpus.items()))
+        parts = "; ".join(f"{cpu}: {n} run{'s' if n > 1 else ''}" for cpu, n in sorted(cpus.items()))
         lines.append(f"The training runs were made on {len(cpus)} machines ({parts}); wall times compare within "
                      "one machine only.")
     for rid, d in sorted(trained.items()):
@@ -263,7 +262,7 @@ def summary(study: Study, runs: dict[str, dict]) -> str:
         if study.split:
             lines += [f"### {study.split[1].format(value)}", ""]
         lines += [*arm_table(study, runs, at), ""]
-    lines += machines_text(study, runs)
+    lines += machines_text(runs)
     for m in study.measures:
         lines += [f"## {m.title or m.name}", "", *measure_table(m, runs.get(m.name)), ""]
     for p in study.probes:
