@@ -250,6 +250,52 @@ def test_bad_declarations_are_refused():
         _runner(get_study("_tiny_eet_test")(smoke=True), Path("unused")).unit("nope")
 
 
+
+@register_study("_only_test")
+class _Only(_TinyEET):
+    """_TinyEET with two code lengths and a third arm at the second only."""
+
+    arms = {**_TinyEET.arms, "c": Arm("(c)", task="eet(dkt=False, drg=False, fish_delta=0.01)", only={"bits": (16,)})}
+    grid = (Axis("bits", (8, 16), "b"), Axis("seed", (0, 1), "s"))
+    split = ("bits", "{} bits")
+
+
+def test_an_arm_runs_only_where_it_says():
+    study = get_study("_only_test")()
+    assert [p.id for p in study.points() if p.arm == "c"] == ["c-b16-s0", "c-b16-s1"]
+    assert len(study.points()) == 2 * 2 * 2 + 2
+    runs = {p.id: {"metrics": {"map_asym": 50.0 + i}} for i, p in enumerate(study.points())}
+    text = summary(study, runs)
+    eight, sixteen = text.split("### 16 bits")
+    assert "| (c) | 0, 1 |" in sixteen and "(c)" not in eight and "not run" not in text
+    smoke = get_study("_only_test")(smoke=True)  # its grid has 8 bits only: c runs there, like every arm
+    assert {p.id for p in smoke.points() if p.arm == "c"} == {"c-b8-s0", "c-b8-s1"}
+    with pytest.raises(SpecError, match="runs only at"):
+        @register_study("_bad_only_test")
+        class _Bad(_Only):
+            arms = {**_Only.arms, "d": Arm("(d)", only={"bits": (32,)})}
+    with pytest.raises(SpecError, match="reads arm c's runs where c has none"):
+        @register_study("_bad_only_source_test")
+        class _Bad2(_Only):
+            arms = {**_Only.arms, "e": Arm("(e)", evaluates="c", experiment="oracle_at_counts")}
+    with pytest.raises(SpecError, match="an expectation reads arm c at {'bits': 8}"):
+        @register_study("_bad_only_expect_test")
+        class _Bad3(_Only):
+            expect = (Expect("c below a", "test", arm="c", baseline="a", metric="map_asym", direction=-1,
+                             at={"bits": 8}),)
+
+
+
+def test_a_whole_run_writes_its_summary(tmp_path: Path, capsys):
+    out = tmp_path / "study"
+    assert main(["study", "_tiny_eet_test", "--smoke", "--out", str(out), "--threads", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "summary.md").read_text() == printed and "## Verdicts" in printed
+    (out / "summary.md").unlink()
+    assert main(["study", "_tiny_eet_test", "--smoke", "--out", str(out), "--summarize"]) == 0
+    assert (out / "summary.md").read_text() == capsys.readouterr().out == printed
+
+
 def _image_folder(root: Path) -> Path:
     import numpy as np
     from PIL import Image

@@ -2,8 +2,9 @@
 
 ``tokenreduce study`` lists the studies; ``tokenreduce study NAME`` runs every run of its plan not done
 yet (a killed study continues, a killed run resumes from its checkpoint); ``--jobs N`` runs N at once;
-``--list`` prints one command per run for any scheduler; ``--run ID`` runs one; ``--summarize`` prints
-its tables and verdicts from the run JSONs and writes them to summary.md; ``--smoke`` is the tiny
+``--list`` prints one command per run for any scheduler; ``--run ID`` runs one; a whole run ends, and
+``--summarize`` alone does, by printing its tables and verdicts from the run JSONs and writing them to
+summary.md; ``--smoke`` is the tiny
 version the tests run. The test bed flags (``--model``, ``--pretrained``, ``--weights``, ``--data``)
 put the same study on another model and dataset. ``tokenreduce report`` (commands/report.py) writes results/REPORT.md.
 """
@@ -24,14 +25,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "study", help="run a study (a paper's claim as a controlled comparison); list them with no argument",
         description="Run the runs of a study that are not done yet (each writes <out>/runs/<id>.json), or one "
-        "(--run), or print them as commands (--list), or render its tables and verdicts (--summarize).",
+        "(--run), or print them as commands (--list); a whole run ends by printing its tables and verdicts and "
+        "writing <out>/summary.md, which --summarize alone does from the stored runs.",
         epilog="Example: tokenreduce study eet --smoke; tokenreduce study eet --model deit_small_patch16_224 "
         "--pretrained --data /data/birds --device cuda --jobs 2",
     )
     p.add_argument("name", nargs="?", metavar="NAME", help="the study (tokenreduce study lists them)")
     p.add_argument("--run", metavar="ID", help="run only this run of the plan (its id from --list)")
     p.add_argument("--list", action="store_true", help="print one shell command per run, in order")
-    p.add_argument("--summarize", action="store_true", help="print the tables and verdicts, write summary.md")
+    p.add_argument("--summarize", action="store_true",
+                   help="run nothing: print the tables and verdicts, write summary.md")
     p.add_argument("--smoke", action="store_true", help="the tiny version (seconds; what the tests run)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="runs at once (N processes, threads // N each; runs that time go one at a time, last)")
@@ -100,16 +103,14 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(runner.commands()))
         return 0
-    if args.summarize:
-        from ..bench.report import write_text
-
-        text = summary(study, load_runs(layout))
-        print(text, end="")
-        print(f"wrote {write_text(layout.results / 'summary.md', text)}", file=sys.stderr)
-        return 0
     if args.run:
         runner.run_one(runner.unit(args.run))
         return 0
-    runner.run(jobs=args.jobs)
-    print(summary(study, load_runs(layout)), end="")
+    if not args.summarize:
+        runner.run(jobs=args.jobs)
+    from ..bench.report import write_text
+
+    text = summary(study, load_runs(layout))
+    print(text, end="")
+    print(f"wrote {write_text(layout.results / 'summary.md', text)}", file=sys.stderr)
     return 0

@@ -37,12 +37,6 @@ SPEED_COLUMNS = (("label", "spec", "{}"), ("kind", "kind", "{}"), ("macs_speedup
                  ("top1", "top-1 %", "{:.2f}"))
 
 
-def pending_reason(study: str) -> str:
-    """A scene study's reason for runs not yet made: the 2-core compute is spread over sittings, in order."""
-    return (f"the scene studies run one after another on 2 CPU cores across sittings and these runs have not had "
-            f"their turn yet; `tokenreduce study {study}` runs (or resumes) them")
-
-
 def shortened(recipe: dict[str, Any]) -> dict[str, Any]:
     """``recipe`` (TrainConfig fields) on the scene test bed's shortened schedule (module docstring)."""
     out = {k: v for k, v in recipe.items() if k not in ("init", "model", "description")}

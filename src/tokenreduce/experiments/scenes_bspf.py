@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from ..train.recipes import get_recipe
 from .bspf_arms import BSPFArms
-from .scene_bed import SCENES, SPEED_COLUMNS, pending_reason, shortened
+from .scene_bed import SCENES, SPEED_COLUMNS, shortened
 from .scene_bed import smoke as scene_smoke
 from .study import Arm, Axis, Col, Expect, Measure, Probe, Study, register_study
 
@@ -98,4 +98,3 @@ class BSPFScenes(Study):
                         measure={"batch": 4, "warmup": 0, "repeats": 1})
     budget = ("30 training runs x 2-3 min + 3 symmetry probes x 1 min + one speed run ~6 min on 2 CPU cores: "
               "about 90 min")
-    pending = pending_reason("bspf_scenes")

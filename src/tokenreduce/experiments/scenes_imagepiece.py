@@ -32,7 +32,7 @@ Compute plan (2 CPU cores): 15 arms x 3 seeds = 45 fine-tunes x 2-3 min, one spe
 from __future__ import annotations
 
 from ..train.recipes import get_recipe
-from .scene_bed import SCENES, SPEED_COLUMNS, pending_reason, shortened
+from .scene_bed import SCENES, SPEED_COLUMNS, shortened
 from .scene_bed import smoke as scene_smoke
 from .study import TESTBED_TEACHER, Arm, Axis, Col, Expect, Measure, Study, register_study
 
@@ -105,4 +105,3 @@ class ImagePieceScenes(Study):
     )
     smoke = scene_smoke(grid={"seed": (0, 1)}, measure={"batch": 4, "warmup": 0, "repeats": 1})
     budget = "45 fine-tunes x 2-3 min + one speed run ~5 min on 2 CPU cores: about 115 min"
-    pending = pending_reason("imagepiece_scenes")

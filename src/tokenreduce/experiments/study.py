@@ -47,7 +47,11 @@ class Arm:
     counts, on its weights). Its runs pair with the others' by seed like any arm's.
 
     ``after`` names a trained arm whose checkpoint at the same grid point this arm's training starts
-    from (a second phase: its run waits for that one), in place of the test bed's."""
+    from (a second phase: its run waits for that one), in place of the test bed's.
+
+    ``only`` narrows the grid for this arm: axis name -> the values it runs at (``{"bits": (16,)}``: a
+    sensitivity arm at one of several code lengths); an axis not named runs at all of its values, and a
+    smoke grid without a named value runs the arm at the axis' first (:meth:`Study.resolve`)."""
 
     label: str
     task: str | None = None
@@ -59,6 +63,7 @@ class Arm:
     evaluates: str | None = None
     experiment: str | None = None
     after: str | None = None
+    only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -252,15 +257,23 @@ class Study:
         return tuple(dataclasses.replace(a, values=tuple(self.smoke.grid.get(a.name, a.values))) for a in self.grid)
 
     def points(self) -> list[Point]:
-        """Every arm at every grid point, in a stable order (grid outer, arms inner)."""
+        """Every arm at every grid point it runs at (``Arm.only``), in a stable order (grid outer, arms
+        inner)."""
         axes = self.axes()
         out = []
         for values in itertools.product(*(a.values for a in axes)):
             point = dict(zip((a.name for a in axes), values, strict=True))
             for arm in self.arms:
+                if not self.runs_at(arm, point):
+                    continue
                 out.append(Point(arm, point, "-".join([arm, *(f"{a.short}{v}" for a, v in zip(axes, values,
                                                                                             strict=True))])))
         return out
+
+    def runs_at(self, arm: str, at: dict[str, Any]) -> bool:
+        """Whether ``arm`` has runs at ``at`` (its ``only`` allows every value ``at`` fixes)."""
+        only = self.arms[arm].only
+        return all(self.resolve({k: at[k]}) in [self.resolve({k: v}) for v in only[k]] for k in only if k in at)
 
     def resolve(self, at: dict[str, Any]) -> dict[str, Any]:
         """``at`` with each value the grid lacks (a smoke grid has fewer) replaced by its axis' first."""
@@ -405,6 +418,16 @@ def check_study(cls: type[Study]) -> None:
                 raise SpecError(f"{where}: arm {name} continues after {arm.after!r}, which must be another of its "
                                 f"trained arms {sorted(n for n, a in cls.arms.items() if a.evaluates is None)}, "
                                 "and then gives no init=")
+    axes = {a.name: a.values for a in cls.grid}
+    for name, arm in cls.arms.items():
+        bad = {k: v for k, v in arm.only.items() if k not in axes or k == "seed" or set(v) - set(axes[k])}
+        if bad:
+            raise SpecError(f"{where}: arm {name} runs only at {bad}, which is not a set of values of its grid's "
+                            f"axes other than the seed ({ {k: v for k, v in axes.items() if k != 'seed'} })")
+        source = arm.evaluates or arm.after
+        if source and any(set(arm.only.get(k, axes[k])) - set(cls.arms[source].only.get(k, axes[k])) for k in axes):
+            raise SpecError(f"{where}: arm {name} reads arm {source}'s runs where {source} has none (its only= "
+                            f"{arm.only} reaches beyond {source}'s {cls.arms[source].only})")
     if cls.baseline not in cls.arms:
         raise SpecError(f"{where}: baseline {cls.baseline!r} is not one of its arms {sorted(cls.arms)}")
     names = {a.name for a in cls.grid}
@@ -418,10 +441,12 @@ def check_study(cls: type[Study]) -> None:
                 raise SpecError(f"{where}: expectation on unknown arm {arm!r}; arms: {sorted(cls.arms)}")
         if set(e.at) - names or "seed" in e.at:
             raise SpecError(f"{where}: an expectation fixes {sorted(e.at)}; it may fix grid axes other than seed")
+        _runs_there(cls, "an expectation", (e.arm, e.baseline), e.at)
     for m in cls.measures:
         for arm in (*([m.reference] if m.reference else []), *m.finetuned):
             if arm not in cls.arms:
                 raise SpecError(f"{where}: measure {m.name} names unknown arm {arm!r}")
+        _runs_there(cls, f"measure {m.name}", (*([m.reference] if m.reference else []), *m.finetuned), m.at)
         same: dict[tuple, str] = {}
         for arm in m.finetuned:
             a = cls.arms[arm]
@@ -432,6 +457,13 @@ def check_study(cls: type[Study]) -> None:
     for pr in cls.probes:
         if pr.arm is not None and pr.arm not in cls.arms:
             raise SpecError(f"{where}: probe {pr.name} names unknown arm {pr.arm!r}")
+
+
+def _runs_there(cls: type[Study], what: str, arms: tuple[str, ...], at: dict[str, Any]) -> None:
+    for arm in arms:
+        only = cls.arms[arm].only
+        if any(k in only and v not in only[k] for k, v in at.items()):
+            raise SpecError(f"study {cls.name}: {what} reads arm {arm} at {at}, where it has no runs (only {only})")
 
 
 # ----------------------------------------------------------------------------- registry

@@ -64,6 +64,8 @@ def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[s
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     planned = _seeds(study)
     for name, arm in study.arms.items():
+        if not study.runs_at(name, at):
+            continue
         docs = _runs_of(study, runs, name, at)
         if not docs:
             lines.append(f"| {arm.label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns))
