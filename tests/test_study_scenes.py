@@ -270,7 +270,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name, n_runs, rows", [
-    ("eet_scenes", 22, ["| (b) CTP only | 0, 1, 2 | 43.70 ± 3.12 |", "| -6.59 ± 0.91 (n = 3) |"]),
+    ("eet_scenes", 37, ["| (b) CTP only | 0, 1, 2 | 43.70 ± 3.12 |", "| -6.59 ± 0.91 (n = 3) |",
+                        "| (d) full EET (CTP + DKT + DRG) | 0, 1, 2 | 31.61 ± 3.93 |",
+                        "| CTP alone lowers mAP | bits 64 | b_ctp - a_unpruned < 0 on map_asym | - | -5.22 ± 2.22"]),
     ("cropr_scenes", 21, ["| Token Cropr + LLF | 0, 1, 2 | 55.28 ± 1.06 | -5.40 ± 1.08 |",
                           "| fixed random linear scorer (frozen query) | 0, 1, 2 | 50.83 ± 2.80 | -9.85 ± 2.74 |"]),
     ("cropr_seg_scenes", 15, ["| Token Cropr + LLF | 0, 1, 2 | 33.54 ± 2.23 |",

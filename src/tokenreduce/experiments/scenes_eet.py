@@ -25,7 +25,8 @@ one interleaved run of the eval pipeline (throughput at batch 32, latency at bat
 
 Compute plan (2 CPU cores): at 16 bits 18 training runs x 2-6 min (the arms with DKT also train the
 unpruned teacher), the oracle arm x 3 (2 min each: three evaluations of 7 000 scenes), the speed run (3 min):
-about 70 minutes; at 64 bits the four arms and the oracle again (12 runs + 3 evaluations): about 50 minutes.
+about 70 minutes; at 64 bits the four arms and the oracle again (12 runs + 3 evaluations): about 50 minutes
+(as run, ``--jobs 2``: 36 minutes).
 The speed run is at 16 bits (the hash head's width does not move the cost of the backbone).
 """
 
