@@ -272,8 +272,8 @@ class Study:
 
     def runs_at(self, arm: str, at: dict[str, Any]) -> bool:
         """Whether ``arm`` has runs at ``at`` (its ``only`` allows every value ``at`` fixes)."""
-        only = self.arms[arm].only
-        return all(self.resolve({k: at[k]}) in [self.resolve({k: v}) for v in only[k]] for k in only if k in at)
+        only = {k: [self.resolve({k: v})[k] for v in vs] for k, vs in self.arms[arm].only.items()}
+        return not _outside(only, self.resolve(at))
 
     def resolve(self, at: dict[str, Any]) -> dict[str, Any]:
         """``at`` with each value the grid lacks (a smoke grid has fewer) replaced by its axis' first."""
@@ -459,10 +459,15 @@ def check_study(cls: type[Study]) -> None:
             raise SpecError(f"{where}: probe {pr.name} names unknown arm {pr.arm!r}")
 
 
+def _outside(only: dict[str, Any], at: dict[str, Any]) -> bool:
+    """Whether ``at`` fixes a value that an arm's ``only`` leaves out."""
+    return any(k in only and v not in only[k] for k, v in at.items())
+
+
 def _runs_there(cls: type[Study], what: str, arms: tuple[str, ...], at: dict[str, Any]) -> None:
     for arm in arms:
         only = cls.arms[arm].only
-        if any(k in only and v not in only[k] for k, v in at.items()):
+        if _outside(only, at):
             raise SpecError(f"study {cls.name}: {what} reads arm {arm} at {at}, where it has no runs (only {only})")
 
 
