@@ -1,15 +1,14 @@
 """The command line speaks one vocabulary (commands/vocab.py) and answers ``--help`` without torch.
 
-Every subcommand's flags are the vocabulary's (tagged by the ``add_*`` that declared them) or in the
-command's own ``OWN_FLAGS``; old spellings fail with exit status 2 and one line naming the new one;
-``tokenreduce --help`` and each ``tokenreduce CMD --help`` import no torch and take well under a
-second; ``inspect --checkpoint`` reads a tokenreduce checkpoint.
+A flag a subcommand declares itself never takes the spelling of a vocabulary flag (those are tagged
+by the ``add_*`` that declared them); old spellings fail with exit status 2 and one line naming the new one;
+``tokenreduce --help`` and each ``tokenreduce CMD --help`` import no torch (which is what keeps them
+well under a second; no test times them); ``inspect --checkpoint`` reads a tokenreduce checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import subprocess
 import sys
@@ -31,31 +30,31 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
     return dict(sub.choices)
 
 
-def stray_flags(name: str, parser: argparse.ArgumentParser, own: tuple[str, ...]) -> list[str]:
-    """Flags of ``parser`` that are neither declared by commands/vocab.py nor in the command's ``own``."""
+def vocabulary(parsers: dict[str, argparse.ArgumentParser]) -> set[str]:
+    """Every option string commands/vocab.py declares, in any command."""
+    return {opt for p in parsers.values() for a in p._actions if getattr(a, vocab.TAG, False)
+            for opt in a.option_strings}
+
+
+def shadowing_flags(name: str, parser: argparse.ArgumentParser, shared: set[str]) -> list[str]:
+    """Flags a command declares itself (not through commands/vocab.py) under a vocabulary flag's spelling."""
     return [f"{name} {opt}" for action in parser._actions for opt in action.option_strings
-            if opt not in ("-h", "--help") and not getattr(action, vocab.TAG, False) and opt not in own]
+            if not getattr(action, vocab.TAG, False) and opt in shared]
 
 
-def own_flags(name: str) -> tuple[str, ...]:
-    return importlib.import_module(f"tokenreduce.commands.{name}").OWN_FLAGS
-
-
-def test_every_flag_of_every_command_is_the_vocabularys_or_declared_as_its_own():
+def test_no_command_gives_a_vocabulary_flag_a_meaning_of_its_own():
     parsers = subparsers(build_parser())
     assert sorted(parsers) == sorted(COMMANDS)
-    stray = [s for name, p in parsers.items() for s in stray_flags(name, p, own_flags(name))]
-    assert not stray, f"declare these in commands/vocab.py or in the command's OWN_FLAGS: {stray}"
-    shared = {opt for p in parsers.values() for a in p._actions if getattr(a, vocab.TAG, False)
-              for opt in a.option_strings}
-    shadowing = {(name, f) for name in parsers for f in own_flags(name) if f in shared}
-    assert not shadowing, f"a command re-declares a vocabulary flag under its own meaning: {sorted(shadowing)}"
+    shared = vocabulary(parsers)
+    shadowing = [s for name, p in parsers.items() for s in shadowing_flags(name, p, shared)]
+    assert not shadowing, f"a command re-declares a vocabulary flag under its own meaning: {shadowing}"
 
 
-def test_the_check_catches_a_stray_flag():
-    p = subparsers(build_parser())["train"]
-    p.add_argument("--batch", type=int)
-    assert stray_flags("train", p, own_flags("train")) == ["train --batch"]
+def test_the_check_catches_a_shadowing_flag():
+    parsers = subparsers(build_parser())
+    p = parsers["train"]
+    p.add_argument("--batch", type=int)  # bench's old spelling, declared by the vocabulary
+    assert shadowing_flags("train", p, vocabulary(parsers)) == ["train --batch"]
 
 
 def test_one_threads_default_in_every_command():
@@ -68,43 +67,29 @@ def test_one_threads_default_in_every_command():
     assert resolve_threads(None) == torch.get_num_threads() and resolve_threads(3) == 3
 
 
-def test_plain_choices_match_the_registries_they_stand_for():
-    from tokenreduce.bench.backends import BACKENDS
-    from tokenreduce.bench.evaluation import SPEED
-    from tokenreduce.commands import bench, export, train
-    from tokenreduce.core.onnx import EXPORTERS
-    from tokenreduce.train.optim import OPTIMIZERS
-
-    assert vocab.BACKENDS == tuple(BACKENDS)
-    assert export.EXPORTERS == tuple(EXPORTERS)
-    assert train.OPTIMIZERS == tuple(OPTIMIZERS)
-    assert bench.DEFAULTS == SPEED
-
-
 _HELP_PROBE = """
-import json, sys, time
-t = time.perf_counter()
+import json, sys
 from tokenreduce.cli import COMMANDS, main
 seen = {}
 for argv in [["--help"], *[[c, "--help"] for c in COMMANDS]]:
-    start = t if argv == ["--help"] else time.perf_counter()
     try:
         main(argv)
     except SystemExit:
         pass
-    seen[" ".join(argv)] = {"torch": "torch" in sys.modules, "s": time.perf_counter() - start}
+    seen[" ".join(argv)] = {"torch": "torch" in sys.modules}
 print(json.dumps(seen), file=sys.stderr)
 """
 
 
-def test_help_imports_no_torch_and_answers_within_a_second():
+def test_help_imports_no_torch():
+    """--help answers at once because it imports no torch (the cause, checked here, rather than a wall-clock
+    threshold that a loaded machine would break)."""
     res = subprocess.run([sys.executable, "-c", _HELP_PROBE], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     seen = json.loads(res.stderr.strip().splitlines()[-1])
     assert len(seen) == len(COMMANDS) + 1 and "usage: tokenreduce" in res.stdout
     assert not [k for k, v in seen.items() if v["torch"]], f"--help imported torch: {seen}"
-    assert all(v["s"] < 1.0 for v in seen.values()), seen
 
 
 def test_the_package_imports_light_and_loads_the_api_on_use():

@@ -38,6 +38,7 @@ def test_demo_uses_the_cores_torch_has_whatever_the_load_average(tmp_path, monke
     assert seen == {"threads": want or default, "torch": want or default}
 
 
+@pytest.mark.slow  # two demo runs; fast: the same pipeline on the default test bed below
 @needs_fmnist
 def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))

@@ -60,6 +60,7 @@ def test_gather_shards_puts_every_item_back_in_order(tmp_path: Path) -> None:
         assert torch.equal(torch.load(f"{out}.{r}"), torch.arange(5.0)[:, None] * 10)
 
 
+@pytest.mark.slow  # torchrun trains twice; fast: the sampler tests and the 2-process gather above
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 def test_two_processes_match_one(tmp_path: Path) -> None:
     data = str(make_synthetic(tmp_path / "data", n_train=64, n_test=33))  # 33: uneven eval shards

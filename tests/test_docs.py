@@ -1,4 +1,5 @@
-"""The project documents itself: no pointer leaves the repository, and docs/methods.md covers every method.
+"""The project documents itself: no pointer leaves the repository, docs/methods.md and its pages cover every
+method, the CLI reference renders every flag of the real parser, and the README stays a front door.
 
 Scanned: the text files of the repository (``git ls-files`` where git is available, else a walk) under
 src/, tests/, docs/, results/ and README.md. A pointer outside is a path into the team's private
@@ -8,6 +9,7 @@ so that this file does not match them itself (it is scanned like every other).
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 from pathlib import Path
@@ -15,6 +17,8 @@ from pathlib import Path
 import pytest
 
 import tokenreduce as tr
+from tokenreduce.cli import build_parser
+from tokenreduce.commands.reference import cli_markdown, subcommands
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs/methods.md"
@@ -102,3 +106,83 @@ def test_relative_links_of_the_methods_page_resolve():
     assert local
     broken = [t for t in local if not (DOC.parent / t).exists()]
     assert not broken, f"docs/methods.md links to files that do not exist: {broken}"
+
+
+def test_every_registered_method_has_a_page_or_a_section_of_one():
+    pages = {p.stem: p.read_text() for p in (ROOT / "docs/methods").glob("*.md")}
+    stage_of = {"llf": "cropr"}  # a stage documented with the method it was published with
+    missing = [m for m in tr.list_methods()
+               if not any(h.startswith("#") and f"`{m}(" in h
+                          for h in pages.get(stage_of.get(m, m), "").splitlines())]
+    assert not missing, f"no docs/methods/<name>.md page (with a heading naming the spec) for: {missing}"
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert not [n for n in pages if f"methods/{n}.md" not in nav], "a method page missing from mkdocs.yml's nav"
+
+
+# ----------------------------------------------------------------------------- the generated CLI reference
+
+
+def _walk(parser: argparse.ArgumentParser, prog: str = "tokenreduce"):
+    """(command path, parser) for the parser and every subcommand below it, depth first."""
+    yield prog, parser
+    for name, sub in subcommands(parser).items():
+        yield from _walk(sub, f"{prog} {name}")
+
+
+def _section(md: str, prog: str) -> str:
+    """The part of the reference under the heading of ``prog``, up to the next subcommand heading."""
+    m = re.search(r"^#+ `" + re.escape(prog) + r"`\n(.*?)(?=^#+ `tokenreduce |\Z)", md, re.S | re.M)
+    assert m, f"the CLI reference has no section for {prog!r}"
+    return m.group(1)
+
+
+def test_the_cli_reference_renders_every_subcommand_and_every_option():
+    parser = build_parser()
+    md = cli_markdown(parser)
+    commands = list(_walk(parser))
+    assert len(commands) > 5, "the walk found no subcommands"
+    missing = []
+    for prog, p in commands[1:]:
+        text = _section(md, prog)
+        for action in p._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            names = action.option_strings or [action.metavar or action.dest]
+            missing += [f"{prog}: {n}" for n in names if f"`{n}" not in text]
+            if action.help and action.help != argparse.SUPPRESS and action.option_strings:
+                first = " ".join(action.help.split()).split("%(")[0][:40].replace("|", "\\|")
+                missing += [f"{prog}: help of {action.option_strings[0]}"] if first not in text else []
+    assert not missing, "flags the CLI reference does not render:\n" + "\n".join(missing)
+
+
+def test_the_cli_reference_fails_on_a_flag_it_does_not_render():
+    parser = build_parser()
+    sub = subcommands(parser)["bench"]
+    sub.add_argument("--a-flag-added-later", metavar="X", help="new")
+    assert "`--a-flag-added-later X`" in _section(cli_markdown(parser), "tokenreduce bench")
+
+
+def test_the_cli_page_and_the_results_page_are_generated_not_copied():
+    hooks = (ROOT / "docs/hooks.py").read_text()
+    cli, results = (ROOT / "docs/cli.md").read_text(), (ROOT / "docs/results.md").read_text()
+    assert "<!-- cli-reference -->" in cli and "<!-- cli-reference -->" in hooks
+    assert "<!-- report -->" in results and "REPORT.md" in hooks
+    assert "--batch-size" not in cli, "docs/cli.md holds a copy of the reference: it is generated at build time"
+    assert "docs/hooks.py" in (ROOT / "mkdocs.yml").read_text()
+
+
+# ----------------------------------------------------------------------------- the README
+
+
+def test_the_readme_is_a_front_door():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250, "README.md is longer than 250 lines: move the detail to docs/"
+    assert "pip install -q -e '.[test]' && pytest -q" in readme
+    assert "pip install -q -e . && tokenreduce demo" in readme
+    ci = (ROOT / ".ci/run").read_text()
+    assert "pip install -q -e '.[test]' && pytest -q" in ci, "CI no longer runs the README's test command"
+    start, end = "<!-- report:headline -->", "<!-- /report:headline -->"
+    assert start in readme and end in readme and readme.index(start) < readme.index(end)
+    links = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if not re.match(r"[a-z]+:|#", t)]
+    broken = [t for t in links if not (ROOT / t).exists()]
+    assert not broken, f"README.md links to files that do not exist: {broken}"

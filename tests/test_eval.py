@@ -98,6 +98,7 @@ def test_eval_writes_json_csv_png_with_every_spec(tmp_path, ckpt, capsys):
 
 
 @needs_fmnist
+@pytest.mark.slow  # exports two models; fast: test_cli_bench times every case on onnxruntime
 def test_eval_times_every_row_on_the_chosen_backend(tmp_path, ckpt, capsys, monkeypatch):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'tokenreduce[export]'")
     pytest.importorskip("onnxscript", reason="onnxscript is not installed: pip install 'tokenreduce[export]'")

@@ -91,6 +91,7 @@ def test_every_exportable_method_agrees(spec: str, tmp_path):
     check_three_ways(spec, tmp_path, "inductor")
 
 
+@pytest.mark.slow  # fast: test_export_command_dynamic_batch exports the same merge with a dynamic batch
 def test_one_file_with_a_dynamic_batch_runs_every_batch_size(tmp_path):
     model = tr.apply(make_host("deit"), FAST[0]).eval()  # the merge; every method: the slow test below
     res = export_onnx(model, tmp_path / "m.onnx", dynamic_batch=True)  # exported once

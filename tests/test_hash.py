@@ -123,7 +123,7 @@ def test_evaluate_db_subset_and_database_from_train_labels():
 
 def test_per_image_targets(monkeypatch):
     train = Toy(20, 1)
-    monkeypatch.setattr(tokenreduce.data, "build_dataset", lambda *a, **k: train)
+    monkeypatch.setattr(tokenreduce.tasks.base, "build_dataset", lambda *a, **k: train)
     task = _bound("hash(bits=8, targets='image', protocol='asym')", train=train)
     ds = task.dataset("toy", "train", train=True)
     image, target = ds[13]

@@ -227,6 +227,7 @@ def test_no_method_name_is_spelled_outside_methods():
     assert names, "no method is registered"
     bad = [f"{path.relative_to(SRC)}:{node.lineno} spells {node.value!r}"
            for name, path, tree in MODULES if part(name) != "methods"
+           and not name.startswith("tokenreduce.experiments.studies.")  # declarations: arms named as they test
            for labels in [study_labels(tree) if part(name) == "experiments" else set()]
            for node in spelled(tree, names) if id(node) not in labels]
     assert not bad, "\n".join(bad)

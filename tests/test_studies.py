@@ -20,6 +20,7 @@ from tokenreduce.core.errors import SpecError, TokenReduceError
 from tokenreduce.experiments import (
     Arm,
     Axis,
+    Bed,
     Bench,
     Expect,
     Study,
@@ -28,11 +29,11 @@ from tokenreduce.experiments import (
     list_studies,
     register_study,
 )
-from tokenreduce.experiments.eet_arms import EETArms
+from tokenreduce.experiments.beds import TINY_FMNIST
 from tokenreduce.experiments.page import build_report
 from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.tables import summary, verdicts
-from tokenreduce.experiments.testbed import Testbed as Bed  # not Test*: pytest would collect it
+from tokenreduce.experiments.testbed import Testbed as Where  # not Test*: pytest would collect it
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,35 +43,41 @@ def _runner(study: Study, out: Path) -> Runner:
                   log=lambda msg: None)
 
 
+EET_FMNIST = get_study("eet").beds["fmnist"]
+
+
+def _tiny_bed(**over: Any) -> dict[str, Bed]:
+    """A test-only two-arm cut of the EET study's fmnist bed (fast kill-and-continue checks), ``over`` changed."""
+    bed = Bed(testbed=EET_FMNIST.testbed, recipe=EET_FMNIST.recipe,
+              arms={"a": Arm("(a)", task="eet(dkt=False, drg=False)"),
+                    "b": Arm("(b)", task="eet(dkt=False, drg=False)", spec="ctp()")},
+              baseline="a", grid=(Axis("bits", (8,), "b"), Axis("seed", (0, 1), "s")), columns=EET_FMNIST.columns[:1],
+              smoke=EET_FMNIST.smoke)
+    return {"fmnist": dataclasses.replace(bed, **over)}
+
+
 @register_study("_tiny_eet_test")
 class _TinyEET(Study):
-    """A test-only two-arm cut of the EET study (fast kill-and-continue checks)."""
-
     claim, source = "test", "test"
-    recipe = EETArms.recipe
-    arms = {"a": Arm("(a)", task="eet(dkt=False, drg=False)"), "b": Arm("(b)", task="eet(dkt=False, drg=False)",
-                                                                       spec="ctp()")}
-    baseline = "a"
-    grid = (Axis("bits", (8,), "b"), Axis("seed", (0, 1), "s"))
-    columns = EETArms.columns[:1]
     expect = (Expect("b below a", "test", arm="b", baseline="a", metric="map_asym", direction=-1),)
-    smoke = EETArms.smoke
+    beds = _tiny_bed()
 
 
 @pytest.fixture(scope="module")
 def eet_smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The EET study's smoke, run once in-process."""
+    """The EET study's smoke on its fmnist bed, run once in-process."""
     out = tmp_path_factory.mktemp("eet-smoke")
-    _runner(get_study("eet")(smoke=True), out).run()
+    _runner(get_study("eet")("fmnist", smoke=True), out).run()
     return out
 
 
 def test_eet_smoke_runs_end_to_end(eet_smoke: Path):
-    study = get_study("eet")(smoke=True)
+    study = get_study("eet")("fmnist", smoke=True)
     runs = load_runs(Layout(eet_smoke, eet_smoke / "checkpoints"))
     assert set(runs) == {u.id for u in Runner(study, Layout(eet_smoke, eet_smoke), threads=1).units}
     doc = runs["d_eet-b8-s1"]
-    assert doc["id"] == "eet/d_eet-b8-s1" and doc["point"] == {"bits": 8, "seed": 1} and doc["smoke"]
+    assert doc["id"] == "eet/fmnist/d_eet-b8-s1" and doc["bed"] == "fmnist"
+    assert doc["point"] == {"bits": 8, "seed": 1} and doc["smoke"]
     assert doc["config"]["spec"] == "ctp()" and doc["metrics"]["bits"] == 8 and doc["provenance"]["torch"]
     assert runs["speed"]["result"]["results"][0]["label"] == "unpatched"
     assert runs["recall"]["result"]["blocks"]
@@ -80,10 +87,13 @@ def test_eet_smoke_runs_end_to_end(eet_smoke: Path):
     assert "### 8 bits" in text and "## Verdicts" in text and "not run" not in text
 
 
-@pytest.mark.parametrize("name", [n for n in list_studies() if not n.startswith("_")])
-def test_every_registered_study_runs_its_smoke(name: str, tmp_path: Path, request: pytest.FixtureRequest):
-    study = get_study(name)(smoke=True)
-    if name == "eet":  # already run by the fixture the other EET tests share
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "bed"), [(n, b) for n in list_studies() if not n.startswith("_")
+                                           for b in get_study(n).beds])
+def test_every_registered_study_runs_its_smoke(name: str, bed: str, tmp_path: Path,
+                                               request: pytest.FixtureRequest):
+    study = get_study(name)(bed, smoke=True)
+    if (name, bed) == ("eet", "fmnist"):  # already run by the fixture the other EET tests share
         out = request.getfixturevalue("eet_smoke")
     else:
         out = tmp_path
@@ -109,9 +119,10 @@ def _comparable(doc: Any) -> Any:
 
 def test_listed_commands_give_the_in_process_results(eet_smoke: Path, tmp_path: Path, capsys):
     out = tmp_path / "by-command"
-    assert main(["study", "eet", "--smoke", "--list", "--out", str(out), "--threads", "1"]) == 0
+    assert main(["study", "eet", "--testbed", "fmnist", "--smoke", "--list", "--out", str(out), "--threads", "1"]) == 0
     commands = capsys.readouterr().out.splitlines()
-    assert len(commands) == 10 and all(c.startswith("tokenreduce study eet --run ") for c in commands)
+    assert len(commands) == 10
+    assert all(c.startswith("tokenreduce study eet --testbed fmnist --run ") for c in commands)
     for line in commands:  # what a scheduler would run, one at a time
         assert main(shlex.split(line)[1:]) == 0
     mine, theirs = load_runs(Layout(out, out)), load_runs(Layout(eet_smoke, eet_smoke))
@@ -155,6 +166,7 @@ def _run_ids(started: list[list[str]]) -> list[str]:
     return [argv[argv.index("--run") + 1] for argv in started]
 
 
+@pytest.mark.slow  # the scheduling itself: test_jobs_split_the_threads_among_the_subprocesses (faked, fast)
 def test_jobs_run_each_run_once_in_subprocesses_with_the_in_process_results(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch):
     study = get_study("platform")(smoke=True)  # two training runs, both ready at once: two lanes
@@ -178,7 +190,7 @@ def test_jobs_run_each_run_once_in_subprocesses_with_the_in_process_results(tmp_
 @pytest.mark.parametrize(("threads", "jobs", "each"), [(8, 3, "2"), (1, 4, "1")])
 def test_jobs_split_the_threads_among_the_subprocesses(threads: int, jobs: int, each: str, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch):
-    study = get_study("eet")(smoke=True)
+    study = get_study("eet")("fmnist", smoke=True)
     started = _as_subprocesses(monkeypatch, fake=True)
     in_process: list[str] = []
     monkeypatch.setattr(Runner, "run_one", lambda self, unit: in_process.append(unit.id) or {})
@@ -191,7 +203,7 @@ def test_jobs_split_the_threads_among_the_subprocesses(threads: int, jobs: int, 
     first_wave = {u.id for u in runner.units if not u.needs}
     assert set(_run_ids(started)[:len(first_wave)]) == first_wave  # the runs that read others start after
     for argv in started:
-        assert argv[1:4] == ["-m", "tokenreduce.cli", "study"] and argv[4] == "eet"
+        assert argv[1:4] == ["-m", "tokenreduce.cli", "study"] and argv[4:7] == ["eet", "--testbed", "fmnist"]
         assert argv[argv.index("--threads") + 1] == each  # threads // jobs, at least 1
         assert argv[argv.index("--out") + 1] == str(tmp_path) and "--smoke" in argv
 
@@ -241,23 +253,29 @@ def test_bad_declarations_are_refused():
     with pytest.raises(SpecError, match="unknown training settings"):
         @register_study("_bad_recipe_test")
         class _Bad(_TinyEET):
-            recipe = {"learning_rate": 0.1}
+            beds = _tiny_bed(recipe={"learning_rate": 0.1})
     with pytest.raises(SpecError, match="baseline"):
         @register_study("_bad_baseline_test")
         class _Bad2(_TinyEET):
-            baseline = "z"
+            beds = _tiny_bed(baseline="z")
     with pytest.raises(TokenReduceError, match="no run"):
         _runner(get_study("_tiny_eet_test")(smoke=True), Path("unused")).unit("nope")
 
 
 
+_ONLY_ARMS = {**_TinyEET.beds["fmnist"].arms,
+              "c": Arm("(c)", task="eet(dkt=False, drg=False, fish_delta=0.01)", only={"bits": (16,)})}
+
+
+def _only_bed(**arms: Arm) -> dict[str, Bed]:
+    """_TinyEET with two code lengths and a third arm at the second only (and ``arms`` added)."""
+    return _tiny_bed(arms={**_ONLY_ARMS, **arms}, grid=(Axis("bits", (8, 16), "b"), Axis("seed", (0, 1), "s")),
+                     split=("bits", "{} bits"))
+
+
 @register_study("_only_test")
 class _Only(_TinyEET):
-    """_TinyEET with two code lengths and a third arm at the second only."""
-
-    arms = {**_TinyEET.arms, "c": Arm("(c)", task="eet(dkt=False, drg=False, fish_delta=0.01)", only={"bits": (16,)})}
-    grid = (Axis("bits", (8, 16), "b"), Axis("seed", (0, 1), "s"))
-    split = ("bits", "{} bits")
+    beds = _only_bed()
 
 
 def test_an_arm_runs_only_where_it_says():
@@ -273,12 +291,12 @@ def test_an_arm_runs_only_where_it_says():
     with pytest.raises(SpecError, match="runs only at"):
         @register_study("_bad_only_test")
         class _Bad(_Only):
-            arms = {**_Only.arms, "d": Arm("(d)", only={"bits": (32,)})}
+            beds = _only_bed(d=Arm("(d)", only={"bits": (32,)}))
     with pytest.raises(SpecError, match="reads arm c's runs where c has none"):
         @register_study("_bad_only_source_test")
         class _Bad2(_Only):
-            arms = {**_Only.arms, "e": Arm("(e)", evaluates="c", experiment="oracle_at_counts")}
-    with pytest.raises(SpecError, match="an expectation reads arm c at {'bits': 8}"):
+            beds = _only_bed(e=Arm("(e)", evaluates="c", experiment="oracle_at_counts"))
+    with pytest.raises(SpecError, match=r"no test bed has the arms \(at the grid point\) of the claims"):
         @register_study("_bad_only_expect_test")
         class _Bad3(_Only):
             expect = (Expect("c below a", "test", arm="c", baseline="a", metric="map_asym", direction=-1,
@@ -316,13 +334,11 @@ def test_a_study_on_a_timm_model_with_local_weights_and_an_image_folder(tmp_path
     import torch
     from safetensors.torch import save_file
 
-    from tokenreduce.experiments.eet_arms import _TINY
-
-    kwargs = {k: v for k, v in _TINY.items() if k != "num_classes"}
+    kwargs = {k: v for k, v in TINY_FMNIST.items() if k != "num_classes"}
     torch.manual_seed(0)
     weights = tmp_path / "tiny.safetensors"
     save_file(timm.create_model("vit_tiny_patch16_224", **kwargs).state_dict(), str(weights))
-    bed = Bed(model="vit_tiny_patch16_224", kwargs=kwargs, weights=str(weights),
+    bed = Where(model="vit_tiny_patch16_224", kwargs=kwargs, weights=str(weights),
                   data=str(_image_folder(tmp_path / "folder")))
     study = get_study("_tiny_eet_test")(testbed=bed, smoke=True)
     out = tmp_path / "out"
@@ -342,43 +358,30 @@ def test_a_study_on_a_timm_model_with_local_weights_and_an_image_folder(tmp_path
 
 def _copy_results(tmp_path: Path) -> Path:
     root = tmp_path / "results"
-    shutil.copytree(ROOT / "results" / "eet" / "runs", root / "eet" / "runs")
+    shutil.copytree(ROOT / "results" / "eet" / "fmnist" / "runs", root / "eet" / "fmnist" / "runs")
     return root
-
-
-def test_the_committed_eet_tables_regenerate_from_the_stored_runs():
-    study = get_study("eet")()
-    runs = load_runs(Layout(ROOT / "results" / "eet", ROOT / "runs" / "eet"))
-    assert len(runs) == 26
-    assert summary(study, runs) == (ROOT / "results" / "eet" / "summary.md").read_text()
-    text = summary(study, runs)  # the numbers of the original summary (benchmark.sh era)
-    assert "| (d) full EET (CTP + DKT + DRG) | 0, 1, 2 | 84.13 ± 1.42 | 71.66 ± 1.88 |" in text
-    assert "-7.24 ± 1.92" in text and "-11.36 ± 2.22" in text and "| 1 | 24 / 49 | 0.455 | 0.725 |" in text
-    words = {j.expect.claim: j.verdict.word for j in verdicts(study, runs)}
-    assert words["CTP alone lowers mAP"] == "reproduced"
-    assert words["full EET is at or above the unpruned baseline"] == "contradicted"
 
 
 def test_report_rebuilds_byte_identical_and_shows_missing_runs(tmp_path: Path):
     root = _copy_results(tmp_path)
-    page = build_report(root, names=["eet"])
-    first = page.read_bytes(), (root / "figures" / "eet.png").read_bytes()
-    again = build_report(root, names=["eet"])
-    assert (again.read_bytes(), (root / "figures" / "eet.png").read_bytes()) == first
+    page = build_report(root, names=["eet"], readme=None)
+    first = page.read_bytes(), (root / "figures" / "eet-fmnist.png").read_bytes()
+    again = build_report(root, names=["eet"], readme=None)
+    assert (again.read_bytes(), (root / "figures" / "eet-fmnist.png").read_bytes()) == first
     text = first[0].decode()
-    assert "**contradicted**" in text and "58.30 -> 63.45" in text and "tokenreduce study eet" in text
+    assert "**contradicted**" in text and "58.30 -> 63.45" in text and "tokenreduce study eet --testbed fmnist" in text
     assert str(ROOT) not in text and "/work/" not in text
-    for p in (root / "eet" / "runs").glob("b_ctp-b64-*.json"):
+    for p in (root / "eet" / "fmnist" / "runs").glob("b_ctp-b64-*.json"):
         p.unlink()
-    (root / "eet" / "runs" / "speed.json").unlink()
-    text = build_report(root, names=["eet"]).read_text()
+    (root / "eet" / "fmnist" / "runs" / "speed.json").unlink()
+    text = build_report(root, names=["eet"], readme=None).read_text()
     assert "| (b) CTP only | not run: no run JSON | not run |" in text
     assert "not run: no run JSON for speed" in text
 
 
 def test_a_study_without_results_says_not_run(tmp_path: Path):
-    text = build_report(tmp_path, names=["eet"]).read_text()
-    assert "not run: no run JSON under `eet/runs/`" in text and "| eet | CTP alone lowers mAP |" in text
+    text = build_report(tmp_path, names=["eet"], readme=None).read_text()
+    assert "not run: no run JSON under `eet/scenes/runs/`" in text and "| eet | CTP alone lowers mAP |" in text
     assert "**not run**" in text
 
 
@@ -402,50 +405,14 @@ def _bench_block(text: str, title: str) -> list[str]:
     return after.split("```\n", 2)[1].rstrip("\n").splitlines()
 
 
-#: each converted run -> the stored output of `tokenreduce bench` it was made from (results/<...>.json, .txt)
-_STORED_BENCHES = {"deit_bench": {"deit_small": "bench/deit_small_cpu2"},
-                   "backends": {f"{m}-{b}": f"backends/{m}-{b}" for m in ("deit_small", "fmnist")
-                                for b in ("eager", "compile", "onnxruntime")}}
-
-
-@pytest.mark.parametrize("name", sorted(_STORED_BENCHES))
-def test_the_committed_bench_tables_regenerate_from_the_stored_runs(name: str):
-    from tokenreduce.experiments.runner import plan
-
-    study = get_study(name)()
-    runs = load_runs(Layout(ROOT / "results" / name, ROOT / "runs" / name))
-    assert set(runs) == {u.id for u in plan(study)} == set(_STORED_BENCHES[name])
-    text = summary(study, runs)
-    assert text == (ROOT / "results" / name / "summary.md").read_text()
-    for b in study.benches:
-        stored = _STORED_BENCHES[name][b.name]
-        doc = runs[b.name]
-        assert doc["kind"] == "bench" and doc["converted"] == f"results/{stored}.json"
-        # the measurement as it was made: every number of the command's results.json, its command
-        assert doc["result"] == json.loads((ROOT / "results" / f"{stored}.json").read_text())
-        assert doc["command"] == doc["result"]["provenance"]["command"]
-        assert doc["command"].startswith("tokenreduce bench ") and f"--spec {b.specs[-1]}" in doc["command"]
-        if "backend" in b.speed:
-            assert f"--backend {b.speed['backend']}" in doc["command"]
-        printed = (ROOT / "results" / f"{stored}.txt").read_text().splitlines()
-        table = printed[1:printed.index("")]  # the command's table, as it printed it
-        assert _bench_block(text, b.title) == table, b.name
-    assert "## Verdicts" not in text and "## Arms" not in text  # it trains nothing and judges nothing
-    if name == "backends":  # the README's tables, row by row: the bench tables of the study
-        readme = (ROOT / "results" / "backends" / "README.md").read_text()
-        rows = [line for line in readme.splitlines() if line.startswith("| ") and "`" in line]
-        assert len(rows) == 11 and all(row in text.splitlines() for row in rows)
-        assert "| DeiT-S (4.6 GMACs) | eager b32 / b1 | vs random b32 / b1 | compile b32 / b1 | vs random |" in text
-
-
 @register_study("_tiny_bench_test")
 class _TinyBench(Study):
     """A test-only bench on test_vit at 64x64, the model tests/test_cli_bench.py times with the command."""
 
     claim, source = "test", "test"
-    benches = (Bench("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
-                     specs=("evit(keep=0.7, locs=(1, 3))", "tome(r=2)"), match_random=True,
-                     speed={"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}),)
+    beds = {"cpu": Bed(benches=(Bench("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
+                                      specs=("evit(keep=0.7, locs=(1, 3))", "tome(r=2)"), match_random=True,
+                                      speed={"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}),))}
 
 
 def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -477,6 +444,7 @@ def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: p
                                                      "lat", "speedup", "vs", "random", "lat", "vs", "random"]
 
 
+@pytest.mark.slow  # the order alone: test_jobs_run_a_measure_after_the_training_runs_alone_even_when_it_reads_none
 def test_jobs_run_benches_one_at_a_time_with_every_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from tokenreduce.experiments import entries as entries_module
 
@@ -494,14 +462,14 @@ def test_jobs_run_benches_one_at_a_time_with_every_thread(tmp_path: Path, monkey
 
 def test_jobs_run_a_measure_after_the_training_runs_alone_even_when_it_reads_none(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch):
-    """bench_scenes' training-free measure reads no run; it still times alone, in-process, after every
+    """baselines' training-free measure reads no run; it still times alone, in-process, after every
     training run (the runs and the evaluation are faked: only the order is under test)."""
     from tokenreduce.experiments import entries as entries_module
 
     started = _as_subprocesses(monkeypatch, fake=True)
     order: list[str] = []
     monkeypatch.setattr(entries_module, "evaluate", lambda *a, **kw: order.append(f"after {len(started)}") or {})
-    study = get_study("bench_scenes")()
+    study = get_study("baselines")()
     runner = Runner(study, layout_for(study, str(tmp_path)), threads=2, flags=["--out", str(tmp_path)],
                     log=lambda msg: None)
     assert runner.unit("free").needs == ()  # it would have gone with the first wave of runs
@@ -515,24 +483,25 @@ def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys
     with pytest.raises(SpecError, match="has no arms: it trains nothing.*grid"):
         @register_study("_bad_bench_grid_test")
         class _Bad(_TinyBench):
-            grid = (Axis("seed", (0,), "s"),)
+            beds = {"cpu": dataclasses.replace(_TinyBench.beds["cpu"], grid=(Axis("seed", (0,), "s"),))}
     with pytest.raises(SpecError, match="no benches"):
         @register_study("_bad_nothing_test")
         class _Bad2(Study):
             claim = "nothing"
+            beds = {"cpu": Bed()}
     with pytest.raises(SpecError, match="distinct names"):
         @register_study("_bad_names_test")
         class _Bad3(_TinyBench):
-            benches = _TinyBench.benches * 2
+            beds = {"cpu": Bed(benches=_TinyBench.beds["cpu"].benches * 2)}
     with pytest.raises(SpecError, match=r"bench tiny names unknown settings \['batch_size'\]"):
         @register_study("_bad_bench_speed_test")
         class _Bad5(_TinyBench):
-            benches = (dataclasses.replace(_TinyBench.benches[0], speed={"batch_size": 2}),)
+            beds = {"cpu": Bed(benches=(dataclasses.replace(_TinyBench.beds["cpu"].benches[0],
+                                                            speed={"batch_size": 2}),))}
     with pytest.raises(SpecError, match="'seed' axis"):  # a study with arms still needs its seeds
         @register_study("_bad_seedless_test")
         class _Bad4(_TinyEET):
-            grid = (Axis("bits", (8,), "b"),)
-            smoke = None
+            beds = _tiny_bed(grid=(Axis("bits", (8,), "b"),), smoke=None)
     assert main(["study", "backends", "--model", "vit_tiny_patch16_224", "--list"]) == 2
     assert "trains nothing" in capsys.readouterr().err
     assert main(["study", "backends", "--list", "--threads", "2"]) == 0
@@ -542,15 +511,28 @@ def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys
 
 def test_the_report_shows_the_bench_studies(tmp_path: Path):
     root = tmp_path / "results"
-    for name in _STORED_BENCHES:
-        shutil.copytree(ROOT / "results" / name / "runs", root / name / "runs")
-    text = build_report(root, names=sorted(_STORED_BENCHES)).read_text()
-    assert "## Backends: every method against the unreduced model" in text and "- models: each bench's own" in text
-    assert "- runs: 6 of 6 stored under `backends/runs/`" in text and "- runs: 1 of 1 stored" in text
+    for key in ("deit_bench/deit_s", "backends/cpu"):
+        shutil.copytree(ROOT / "results" / key / "runs", root / key / "runs")
+    text = build_report(root, names=["deit_bench", "backends"], readme=None).read_text()
+    assert "## Backends: every method against the unreduced model" in text
+    assert "- test bed `cpu`: each bench's own model (it trains nothing)" in text
+    assert "- runs: 6 of 6 stored under `backends/cpu/runs/`" in text and "- runs: 1 of 1 stored" in text
     assert "### The Fashion-MNIST reference at the 1.5x picks, onnxruntime" in text
     assert "the trained fmnist-vit), batch 32" in text and not (root / "figures").exists()  # no arms: no bars
-    page = (ROOT / "results" / "REPORT.md").read_text()
-    assert "## Speed and MACs on DeiT-S (CPU, random weights)" in page and "## Backends:" in page
-    (root / "backends" / "runs" / "deit_small-compile.json").unlink()
-    text = build_report(root, names=["backends"]).read_text()
+    (root / "backends" / "cpu" / "runs" / "deit_small-compile.json").unlink()
+    text = build_report(root, names=["backends"], readme=None).read_text()
     assert "- runs: 5 of 6 stored" in text and text.count("not run: no run JSON for deit_small-compile") == 2
+
+
+def test_the_committed_report_summaries_and_readme_table_regenerate_from_the_records(tmp_path: Path):
+    """`tokenreduce report` on a copy of results/ and the README gives the committed files, byte for byte:
+    every generated number in the repository is the run records'."""
+    root = tmp_path / "results"
+    shutil.copytree(ROOT / "results", root)
+    readme = tmp_path / "README.md"
+    shutil.copy(ROOT / "README.md", readme)
+    build_report(root, readme=readme)
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "/runs/" not in str(path):
+            assert path.read_bytes() == (ROOT / path.relative_to(tmp_path)).read_bytes(), path
+    assert readme.read_bytes() == (ROOT / "README.md").read_bytes()

@@ -83,14 +83,12 @@ def test_one_paired_value_is_inconclusive_with_its_reason_and_no_nan():
 
 
 def _one_seed_study():
-    from tokenreduce.experiments import Arm, Axis, Col, Expect, Study
+    from tokenreduce.experiments import Arm, Axis, Bed, Col, Expect, Study
 
     class OneSeed(Study):  # not registered: its tables read only the declarations and the runs given
         name = "one_seed"
-        arms = {"a": Arm("(a)"), "b": Arm("(b)")}
-        baseline = "a"
-        grid = (Axis("seed", (0, 1, 2), "s"),)
-        columns = (Col("m", "m"), Col("m", "Δ m", paired=True))
+        beds = {"any": Bed(arms={"a": Arm("(a)"), "b": Arm("(b)")}, baseline="a", grid=(Axis("seed", (0, 1, 2), "s"),),
+                           columns=(Col("m", "m"), Col("m", "Δ m", paired=True)))}
         expect = (Expect("b above a", "synthetic", arm="b", baseline="a", metric="m", direction=1, effect=2.0),)
 
     return OneSeed()

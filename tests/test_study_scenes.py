@@ -3,19 +3,17 @@ seed), the oracle at a trained pruner's counts on the same weights, the syntheti
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from tokenreduce.core.errors import SpecError
-from tokenreduce.experiments import Arm, Measure, get_study, register_study
-from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
-from tokenreduce.experiments.scene_bed import SPEED_COLUMNS
-from tokenreduce.experiments.scene_bed import smoke as scene_smoke
-from tokenreduce.experiments.scenes_eet import EETScenes
-from tokenreduce.experiments.scenes_imagepiece import ImagePieceScenes
+from tokenreduce.experiments import Arm, Measure, Study, get_study, register_study
+from tokenreduce.experiments.beds import SMOKE_MEASURE, SPEED_COLUMNS, scene_smoke
+from tokenreduce.experiments.runner import Runner, layout_for, load_runs
 from tokenreduce.experiments.tables import machines_text, paired, summary
-from tokenreduce.experiments.testbed import Testbed as Bed
+from tokenreduce.experiments.testbed import Testbed as Where
 
 
 def _runner(study, out: Path) -> Runner:
@@ -23,14 +21,21 @@ def _runner(study, out: Path) -> Runner:
                   log=lambda msg: None)
 
 
-@register_study("_tiny_oracle_test")
-class _TinyOracle(EETScenes):
-    """Two trained arms and the evaluated oracle arm of the scene EET study, one seed."""
+def _scenes(name: str, new: str, keep: tuple[str, ...] | None = None, **over) -> type[Study]:
+    """Register ``new``: the study ``name`` on its scene bed alone, with only the arms ``keep`` (and their
+    claims) and the bed's fields ``over`` changed."""
+    cls = get_study(name)
+    bed = cls.beds["scenes"]
+    if keep is not None:
+        over["arms"] = {k: bed.arms[k] for k in keep}
+    bed = dataclasses.replace(bed, **over)
+    expect = tuple(e for e in cls.expect if {e.arm, e.baseline} <= set(bed.arms))
+    return register_study(new)(type(new, (cls,), {"beds": {"scenes": bed}, "expect": expect}))
 
-    arms = {k: EETScenes.arms[k] for k in ("a_unpruned", "b_ctp", "e_oracle")}
-    expect = tuple(e for e in EETScenes.expect if {e.arm, e.baseline} <= {"a_unpruned", "b_ctp", "e_oracle"})
-    measures = ()
-    smoke = EETScenes.smoke.__class__(**{**EETScenes.smoke.__dict__, "grid": {"bits": (8,), "seed": (0,)}})
+
+#: two trained arms and the evaluated oracle arm of the scene EET study, one seed
+_scenes("eet", "_tiny_oracle_test", ("a_unpruned", "b_ctp", "e_oracle"), measures=(),
+        smoke=dataclasses.replace(get_study("eet").beds["scenes"].smoke, grid={"bits": (8,), "seed": (0,)}))
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +72,7 @@ def test_the_oracle_runs_at_the_trained_pruners_counts_on_its_weights_and_items(
 
 
 def test_bad_evaluated_arms_are_refused():
-    base = {"a_unpruned": EETScenes.arms["a_unpruned"]}
+    base = {"a_unpruned": get_study("eet").beds["scenes"].arms["a_unpruned"]}
     cases = [({"e": Arm("e", evaluates="a_unpruned")}, "needs both"),
              ({"e": Arm("e", evaluates="nope", experiment="oracle_at_counts")}, "not one of its trained arms"),
              ({"e": Arm("e", evaluates="a_unpruned", experiment="oracle_at_counts"),
@@ -75,20 +80,19 @@ def test_bad_evaluated_arms_are_refused():
              ({"e": Arm("e", evaluates="a_unpruned", experiment="oracle_at_counts", spec="ctp()")}, "trains nothing")]
     for i, (arms, match) in enumerate(cases):
         with pytest.raises(SpecError, match=match):
-            register_study(f"_bad_evaluated_{i}")(type("Bad", (EETScenes,), {"arms": {**base, **arms},
-                                                                            "expect": ()}))
+            _scenes("eet", f"_bad_evaluated_{i}", arms={**base, **arms}, measures=())
 
 
 def test_a_synthetic_scene_bed_builds_the_named_data_from_synthetic_images(tmp_path: Path):
-    bed = Bed(model="vit_tiny_patch16_224", data="fmnist_scenes", synthetic=True)
+    bed = Where(model="vit_tiny_patch16_224", data="fmnist_scenes", synthetic=True)
     fields = bed.train_fields(tmp_path)
     assert fields["data"] == "fmnist_scenes" and Path(fields["data_dir"]).is_dir()
     assert not bed.fmnist() and "fmnist_scenes from synthetic" in bed.text()
-    assert Bed(model="vit_tiny_patch16_224", synthetic=True).fmnist()
+    assert Where(model="vit_tiny_patch16_224", synthetic=True).fmnist()
 
 
 def test_a_second_phase_starts_from_the_first_phases_checkpoint(tmp_path: Path):
-    study = get_study("bspf_scenes")(smoke=True)
+    study = get_study("bspf")(smoke=True)
     runner = _runner(study, tmp_path)
     unit = runner.unit("bspf_tied2-s0")
     assert unit.kind == "train" and unit.needs == ("tied_full-s0",)
@@ -101,20 +105,17 @@ def test_a_second_phase_starts_from_the_first_phases_checkpoint(tmp_path: Path):
 
 
 def test_bad_second_phases_are_refused():
-    from tokenreduce.experiments.scenes_bspf import BSPFScenes
-
+    arms = get_study("bspf").beds["scenes"].arms
     for i, arm in enumerate([Arm("x", after="nope"), Arm("x", after="x"), Arm("x", after="full", init="a.pt")]):
         with pytest.raises(SpecError, match="continues after"):
-            register_study(f"_bad_after_{i}")(type("Bad", (BSPFScenes,), {"arms": {**BSPFScenes.arms, "x": arm},
-                                                                           "expect": (), "probes": ()}))
+            _scenes("bspf", f"_bad_after_{i}", arms={**arms, "x": arm}, probes=())
 
 
 def test_a_pending_reason_is_printed_where_runs_are_missing(tmp_path: Path):
     from tokenreduce.experiments.page import build_report
     from tokenreduce.experiments.tables import summary
 
-    cls = type("Pending", (EETScenes,), {"pending": "scheduled for the next sitting"})
-    study = register_study("_pending_test")(cls)()
+    study = _scenes("eet", "_pending_test", pending="scheduled for the next sitting")()
     assert "runs not run: scheduled for the next sitting." in summary(study, {})
     text = build_report(tmp_path, names=["_pending_test"]).read_text()
     assert "not run: scheduled for the next sitting." in text
@@ -122,22 +123,21 @@ def test_a_pending_reason_is_printed_where_runs_are_missing(tmp_path: Path):
 
 def test_a_recipe_distils_from_the_test_beds_reference(tmp_path: Path):
     from tokenreduce.core.errors import TokenReduceError
-    from tokenreduce.experiments.scenes_bench import BenchScenes
     from tokenreduce.train.recipes import reference_checkpoint
 
-    study = BenchScenes()
+    study = get_study("baselines")()
     fields = study.train_fields(study.point("tome-1.5x", {"seed": 0}), tmp_path)
     assert fields["teacher"] == str(reference_checkpoint("scenes-vit")) == fields["init"]
     assert fields["spec"] == "tome(r=(17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 13, 6))"
     matched = study.train_fields(study.point("random~tome-1.5x", {"seed": 2}), tmp_path)["spec"]
     assert matched.endswith("where='attn', seed=2)")
-    scratch = BenchScenes(testbed=Bed(model="vit_tiny_patch16_224", data="fmnist_scenes"))
+    scratch = get_study("baselines")(testbed=Where(model="vit_tiny_patch16_224", data="fmnist_scenes"))
     with pytest.raises(TokenReduceError, match="distils from the test bed's reference"):
         scratch.train_fields(scratch.point("tome-1.5x", {"seed": 0}), tmp_path)
 
 
 def test_a_measure_scores_the_runs_test_items(tmp_path: Path):
-    full, smoke = EETScenes(), EETScenes(smoke=True)
+    full, smoke = get_study("eet")(), get_study("eet")(smoke=True)
     assert full.eval_items(tmp_path) == (None, 2000)  # the reference's own scenes, the recipe's 2 000
     data_dir, n = smoke.eval_items(tmp_path)
     assert n == 16 and Path(data_dir).is_dir()  # the synthetic images the smoke's runs were trained on
@@ -146,12 +146,11 @@ def test_a_measure_scores_the_runs_test_items(tmp_path: Path):
 def test_a_stem_arm_swaps_the_stem_into_the_reference(tmp_path: Path):
     """The stem-only control on the scene bed: the reference's own architecture with the conv stem, starting
     from the reference's weights (models/build.py swaps the stem in fresh)."""
-    from tokenreduce.experiments.scenes_imagepiece import ImagePieceScenes
     from tokenreduce.models import model_config
     from tokenreduce.train.loop import TrainConfig, make_model
     from tokenreduce.train.recipes import get_recipe, reference_checkpoint
 
-    study = ImagePieceScenes()
+    study = get_study("imagepiece")()
     fields = study.train_fields(study.point("conv", {"seed": 0}), tmp_path)
     assert fields["init"] == str(reference_checkpoint("scenes-vit"))
     assert fields["model"] == {**get_recipe("scenes-vit")["model"], "stem": "conv"} and fields["spec"] is None
@@ -163,34 +162,26 @@ def test_a_stem_arm_swaps_the_stem_into_the_reference(tmp_path: Path):
 
 
 def test_an_arm_table_heading_names_the_schedule_a_study_changed():
-    from tokenreduce.experiments.scenes_cropr import CroprScenes
     from tokenreduce.experiments.tables import recipe_text
     from tokenreduce.train.recipes import get_recipe
 
     said = "fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64"
-    assert recipe_text(CroprScenes.recipe) == said
+    assert recipe_text(get_study("cropr").beds["scenes"].recipe) == said
     assert recipe_text(get_recipe("fmnist-cropr")) == "fmnist-cropr" and recipe_text({}) == "recipe"
 
 
 def test_a_measure_over_two_arms_of_one_model_and_spec_is_refused():
     """The evaluation groups checkpoints by model and spec: two such arms would silently share one row."""
-    from tokenreduce.experiments import Measure
-    from tokenreduce.experiments.scenes_bspf import BSPFScenes
-
     both = Measure("speed", reference=None, at={"seed": 0}, finetuned=("bspf_mirrored", "bspf_untied2"))
     with pytest.raises(SpecError, match="bspf_mirrored and bspf_untied2, which carry the same model and spec"):
-        register_study("_bad_measure")(type("Bad", (BSPFScenes,), {"measures": (both,)}))
+        _scenes("bspf", "_bad_measure", measures=(both,))
 
 
-@register_study("_tiny_records_test")
-class _TinyRecords(ImagePieceScenes):
-    """Two fine-tuned arms, one on its own model (the conv stem), and a measure over both, one seed."""
-
-    arms = {k: ImagePieceScenes.arms[k] for k in ("none", "imagepiece", "conv_imagepiece")}
-    expect = ()
-    measures = (Measure("speed", reference=None, at={"seed": 0}, finetuned=("imagepiece", "conv_imagepiece"),
-                        columns=SPEED_COLUMNS),)
-    smoke = scene_smoke(grid={"seed": (0,)}, measure={"batch": 4, "warmup": 0, "repeats": 1})
+#: two fine-tuned arms, one on its own model (the conv stem), and a measure over both, one seed
+_scenes("imagepiece", "_tiny_records_test", ("none", "imagepiece", "conv_imagepiece"),
+        measures=(Measure("speed", reference=None, at={"seed": 0}, finetuned=("imagepiece", "conv_imagepiece"),
+                          columns=SPEED_COLUMNS),),
+        smoke=scene_smoke(grid={"seed": (0,)}, measure=SMOKE_MEASURE))
 
 
 def _fine_tuned(doc: dict) -> dict[str, dict]:
@@ -230,7 +221,7 @@ def test_a_lost_checkpoint_is_made_again_and_a_changed_result_replaces_its_recor
 
     from tokenreduce.core.errors import TokenReduceError
 
-    runner = _runner(get_study("bspf_scenes")(smoke=True), tmp_path)
+    runner = _runner(get_study("bspf")(smoke=True), tmp_path)
     first = runner.run_one(runner.unit("tied_full-s0"))
     ckpt = Path(first["metrics"]["checkpoint"])
     ckpt.unlink()
@@ -264,33 +255,3 @@ def test_a_summary_says_when_its_runs_were_made_on_several_machines():
             for i, cpu in enumerate(["AMD EPYC", "AMD EPYC", "Intel Xeon"])}
     assert "made on 2 machines (AMD EPYC: 2 runs; Intel Xeon: 1 run)" in "".join(machines_text(runs))
     assert machines_text({k: runs[k] for k in ("full-s0", "full-s1")}) == []
-
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.mark.parametrize("name, n_runs, rows", [
-    ("eet_scenes", 37, ["| (b) CTP only | 0, 1, 2 | 43.70 ± 3.12 |", "| -6.59 ± 0.91 (n = 3) |",
-                        "| (d) full EET (CTP + DKT + DRG) | 0, 1, 2 | 31.61 ± 3.93 |",
-                        "| CTP alone lowers mAP | bits 64 | b_ctp - a_unpruned < 0 on map_asym | - | -5.22 ± 2.22"]),
-    ("cropr_scenes", 21, ["| Token Cropr + LLF | 0, 1, 2 | 55.28 ± 1.06 | -5.40 ± 1.08 |",
-                          "| fixed random linear scorer (frozen query) | 0, 1, 2 | 50.83 ± 2.80 | -9.85 ± 2.74 |"]),
-    ("cropr_seg_scenes", 15, ["| Token Cropr + LLF | 0, 1, 2 | 33.54 ± 2.23 |",
-                              "| top-k + LLF | 0, 1, 2 | 36.98 ± 0.57 |"]),
-    ("bspf_scenes", 34, ["| BSPF, exact path | 0, 1, 2 | 52.90 ± 0.18 | -7.82 ± 0.25 |",
-                         "mirrored BSPF after tied_full | 0, 1, 2 | 47.20 ± 0.75 | -13.52 ± 0.50 |",
-                         "(AMD EPYC: 12 runs; Intel(R) Xeon(R) Processor: 18 runs)"]),
-    ("imagepiece_scenes", 46, ["| ImagePiece (1.5x measured pick) | 0, 1, 2 | 59.72 ± 0.32 | -1.53 ± 0.33 |",
-                               "| ToMe at equal measured speed | 0, 1, 2 | 60.25 ± 0.35 | -1.00 ± 0.41 |"]),
-    ("bench_scenes", 80, ["| tome 2x: tome(r=(24, 24, 24, 24, 24, 24, 24, 14, 7, 3, 2, 1)) | 0, 1, 2 | 56.53 ± 0.48 |",
-                          "| random at dynamicvit-2x's counts | 0, 1, 2 | 50.42 ± 0.81 |",
-                          "| -2.53 ± 0.44 (n = 3) | [-2.90, -2.05] | **contradicted** |"]),
-])
-def test_the_committed_scene_tables_regenerate_from_the_stored_runs(name: str, n_runs: int, rows: list[str]):
-    """The scene studies' stored summaries (what the README quotes) are what their stored runs give."""
-    runs = load_runs(Layout(ROOT / "results" / name, ROOT / "runs" / name))
-    text = summary(get_study(name)(), runs)
-    assert len(runs) == n_runs and "not run" not in text
-    assert text == (ROOT / "results" / name / "summary.md").read_text()
-    for row in rows:
-        assert row in text, row

@@ -16,6 +16,7 @@ from .api import apply, get_info, is_patched, remove
 from .bench.report import write_figure
 from .core.errors import TokenReduceError
 from .core.method import Reducer
+from .data import build_dataset, data_config_from_model
 
 
 def patch_groups(source: Tensor, num_prefix: int) -> Tensor:
@@ -129,8 +130,6 @@ def dataset_images(model: nn.Module, data: str, data_dir: str | None, indices: S
                    classes: Sequence[str] | None = None) -> tuple[Tensor, list[str]]:
     """(images (n, C, H, W) as ``model`` takes them, titles '#i class') of test images ``indices``;
     ``classes``: the model's class list (a checkpoint's), by which the data is mapped."""
-    from .data import build_dataset, data_config_from_model
-
     ds = build_dataset(data, "test", data_dir=data_dir, classes=classes, **data_config_from_model(model))
     bad = [i for i in indices if not 0 <= i < len(ds)]
     if bad:

@@ -190,7 +190,7 @@ def attach(model: nn.Module, spec: str | Reducer, host: Host, *, trace: bool, de
     refuse(reducer, host, model_name or type(model).__name__)
     schedule = reducer.bind(host)
     if hasattr(model, ATTR):  # only now: a failed apply leaves the previous patch in place
-        from .hosts import remove  # the previous patch's own adapter undoes it
+        from .hosts import remove  # cycle: hosts imports common
 
         remove(model)
     ref = next(model.parameters())

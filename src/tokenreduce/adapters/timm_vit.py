@@ -32,6 +32,9 @@ from functools import partial
 from typing import Any
 
 import torch
+from timm.layers import Attention
+from timm.models._features import FeatureGetterNet, feature_take_indices
+from timm.models.vision_transformer import Block, VisionTransformer
 from torch import Tensor, nn
 
 from ..core.errors import TokenReduceError, UnsupportedModelError
@@ -59,28 +62,15 @@ DESCRIPTION = "timm VisionTransformer models (vit_*, deit_*, ...)"
 _PATCHED_ATTRS = ("forward_features", "forward_intermediates", "__prepare_scriptable__")
 
 
-def _timm_classes():
-    from timm.layers import Attention
-    from timm.models.vision_transformer import Block, VisionTransformer
-
-    return VisionTransformer, Block, Attention
-
-
 def accepts(model: nn.Module) -> bool:
     """Whether ``model`` is for this adapter: a timm VisionTransformer, or a features_only wrapper of
     one (``check_host`` refuses that, naming its ``.model``, and says the rest)."""
-    from timm.models._features import FeatureGetterNet
-
-    VisionTransformer = _timm_classes()[0]
     return isinstance(model, VisionTransformer) or (
         isinstance(model, FeatureGetterNet) and isinstance(model.model, VisionTransformer))
 
 
 def check_host(model: nn.Module) -> Host:
     """Raise UnsupportedModelError unless ``model`` is a timm ViT this adapter can drive."""
-    from timm.models._features import FeatureGetterNet
-
-    VisionTransformer, Block, Attention = _timm_classes()
     if isinstance(model, FeatureGetterNet) and isinstance(model.model, VisionTransformer):
         raise UnsupportedModelError(
             f"{type(model).__name__} (timm features_only) wraps a VisionTransformer: apply tokenreduce to its .model "
@@ -185,8 +175,6 @@ def _forward_intermediates(
     Prefix tokens (B, p, C) are split off as timm does; ``norm`` applies the final norm to each.
     The final features are ``forward_features``'s (up to the last index with ``stop_early``).
     """
-    from timm.models._features import feature_take_indices
-
     if output_fmt not in ("NCHW", "NLC"):
         raise TokenReduceError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
     patch = getattr(self, _ATTR)

@@ -45,6 +45,7 @@ from ..adapters import hosts, timm_vit
 from ..core.compose import split_stages
 from ..core.errors import TokenReduceError
 from ..core.method import build_reducer, format_spec, get_method, parse_spec
+from ..models import ModelSource, load_model, make_model, read_checkpoint, task_weights
 from ..models.checkpoint import Checkpoint
 from ..tasks import Task, TaskContext, build_task
 from .macs import count_macs
@@ -136,8 +137,6 @@ def bind_task(model: nn.Module, checkpoint: str | Path | Checkpoint | None = Non
 
     Without a checkpoint: the default task bound to ``model`` (it owns nothing to load).
     """
-    from ..models import read_checkpoint, task_weights
-
     if checkpoint is None:
         task = build_task(DEFAULT_TASK)
         task.bind(model, TaskContext())
@@ -175,8 +174,6 @@ class _Row:
 
 def _evaluate_case(model: nn.Module, task: Task, case: EvalCase, data: TensorDataset, database: Dataset | None,
                    seeds: Sequence[int], batch: int, img_size: int | None, progress: Progress | None) -> _Row:
-    from ..models import load_model, read_checkpoint
-
     row = _Row(case)
     m = task.metric
     if case.kind == "fine-tuned":
@@ -272,7 +269,6 @@ def _own_model(case: EvalCase, reference: nn.Module) -> nn.Module | None:
     None for a case on the reference's model."""
     if case.model is None:
         return None
-    from ..models import ModelSource, make_model
 
     config = {**case.model, "pretrained": False}  # the weights are not what is timed: never fetch any
     return make_model(ModelSource(config=config, spec=None), next(reference.parameters()).device).model

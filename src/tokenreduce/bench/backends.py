@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import tempfile
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +27,8 @@ from torch import Tensor, nn
 from ..adapters import hosts
 from ..core.errors import TokenReduceError
 from ..core.method import Reducer
+from . import settings
+from .export import export_onnx, require, session
 
 
 class Runner:
@@ -59,8 +61,6 @@ def _one_per_shape(inputs: Sequence[Tensor]) -> list[Tensor]:
 
 class Backend:
     """A way to run the cases of one timing run; subclasses register in ``BACKENDS``."""
-
-    name: ClassVar[str] = ""
 
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads
@@ -101,7 +101,7 @@ class _EagerRunner(Runner):
 
 
 class Eager(Backend):
-    name = "eager"
+    """'eager': the model itself, patched in place for the case's turn."""
 
     def runner(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor], label: str) -> Runner:
         return _EagerRunner(model, reducer)
@@ -119,10 +119,10 @@ class _CompiledRunner(Runner):
 
 
 class Compiled(Backend):
-    name = "compile"
+    """'compile': torch.compile of a patched copy."""
 
     def __enter__(self) -> Compiled:
-        import torch._dynamo.config as config
+        import torch._dynamo.config as config  # only when compiling: importing dynamo takes seconds
 
         # every case compiles the same code objects (timm's forward, the adapter's) once per batch
         # size; past the default limit (8) dynamo would silently run the rest eagerly
@@ -148,7 +148,7 @@ class _OnnxRunner(Runner):
 
 
 class OnnxRuntime(Backend):
-    name = "onnxruntime"
+    """'onnxruntime': an ONNX export of a patched copy, run by an onnxruntime CPU session."""
 
     def __enter__(self) -> OnnxRuntime:
         self._dir = tempfile.TemporaryDirectory(prefix="tokenreduce-onnx-")
@@ -159,8 +159,6 @@ class OnnxRuntime(Backend):
         self._dir.cleanup()
 
     def check(self, model: nn.Module) -> None:
-        from .export import require
-
         require("onnxruntime")
         if hosts.check_host(model).family != "timm":
             raise TokenReduceError("the onnxruntime backend exports timm models only (bench/export.py); time a "
@@ -171,13 +169,9 @@ class OnnxRuntime(Backend):
                                    f"the model is {ref.dtype} on {ref.device}: use --device cpu --dtype float32")
 
     def versions(self) -> dict[str, str]:
-        from .export import require
-
         return {name: require(name).__version__ for name in ("onnx", "onnxruntime", "onnxscript")}
 
     def runner(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor], label: str) -> Runner:
-        from .export import export_onnx, session
-
         patched = _patched_copy(model, reducer)
         name = "".join(c if c.isalnum() else "_" for c in label)[:60]
         sessions = {}
@@ -189,8 +183,8 @@ class OnnxRuntime(Backend):
         return _OnnxRunner(sessions)
 
 
-#: The backends by name, in the order ``--backend`` lists them.
-BACKENDS: dict[str, type[Backend]] = {cls.name: cls for cls in (Eager, Compiled, OnnxRuntime)}
+#: The backends by name (``settings.BACKENDS``, in that order).
+BACKENDS: dict[str, type[Backend]] = dict(zip(settings.BACKENDS, (Eager, Compiled, OnnxRuntime), strict=True))
 
 
 def get_backend(name: str, threads: int | None = None) -> Backend:

@@ -44,6 +44,8 @@ from ..adapters import hosts, timm_vit
 from ..core.errors import TokenReduceError
 from ..core.method import build_reducer, get_method, list_methods
 from .macs import count_macs
+from .settings import BUDGET_ROUNDS, SPEED
+from .speed import Case, measure_speed
 
 REACH_TOLERANCE = 1.15  # a pick within this factor of its target counts as reached
 
@@ -250,9 +252,7 @@ def find_budgets(
 def _measure(model: nn.Module, specs: set[str], img_size: int | None, speed: dict | None,
              progress: Callable[[str], None] | None) -> dict[str, float]:
     """Measured speed-up of every spec, in one interleaved run."""
-    from .speed import Case, measure_speed
-
-    settings = {"batch": 32, "warmup": 1, "repeats": 3, "min_run_s": 0.05} | dict(speed or {})
+    settings = {**SPEED, **BUDGET_ROUNDS} | dict(speed or {})
     results = measure_speed(model, [Case(s, s) for s in sorted(specs)], img_size=img_size, progress=progress,
                             **settings)
     # a NaN (no valid round) would poison the fit; a tiny positive value only weakens it

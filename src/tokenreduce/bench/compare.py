@@ -19,6 +19,7 @@ the command and for a study's benches (experiments/entries.py) alike.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,10 @@ from torch import nn
 
 from ..adapters import hosts
 from ..core.errors import TokenReduceError
+from ..models.stems import build_stem, canonical_stem
+from .backends import get_backend
 from .macs import count_macs, input_shape
+from .report import provenance
 from .speed import Case, matched_random, measure_speed, paired_ratio
 
 #: The columns of the bench table, (row key, header) as ``report.format_table`` takes them.
@@ -40,10 +44,6 @@ COLUMNS = [
 def with_stem(model: nn.Module, stem: str) -> tuple[str, nn.Module]:
     """(the canonical spec of ``stem``, a copy of the unpatched timm ``model`` with that stem in place of its
     patch embedding, freshly initialised; every other weight the same): the stem rows' model."""
-    import copy
-
-    from ..models.stems import build_stem, canonical_stem
-
     spec = canonical_stem(stem)  # an unknown stem fails naming the valid ones
     return spec, build_stem(spec, copy.deepcopy(model))
 
@@ -110,9 +110,6 @@ def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[s
     """``tokenreduce bench``'s results document: :func:`bench_specs` on the unpatched ``model`` (already
     on ``device`` and ``dtype``) with ``settings`` (batch, warmup, repeats, min_run_s), plus provenance,
     the model (``model_info`` with its input size and parameter count) and the settings."""
-    from .backends import get_backend
-    from .report import provenance
-
     rows = bench_specs(model, specs, control=control, match_random=match_random, img_size=img_size,
                        speed={**settings, "threads": threads, "backend": backend}, seed=seed, stem=stem,
                        progress=progress)

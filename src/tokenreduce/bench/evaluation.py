@@ -22,19 +22,33 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..core.errors import TokenReduceError
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, TensorDataset
 
-if TYPE_CHECKING:  # the command line imports this module to build its parsers: keep that light
-    from torch import Tensor, nn
-    from torch.utils.data import Dataset, TensorDataset
-
-    from ..tasks import Task
-    from .accuracy import EvalCase
-
-#: Measurement defaults of ``eval`` (timed rounds, batch for throughput; latency is at batch 1).
-SPEED = {"batch": 32, "warmup": 2, "repeats": 10, "min_run_s": 0.05}
+from ..core.errors import SpecError, TokenReduceError
+from ..core.method import build_reducer
+from ..data import OnDemand, data_config_from_model
+from ..data import subset as take
+from ..models import (
+    ModelSource,
+    changes_on_top,
+    classes_of,
+    make_model,
+    model_config,
+    read_checkpoint,
+    read_meta,
+    resolve,
+)
+from ..tasks import Task, build_task
+from .accuracy import DEFAULT_TASK, EvalCase, bind_task, check_cases, evaluate_cases, materialize
+from .budgets import find_budgets, training_free
+from .pareto import plot_pareto, write_csv
+from .report import format_table, write_json
+from .settings import BUDGET_ROUNDS, SPEED
+from .speed import matched_random
 
 
 def log(msg: str) -> None:
@@ -87,9 +101,6 @@ class Reference:
 
 def load_reference(path: str | Path) -> Reference:
     """The reference model (its reducer removed, if it carries one) with its task; the file is read once."""
-    from ..models import ModelSource, make_model, read_checkpoint
-    from .accuracy import bind_task
-
     ckpt = read_checkpoint(path)
     built = make_model(ModelSource(checkpoint=ckpt, spec=None))
     if built.meta.get("spec"):
@@ -119,13 +130,6 @@ def load_data(ref: Reference, *, data: str | None = None, data_dir: str | None =
     (``models.classes_of``): an image folder is mapped by class name, one with a class the model
     does not know is refused.
     """
-    import torch
-
-    from ..data import OnDemand, data_config_from_model
-    from ..data import subset as take
-    from ..models import classes_of
-    from .accuracy import materialize
-
     name = data or (ref.meta.get("data") or {}).get("name") or "fashion_mnist"
     kw = {"data_dir": data_dir, "download": download, "classes": classes_of(ref.meta),
           **data_config_from_model(ref.model)}
@@ -175,14 +179,10 @@ def first_images(data: TensorDataset, n: int, classes: Sequence[str]) -> tuple[T
 def budget_cases(model: nn.Module, targets: Sequence[float], methods: Sequence[str] | None, rule: str,
                  speed: dict[str, Any]) -> tuple[list[EvalCase], list[dict[str, Any]], dict[str, str]]:
     """(EvalCases, picks as dicts, skipped methods) for the target speed-ups ``targets``."""
-    from .accuracy import EvalCase
-    from .budgets import find_budgets, training_free
-
     free, skipped = training_free(model, methods)
     for name, why in skipped.items():
         log(f"skipping {name}: {why}")
-    # the budget run only ranks candidates: fewer rounds than the final measurement
-    picks = find_budgets(model, free, list(targets), rule=rule, speed={**speed, "warmup": 1, "repeats": 3})
+    picks = find_budgets(model, free, list(targets), rule=rule, speed={**speed, **BUDGET_ROUNDS})
     for p in picks:
         flag = "" if p.reached else "  (not reached)"
         log(f"budget {p.target:g}x {p.method}: {p.spec}  (expected {p.expected_speedup:.2f}x, MACs "
@@ -198,10 +198,6 @@ def matched_cases(model: nn.Module, cases: Sequence[EvalCase]) -> list[EvalCase]
     same number of tokens blindly (run over every ``--seeds`` seed, like any random row). Cases that
     already are such a pruner, or whose schedule no pruner can replay (a merge that acts at both
     points of a block), get none."""
-    from ..core.errors import SpecError
-    from .accuracy import EvalCase
-    from .speed import matched_random
-
     out, have = [], {c.spec for c in cases}
     for c in cases:
         if c.kind != "training-free" or c.spec is None:
@@ -240,11 +236,6 @@ def finetuned_cases(paths: Sequence[str], ref: Reference, recorded: Sequence[Rec
     train --init REF --stem conv``: timed on its own model, the stem counted), have been trained for the
     reference's task and (a checkpoint says so) on its classes, in its order (the labels of the
     evaluation data index the reference's)."""
-    from ..core.method import build_reducer
-    from ..models import classes_of, read_meta, resolve
-    from ..tasks import build_task
-    from .accuracy import DEFAULT_TASK, EvalCase
-
     groups: dict[tuple[str | None, str | None], tuple[list[str], list[dict[str, Any]]]] = {}
     models: dict[str | None, tuple[dict[str, Any] | None, str]] = {None: (None, "")}
 
@@ -279,8 +270,6 @@ def _beside_reference(model: Any, reference: Any, name: str) -> tuple[dict[str, 
     """(the canonical model config of the fine-tuned run ``name`` (a checkpoint or a record) when it is
     not the reference's, or None; the words a row label says about it, e.g. "stem conv(norm='bn'), ");
     an unrelated model is refused."""
-    from ..models import changes_on_top, model_config
-
     if model == reference:
         return None, ""
     on_top = changes_on_top(reference, model) if isinstance(model, dict) and isinstance(reference, dict) else None
@@ -322,8 +311,6 @@ def columns(metric: str) -> list[tuple]:
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The results table of ``rows`` (as from ``evaluate_cases``) with a legend below it."""
-    from .report import format_table
-
     metric = rows[0]["metric"] if rows else "value"
     legend = ("budget: the speed-up the budget rule expected of a --budgets pick (its target is in results.json); "
               f"{metric}: mean over seeds (stochastic methods) or checkpoints (fine-tuned), ± sample std; "
@@ -337,9 +324,6 @@ def write_outputs(out: str | Path, rows: Sequence[dict[str, Any]], info: dict[st
                   task: Task | None = None) -> list[Path]:
     """results.json (``info`` + rows), results.csv, pareto.png and ``task``'s figures of the
     unpatched row's first run in ``out``; returns the paths written."""
-    from .pareto import plot_pareto, write_csv
-    from .report import write_json
-
     out = Path(out)
     paths = [write_json(out / "results.json", {**info, "results": list(rows)}), write_csv(out / "results.csv", rows),
              plot_pareto(out / "pareto.png", rows, title)]
@@ -415,9 +399,6 @@ def evaluate(req: EvalRequest) -> EvalResult:
     Specs are checked (and fine-tuned checkpoints matched to the reference) before the data is read;
     the caller sets torch's threads (``req.speed['threads']`` is what the timing records).
     """
-    from ..core.method import build_reducer
-    from .accuracy import EvalCase, check_cases, evaluate_cases
-
     ref = load_reference(req.reference)
     cases = [EvalCase(spec, spec) for spec in req.specs]
     check_cases(ref.model, cases)

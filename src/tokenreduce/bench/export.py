@@ -30,6 +30,7 @@ onnx, onnxruntime and onnxscript are optional: ``pip install 'tokenreduce[export
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import warnings
@@ -41,17 +42,18 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import hosts
+from ..api import apply
 from ..core.errors import TokenReduceError
-from ..core.onnx import EXPORTERS, check_onnx
+from ..core.onnx import check_onnx
+from ..models import ModelSource, deploy, load_model, make_model
 from .macs import input_shape
+from .settings import EXPORTERS
 
 INSTALL_HINT = "pip install 'tokenreduce[export]' (onnx, onnxruntime, onnxscript)"
 
 
 def require(module: str) -> Any:
     """Import an optional export dependency, or fail with the install hint."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -62,8 +64,6 @@ def _exporter_errors() -> tuple[type[BaseException], ...]:
     """The exception types by which torch's exporters say a graph is beyond them (an operator without
     an ONNX translation, a construct torch.export cannot capture). A Python error of another kind
     raised while exporting is a bug in the traced code and keeps its traceback."""
-    import importlib
-
     found: list[type[BaseException]] = []
     for module, names in (("torch.onnx.errors", ("OnnxExporterError", "UnsupportedOperatorError",
                                                  "SymbolicValueError")),
@@ -137,7 +137,7 @@ def session(path: str | os.PathLike, threads: int | None = None) -> Any:
 
     Its threads do not spin-wait for work: each session owns a thread pool, and in an interleaved
     timing run the pools of the sessions not being timed would otherwise spin on the cores the
-    timed one needs (measured here: single forwards 40x slower on 2 cores)."""
+    timed one needs."""
     ort = require("onnxruntime")
     opts = ort.SessionOptions()
     opts.log_severity_level = 3  # errors only: ORT warns about every constant it cannot fold
@@ -275,8 +275,8 @@ def _export_classic(model: nn.Module, x: Tensor, out: Path, dynamic_batch: bool,
     return require("onnx").load(str(out), load_external_data=False)
 
 
-#: The exporters by name (``core.onnx.EXPORTERS``).
-_EXPORT = {"dynamo": _export_dynamo, "classic": _export_classic}
+#: The exporters by name (``settings.EXPORTERS``, in that order).
+_EXPORT = dict(zip(EXPORTERS, (_export_dynamo, _export_classic), strict=True))
 
 
 def load_for_export(*, model: str | None = None, checkpoint: str | None = None, spec: str | None = None,
@@ -288,9 +288,6 @@ def load_for_export(*, model: str | None = None, checkpoint: str | None = None, 
     training needs (``models.deploy``). Otherwise the timm model ``model`` (random weights unless
     ``pretrained``). ``spec``, if given, is applied last (replacing a checkpoint's method).
     """
-    from ..api import apply
-    from ..models import ModelSource, deploy, load_model, make_model
-
     if checkpoint is not None:
         if model is not None or img_size is not None or pretrained:
             raise TokenReduceError("--checkpoint rebuilds the model it was saved from; leave out --model, "

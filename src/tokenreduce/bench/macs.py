@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from ..adapters import hosts
 from ..core.attention import attention_macs
@@ -179,15 +180,11 @@ def count_macs(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
 
 
 def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
 def _flop_mode():
     """FlopCounterMode that also counts the CPU fused-attention kernel (unregistered in torch)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     aten = torch.ops.aten
     custom = {}
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):

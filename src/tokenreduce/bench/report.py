@@ -8,6 +8,7 @@ experiment); :func:`read_provenance` reads it back from any results file, older 
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -17,6 +18,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import timm
+import torch
+
+import tokenreduce
+
+from ..models.checkpoint import atomic_write
 
 #: The fixed metric names used in results files.
 METRICS = ("img_per_s", "latency_ms", "macs", "tokens_per_block", "speedup")
@@ -59,11 +67,6 @@ def provenance(
 ) -> dict[str, Any]:
     """What a results file needs to be reproduced (:data:`PROVENANCE_KEYS`): command, revision,
     versions, machine, settings; ``extra``: the writer's own settings."""
-    import timm
-    import torch
-
-    import tokenreduce
-
     info = {
         "command": " ".join(argv if argv is not None else sys.argv),
         "git": git_revision(),
@@ -150,8 +153,6 @@ def write_text(path: str | os.PathLike, text: str | bytes) -> Path:
     """Write ``text`` to ``path`` atomically (``models.checkpoint.atomic_write``: a temporary file in
     the same folder, then os.replace), so a reader never sees half a file and an interrupted run
     leaves the old one intact. Creates the folder. Returns the path."""
-    from ..models.checkpoint import atomic_write
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, text.encode() if isinstance(text, str) else text)
@@ -160,8 +161,6 @@ def write_text(path: str | os.PathLike, text: str | bytes) -> Path:
 
 def write_figure(fig: Any, path: str | os.PathLike, dpi: int = 120) -> Path:
     """Write the matplotlib figure ``fig`` as a PNG atomically (:func:`write_text`) and close it."""
-    import io
-
     import matplotlib.pyplot as plt
 
     png = io.BytesIO()

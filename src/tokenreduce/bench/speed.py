@@ -32,6 +32,7 @@ from ..core.errors import TokenReduceError
 from ..core.method import Reducer, build_reducer, matched_spec
 from .backends import Runner, get_backend
 from .macs import input_shape
+from .settings import SPEED
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ def _time(run: Callable[[Tensor], object], x: Tensor, iters: int) -> float:
 
 
 def measure_speed(
-    model: nn.Module, cases: Sequence[Case], *, batch: int = 32, img_size: int | None = None,
-    warmup: int = 2, repeats: int = 10, min_run_s: float = 0.05, threads: int | None = None,
+    model: nn.Module, cases: Sequence[Case], *, batch: int = SPEED["batch"], img_size: int | None = None,
+    warmup: int = SPEED["warmup"], repeats: int = SPEED["repeats"], min_run_s: float = SPEED["min_run_s"],
+    threads: int | None = None,
     seed: int = 0, backend: str = "eager", progress: Callable[[str], None] | None = None,
 ) -> list[SpeedResult]:
     """Time every case (plus the unpatched model, added first if absent) in one interleaved run.

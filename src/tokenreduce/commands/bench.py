@@ -13,14 +13,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..bench.settings import QUICK, SPEED
 from ..core.errors import TokenReduceError
-from . import vocab
+from . import checks, vocab
 from .vocab import DEFAULT_MODEL
-
-DEFAULTS = {"batch": 32, "warmup": 2, "repeats": 10, "min_run_s": 0.05}
-QUICK = {"batch": 4, "warmup": 1, "repeats": 3, "min_run_s": 0.0}
-#: Flags of bench's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS = ("--match-random", "--control", "--dtype", "--stem")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,16 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also time the model with this stem in place of its patch embedding (e.g. 'conv', "
                    "ImagePiece's; fresh weights), unreduced and with every spec, against the plain unpatched "
                    "model: the figures of a method that needs the stem")
-    vocab.add_batch_size(p, default=None, note=f"timed throughput (default {DEFAULTS['batch']})")
+    vocab.add_batch_size(p, default=None, note=f"timed throughput (default {SPEED['batch']})")
     vocab.renamed(p, "--batch", "--batch-size")
     vocab.add_threads(p)
-    vocab.add_timing(p, DEFAULTS)
+    vocab.add_timing(p, SPEED)
     vocab.add_backend(p)
     vocab.add_device(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     vocab.add_seed(p, of=" of the random weights and inputs")
     vocab.add_out_dir(p, default=None, note="writes DIR/results.json (settings, provenance, every row)")
-    vocab.add_quick(p, "batch 4, 1 warm-up round, 3 timed rounds")
+    vocab.add_quick(p, f"batch {QUICK['batch']}, {QUICK['warmup']} warm-up round, {QUICK['repeats']} timed rounds")
     p.set_defaults(func=run)
 
 
@@ -85,7 +81,7 @@ def refuse_model_flags(args: argparse.Namespace, flag: str) -> None:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    base = QUICK if args.quick else DEFAULTS
+    base = QUICK if args.quick else SPEED
     given = {"batch": args.batch_size, "warmup": args.warmup, "repeats": args.repeats}
     out = {k: given.get(k) if given.get(k) is not None else v for k, v in base.items()}
     if out["batch"] < 1 or out["repeats"] < 1 or out["warmup"] < 0:
@@ -126,7 +122,6 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.evaluation import log
     from ..bench.report import format_table, write_json
     from ..core.method import build_reducer
-    from . import checks
 
     settings = _settings(args)
     for spec in [args.control, *args.spec]:  # a malformed spec fails before the model is built

@@ -1,4 +1,4 @@
-"""``tokenreduce demo``: the built-in default run, from a fresh clone in minutes on 2 CPU cores.
+"""``tokenreduce demo``: the built-in default run, from a fresh clone, on the CPU.
 
 1. the reference model of the test bed (``--testbed``, :data:`TESTBEDS`): on the scenes the
    ``scenes-vit`` checkpoint shipped with the package; on Fashion-MNIST the cached ``fmnist-vit``
@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..bench.settings import QUICK as SPEED_QUICK
+from ..bench.settings import SPEED
 from ..core.errors import TokenReduceError
-from . import vocab
+from . import checks, vocab
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,9 @@ def _tiny(img_size: int) -> dict[str, Any]:
 
 
 #: ``--testbed``: the scene test bed (a 12-block, 196-patch reference shipped with the package: nothing
-#: to train; 1000 test scenes and two targets keep a fresh clone's install + demo within 5 minutes on 2
-#: cores: a standard error of 1.5 points on top-1, less on the differences between rows, which share
-#: the images), or the 28x28 Fashion-MNIST one (its reference from the cache, else a short stand-in
-#: trained now: 4-5 min on 2 cores, about 75% top-1).
+#: to train; 1000 test scenes and two targets: a standard error of 1.5 points on top-1, less on the
+#: differences between rows, which share the images), or the 28x28 Fashion-MNIST one (its reference from
+#: the cache, else a short stand-in trained now, about 75% top-1).
 TESTBEDS = {
     "scenes": Testbed("scenes-vit", "fmnist_scenes", _tiny(56), subset=1000, budgets="1.5,2"),
     "fmnist": Testbed("fmnist-vit", "fashion_mnist", _tiny(28), subset=None,
@@ -65,14 +66,12 @@ TESTBEDS = {
                              "warmup_epochs": 0.1}),
 }
 DEFAULT_TESTBED = "scenes"
-#: Flags of demo's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS = ("--testbed", "--subset")
 QUICK_TRAIN = {"epochs": 1, "batch_size": 64, "lr": 2e-3, "warmup_epochs": 0.2, "subset": 512, "eval_subset": 200}
 FULL = {"short_subset": 5000, "seeds": "0,1,2", "rule": "measured",
         "images": 3,
-        "speed": {"batch": 32, "warmup": 2, "repeats": 7, "min_run_s": 0.05}}
+        "speed": {**SPEED, "repeats": 7}}
 QUICK = {"subset": 200, "short_subset": 200, "budgets": "1.5,2", "seeds": "0,1", "rule": "macs", "images": 2,
-         "speed": {"batch": 8, "warmup": 1, "repeats": 2, "min_run_s": 0.0}}
+         "speed": {**SPEED_QUICK, "batch": 8, "repeats": 2}}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Evaluate every registered training-free method at the specs closest to 1.5x and 2x measured "
         "speed-up on the scene test bed's reference (a 12-block, 196-patch ViT shipped with the package; "
         "--testbed fmnist: the 28x28 Fashion-MNIST one, cached or a short version trained now): table, "
-        "results.json/csv, pareto.png and visualisations. About 3 minutes on 2 CPU cores.",
+        "results.json/csv, pareto.png and visualisations.",
     )
     vocab.add_out_dir(p, default="runs/demo")
     p.add_argument("--testbed", choices=sorted(TESTBEDS), default=DEFAULT_TESTBED,
@@ -148,7 +147,6 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.budgets import check_targets
     from ..bench.report import provenance
     from ..visualize import draw
-    from . import checks
 
     t0 = time.perf_counter()
     mode = QUICK if args.quick else FULL

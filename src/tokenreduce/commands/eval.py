@@ -15,11 +15,8 @@ import argparse
 import time
 from pathlib import Path
 
-from . import vocab
-from .bench import DEFAULTS
-
-#: Flags of eval's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS = ("--methods", "--budget-rule", "--match-random", "--subset")
+from ..bench.settings import SPEED
+from . import checks, vocab
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,13 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     vocab.add_data(p, note="default: the checkpoint's dataset")
     p.add_argument("--subset", type=int, metavar="N", help="a fixed random N of the test images (seed 0)")
     vocab.add_seeds(p, default="0,1,2")
-    vocab.add_batch_size(p, default=DEFAULTS["batch"], note="timed throughput")
+    vocab.add_batch_size(p, default=SPEED["batch"], note="timed throughput")
     vocab.renamed(p, "--batch", "--batch-size")
     vocab.add_eval_batch_size(p, default=250)
     vocab.renamed(p, "--eval-batch", "--eval-batch-size")
     vocab.add_threads(p)
-    vocab.add_timing(p, DEFAULTS)
-    p.set_defaults(warmup=DEFAULTS["warmup"], repeats=DEFAULTS["repeats"])
+    vocab.add_timing(p, SPEED)
+    p.set_defaults(warmup=SPEED["warmup"], repeats=SPEED["repeats"])
     vocab.add_backend(p)
     p.set_defaults(func=run)
 
@@ -67,7 +64,6 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.budgets import check_targets
     from ..bench.report import provenance
     from ..core.method import build_reducer
-    from . import checks
 
     t0 = time.perf_counter()
     seeds = ev.parse_list(args.seeds, "--seeds", int)

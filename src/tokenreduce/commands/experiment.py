@@ -12,10 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from . import vocab
-
-#: Flags of experiment's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS = ("--smoke",)
+from . import checks, vocab
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,7 +47,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.report import provenance, write_json
     from ..experiments import RunContext
-    from . import checks
 
     exp = build_experiment(args.spec, smoke=args.smoke)
     checks.threads(args.threads)

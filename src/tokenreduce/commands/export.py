@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..bench.settings import EXPORTERS
 from ..core.errors import TokenReduceError
-from . import vocab
-
-#: ``--exporter`` choices: ``tokenreduce.core.onnx.EXPORTERS`` (a test keeps them equal; this module stays light).
-EXPORTERS = ("dynamo", "classic")
-#: Flags of export's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS = ("--onnx", "--dynamic-batch", "--exporter", "--opset", "--atol")
+from . import checks, vocab
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dynamic-batch", action="store_true",
                    help="one file for every batch size (a symbolic batch axis; traced at max(--batch-size, 2) images "
                    "and checked at that batch and at 1)")
-    p.add_argument("--exporter", choices=EXPORTERS, default="dynamo",
+    p.add_argument("--exporter", choices=EXPORTERS, default=EXPORTERS[0],
                    help="torch's exporter: dynamo (torch.onnx.export(dynamo=True), every method) or classic "
                    "(dynamo=False, TorchScript tracing; refused for a method it cannot export) (default: %(default)s)")
     p.add_argument("--opset", type=int, metavar="N",
@@ -49,7 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench.evaluation import log
     from ..bench.export import export_onnx, load_for_export
-    from . import checks
 
     if args.batch_size < 1:
         raise TokenReduceError(f"--batch-size must be >= 1, got {args.batch_size}")

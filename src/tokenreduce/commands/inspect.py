@@ -9,9 +9,7 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from . import vocab
-
-#: Flags of inspect's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS: tuple[str, ...] = ()
+from .bench import build_model, refuse_model_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,7 +53,6 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, Any, str]:
     none), its model's name), after printing what the checkpoint holds."""
     from ..api import reducer_of, remove
     from ..models import classes_of, load_model, resolve
-    from .bench import refuse_model_flags
 
     refuse_model_flags(args, "--checkpoint")
     path = resolve(args.checkpoint)
@@ -82,7 +79,6 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.macs import count_macs
     from ..bench.report import format_table
     from ..core.method import build_reducer
-    from .bench import build_model
 
     if args.spec:
         build_reducer(args.spec)  # a malformed spec fails before the model is built

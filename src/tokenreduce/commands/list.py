@@ -8,9 +8,6 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
-#: Flags of list's own: none.
-OWN_FLAGS: tuple[str, ...] = ()
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="list the token-reduction methods, tasks, stems, model transforms and recipes")

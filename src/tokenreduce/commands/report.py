@@ -5,23 +5,29 @@ byte-identical)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from . import vocab
 
 #: report has no flags of its own (commands/vocab.py).
-OWN_FLAGS: tuple[str, ...] = ()
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write results/REPORT.md: every study's claims, verdicts, tables, figures",
                        description="Render every registered study from its stored run JSONs into one page, "
-                       "REPORT.md, with PNG figures (rebuilt from the same JSONs it is byte-identical).")
-    vocab.add_out_dir(p, default="results", note="the results folder REPORT.md and figures/ are written to")
+                       "REPORT.md, with PNG figures, each study's summary.md and the README's generated tables "
+                       "(rebuilt from the same JSONs they are byte-identical).")
+    vocab.add_out_dir(p, default="results", note="the results folder REPORT.md, figures/ and each study's "
+                      "<study>/<test bed>/summary.md are written to")
+    p.add_argument("--readme", metavar="FILE", default="README.md",
+                   help="the README whose generated tables (between its report:headline markers) are rewritten; "
+                        "'' for none (default: %(default)s)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..experiments.page import build_report
 
-    print(f"wrote {build_report(args.out)}")
+    readme = Path(args.readme) if args.readme else None
+    print(f"wrote {build_report(args.out, readme=readme)}")
     return 0

@@ -17,20 +17,22 @@ import textwrap
 
 from . import vocab
 
-#: Flags of study's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS = ("--run", "--list", "--summarize", "--smoke", "--jobs")
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "study", help="run a study (a paper's claim as a controlled comparison); list them with no argument",
         description="Run the runs of a study that are not done yet (each writes <out>/runs/<id>.json), or one "
         "(--run), or print them as commands (--list); a whole run ends by printing its tables and verdicts and "
-        "writing <out>/summary.md, which --summarize alone does from the stored runs.",
-        epilog="Example: tokenreduce study eet --smoke; tokenreduce study eet --model deit_small_patch16_224 "
+        "writing <out>/summary.md, which --summarize alone does from the stored runs. A study declares its "
+        "claims once and runs them on each of its test beds (--testbed; or your own with --model/--data).",
+        epilog="Example: tokenreduce study eet --smoke; tokenreduce study eet --testbed fmnist --summarize; "
+        "tokenreduce study eet --model deit_small_patch16_224 "
         "--pretrained --data /data/birds --device cuda --jobs 2",
     )
     p.add_argument("name", nargs="?", metavar="NAME", help="the study (tokenreduce study lists them)")
+    p.add_argument("--testbed", metavar="BED", default=None,
+                   help="which of the study's declared test beds (e.g. scenes, fmnist; tokenreduce study lists "
+                        "them; default: its first)")
     p.add_argument("--run", metavar="ID", help="run only this run of the plan (its id from --list)")
     p.add_argument("--list", action="store_true", help="print one shell command per run, in order")
     p.add_argument("--summarize", action="store_true",
@@ -40,8 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="runs at once (N processes, threads // N each; runs that time go one at a time, last)")
     vocab.add_threads(p)
     vocab.add_device(p)
-    vocab.add_out_dir(p, default=None, note="results/NAME for the study's own test bed, runs/studies/NAME-<test "
-                      "bed> otherwise; checkpoints in DIR/checkpoints")
+    vocab.add_out_dir(p, default=None, note="results/NAME/BED for a declared test bed, runs/studies/NAME-BED-<test "
+                      "bed> for your own; checkpoints in DIR/checkpoints")
     g = p.add_argument_group("test bed (default: the study's own)")
     vocab.add_model(g, default=None)
     vocab.add_pretrained(g)
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.name:
         for name in list_studies():
             cls = get_study(name)
-            print(f"{name}\n{textwrap.indent(textwrap.fill(cls.claim, 96), '    ')}\n    source: {cls.source}")
+            print(f"{name}\n{textwrap.indent(textwrap.fill(cls.claim, 96), '    ')}\n    source: {cls.source}\n"
+                  f"    test beds: {', '.join(cls.beds)}")
         return 0
     import torch
 
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     checks.device(args.device)
     if args.jobs < 1:
         raise TokenReduceError(f"--jobs must be >= 1, got {args.jobs}")
-    study = get_study(args.name)(testbed=_testbed(args), smoke=args.smoke)
+    study = get_study(args.name)(args.testbed, testbed=_testbed(args), smoke=args.smoke)
     layout = layout_for(study, args.out)
     threads = args.threads if args.threads is not None else torch.get_num_threads()
     runner = Runner(study, layout, threads=threads, device=args.device, flags=_flags(args))

@@ -8,39 +8,81 @@ run in ``--out`` was started with), ``--recipe NAME``, the flags given. Multi-pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
+import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import vocab
+from ..core.errors import TokenReduceError
+from ..core.registry import format_spec, parse_spec
+from ..train.config import GROUPS, TrainConfig
+from . import checks, vocab
 
-#: CLI flag -> timm create_model kwarg.
-MODEL_FLAGS = {"img_size": "img_size", "patch_size": "patch_size", "in_chans": "in_chans", "dim": "embed_dim",
-               "depth": "depth", "heads": "num_heads", "mlp_ratio": "mlp_ratio", "num_classes": "num_classes",
-               "drop_path": "drop_path_rate"}
-#: Flags that set a TrainConfig field of the same name in their own way (the rest map one to one):
-#: --model names the timm model of the ``model`` dict, --distill is comma-separated, --recipe loads one.
-COMPOSED = ("model", "distill", "recipe")
-#: Flags that are not TrainConfig fields: the model's size (MODEL_FLAGS) and build (``model`` dict
-#: entries), --bits (a task parameter), --results (a file this command writes after the run).
-NOT_FIELDS = (*MODEL_FLAGS, "pretrained", "stem", "transform", "bits", "results")
-#: TrainConfig fields without a flag, and why (every other field has one; a test checks both ways).
-NO_FLAG: dict[str, str] = {}
+#: The model's size flags (not TrainConfig fields: they fill the ``model`` field's ``kwargs``):
+#: flag dest -> (timm create_model kwarg, type, help).
+MODEL_FLAGS: dict[str, tuple[str, type, str | None]] = {
+    "patch_size": ("patch_size", int, None), "in_chans": ("in_chans", int, "1 (grayscale) or 3"),
+    "dim": ("embed_dim", int, "embedding width"), "depth": ("depth", int, None), "heads": ("num_heads", int, None),
+    "mlp_ratio": ("mlp_ratio", float, None), "num_classes": ("num_classes", int, "default: the dataset's"),
+    "drop_path": ("drop_path_rate", float, "stochastic depth rate"),
+}
 
 
-#: ``--optimizer`` choices: the names in ``tokenreduce.train.optim.OPTIMIZERS`` (a test keeps them equal;
-#: this module stays light so that ``tokenreduce train --help`` does not import torch).
-OPTIMIZERS = ("adamw", "sgd")
-#: Flags of train's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS = (
-    "--recipe", "--patch-size", "--in-chans", "--dim", "--depth", "--heads", "--mlp-ratio", "--num-classes",
-    "--drop-path", "--stem", "--transform", "--init", "--task", "--bits", "--teacher", "--distill", "--distill-weight",
-    "--distill-tau",
-    "--augment", "--subset", "--eval-subset", "--epochs", "--optimizer", "--lr", "--min-lr", "--momentum",
-    "--weight-decay", "--warmup-epochs", "--label-smoothing", "--grad-clip", "--amp", "--resume", "--force",
-    "--ckpt-every", "--eval-every", "--deterministic", "--workers", "--quiet",
-)
+def _shown(f: dataclasses.Field) -> str:
+    """A field's help with its TrainConfig default (if it has one to say)."""
+    help, default = f.metadata["help"], f.default
+    if default is None or default is False or default == ():
+        return help
+    return f"{help} (default: {default})" if help else f"default: {default}"
+
+
+def add_model(g: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
+    """The flags the ``model`` field is composed of (:func:`config_from_args`): ``--model`` and the model's size
+    and build."""
+    vocab.add_model(g, default=None, note="e.g. vit_tiny_patch16_224 (the size flags override it)")
+    vocab.add_img_size(g)
+    for dest, (_, kind, help) in MODEL_FLAGS.items():
+        g.add_argument("--" + dest.replace("_", "-"), type=kind, help=help)
+    vocab.add_pretrained(g, default=None)
+    g.add_argument("--stem", metavar="SPEC", help="patch embedding: 'patch' (timm's, default) or 'conv' "
+                   "(local-coherence conv stem on the same token grid); see tokenreduce list; with --init, a "
+                   "fresh stem in place of the checkpoint's, every other weight kept")
+    g.add_argument("--transform", action="append", metavar="SPEC",
+                   help="model transform applied after building, e.g. 'tie_qk' (shared W_q = W_k); repeatable; "
+                   "with --init, applied on top of the checkpoint's model, starting from its weights")
+
+
+#: TrainConfig fields whose flags are added in their own way: field -> add(group, field). ``model`` is composed
+#: of several flags; the rest are the shared vocabulary's (commands/vocab.py), ``data`` bringing ``data_dir`` and
+#: ``download`` along. Every other field's flag is generated from its declaration (:func:`add_setting`).
+OWN_WAY: dict[str, Callable[[Any, dataclasses.Field], Any] | None] = {
+    "model": add_model,
+    "spec": lambda g, f: vocab.add_spec(g, note=f.metadata["help"]),
+    "data": lambda g, f: vocab.add_data(g, note=f"default {f.default}", download_default=None),
+    "data_dir": None, "download": None,
+    "batch_size": lambda g, f: vocab.add_batch_size(g, default=None, note=_shown(f)),
+    "eval_batch_size": lambda g, f: vocab.add_eval_batch_size(g, default=None),
+    "seed": lambda g, f: vocab.add_seed(g, default=None, shown=f"the recipe's, else {f.default}"),
+    "out": lambda g, f: vocab.add_out_dir(g, default=None, note=f.metadata["help"]),
+    "threads": lambda g, f: vocab.add_threads(g),
+    "device": lambda g, f: vocab.add_device(g, default=None),
+}
+
+
+def add_setting(g: argparse._ArgumentGroup, f: dataclasses.Field, hint: Any) -> None:
+    """The flag of TrainConfig field ``f`` (declared type ``hint``), from its metadata. Its default is None (unset:
+    the recipe's or TrainConfig's value stands); a bool is a switch, a tuple a comma-separated list."""
+    meta = dict(f.metadata)
+    kw: dict[str, Any] = {k: meta[k] for k in ("metavar", "choices") if k in meta}
+    if hint is bool:
+        kw.update(action="store_true")
+    elif typing.get_origin(hint) is not tuple:  # a tuple is read as given, split at commas in config_from_args
+        kw.update(type=next(t for t in (*typing.get_args(hint), hint) if t in (int, float, str)))
+    g.add_argument(meta.get("flag", "--" + f.name.replace("_", "-")), dest=f.name, default=None, help=_shown(f),
+                   **kw)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,69 +95,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="Tasks (with their metrics) and recipes: tokenreduce list. "
         "Example: tokenreduce train --recipe fmnist-vit",
     )
-    g = p.add_argument_group("model")
-    g.add_argument("--recipe", help="named recipe (model + optimiser + schedule; tokenreduce list); flags override it")
-    vocab.add_model(g, default=None, note="e.g. vit_tiny_patch16_224 (the size flags override it)")
-    vocab.add_img_size(g)
-    g.add_argument("--patch-size", type=int)
-    g.add_argument("--in-chans", type=int, help="1 (grayscale) or 3")
-    g.add_argument("--dim", type=int, help="embedding width")
-    g.add_argument("--depth", type=int)
-    g.add_argument("--heads", type=int)
-    g.add_argument("--mlp-ratio", type=float)
-    g.add_argument("--num-classes", type=int, help="default: the dataset's")
-    g.add_argument("--drop-path", type=float, help="stochastic depth rate")
-    vocab.add_pretrained(g, default=None)
-    g.add_argument("--stem", metavar="SPEC", help="patch embedding: 'patch' (timm's, default) or 'conv' "
-                   "(local-coherence conv stem on the same token grid); see tokenreduce list; with --init, a "
-                   "fresh stem in place of the checkpoint's, every other weight kept")
-    g.add_argument("--transform", action="append", metavar="SPEC",
-                   help="model transform applied after building, e.g. 'tie_qk' (shared W_q = W_k); repeatable; "
-                   "with --init, applied on top of the checkpoint's model, starting from its weights")
-    vocab.add_spec(g, note="the reducer to fine-tune with")
-    g.add_argument("--init", metavar="CKPT", help="start from this tokenreduce checkpoint's model and weights")
-    g.add_argument("--task", metavar="SPEC",
-                   help="what to train for, a task spec, e.g. 'hash(bits=32)' (default classify; tokenreduce list)")
-    g.add_argument("--bits", type=int, metavar="N", help="code length of a hashing task: sets bits=N in the task spec "
-                   "(from --task or the recipe)")
-    g.add_argument("--teacher", metavar="CKPT", help="distil from this frozen tokenreduce checkpoint")
-    g.add_argument("--distill", help="what to distil: logits, tokens or logits,tokens (default with a teacher: logits)")
-    g.add_argument("--distill-weight", type=float)
-    g.add_argument("--distill-tau", type=float, help="softmax temperature of logit distillation (default 1)")
-    d = p.add_argument_group("data")
-    vocab.add_data(d, note="default fashion_mnist", download_default=None)
-    d.add_argument("--augment", help="none, crop_flip, crop_flip_erase or rrc_flip (default: the dataset's)")
-    d.add_argument("--subset", type=int, metavar="N", help="train (and evaluate) on a fixed N-image subset")
-    d.add_argument("--eval-subset", type=int, metavar="N")
-    o = p.add_argument_group("optimisation")
-    o.add_argument("--epochs", type=int)
-    vocab.add_batch_size(o, default=None, note="global, split across processes (default 128)")
-    vocab.add_eval_batch_size(o, default=None)
-    o.add_argument("--optimizer", choices=OPTIMIZERS, help="default adamw")
-    o.add_argument("--lr", type=float, help="peak learning rate (a task's parameter groups may scale it)")
-    o.add_argument("--min-lr", type=float)
-    o.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
-    o.add_argument("--weight-decay", type=float)
-    o.add_argument("--warmup-epochs", type=float)
-    o.add_argument("--label-smoothing", type=float)
-    o.add_argument("--grad-clip", type=float)
-    o.add_argument("--amp", choices=("bf16",), help="bf16 autocast")
-    r = p.add_argument_group("run")
-    vocab.add_out_dir(r, default=None, note="where the checkpoints go (default for a recipe: "
-                      "$TOKENREDUCE_CACHE/<recipe>)")
-    r.add_argument("--resume", action="store_true", default=None,
-                   help="continue the run in --out with its own settings (flags that contradict them are refused; "
-                   "runtime ones such as --threads, --device, --workers may change)")
-    r.add_argument("--force", action="store_true", default=None, help="overwrite a run in --out")
-    r.add_argument("--ckpt-every", type=int, metavar="STEPS")
-    r.add_argument("--eval-every", type=int, metavar="EPOCHS")
-    vocab.add_seed(r, default=None, shown="the recipe's, else 0")
-    r.add_argument("--deterministic", action="store_true", default=None)
-    vocab.add_threads(r)
-    vocab.add_device(r, default=None)
-    r.add_argument("--workers", dest="num_workers", type=int, help="data loader workers (default 0)")
-    r.add_argument("--quiet", action="store_true", default=None, help="no progress output")
-    vocab.add_results(r)
+    groups = {name: p.add_argument_group(name) for name in GROUPS}
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        group = groups[f.metadata["group"]]
+        if f.name not in OWN_WAY:
+            add_setting(group, f, hints[f.name])
+        elif OWN_WAY[f.name] is not None:
+            OWN_WAY[f.name](group, f)
+    groups["model"].add_argument("--bits", type=int, metavar="N", help="code length of a hashing task: sets bits=N in "
+                                 "the task spec (from --task or the recipe)")
+    vocab.add_results(groups["run"])
     p.set_defaults(func=run)
     _OPTIONS.update({a.dest: a.option_strings[-1] for a in p._actions if a.option_strings and a.dest != "help"})
 
@@ -138,9 +128,6 @@ def command_line(args: argparse.Namespace) -> str:
 
 def config_from_args(args: argparse.Namespace):
     """The TrainConfig the flags ask for (recipe, then flags)."""
-    from ..core.errors import TokenReduceError
-    from ..train.config import field_names
-    from ..train.loop import TrainConfig
     from ..train.recipes import default_out, get_recipe
 
     fields: dict[str, Any] = {**(_started_with(args) if args.resume else {}),
@@ -149,7 +136,8 @@ def config_from_args(args: argparse.Namespace):
     kwargs = dict(model.get("kwargs") or {})
     if args.model:
         model["name"] = args.model
-    kwargs.update({kw: getattr(args, flag) for flag, kw in MODEL_FLAGS.items() if getattr(args, flag) is not None})
+    sizes = {"img_size": args.img_size, **{kw: getattr(args, dest) for dest, (kw, _, _) in MODEL_FLAGS.items()}}
+    kwargs.update({kw: value for kw, value in sizes.items() if value is not None})
     if args.pretrained:
         model["pretrained"] = True
     if args.stem:
@@ -170,10 +158,14 @@ def config_from_args(args: argparse.Namespace):
         if "name" not in model:
             raise TokenReduceError("model size flags need --model NAME (a timm ViT) or --recipe")
         fields["model"] = {**model, "kwargs": kwargs}
-    fields.update({k: getattr(args, k) for k in field_names()
-                   if k not in COMPOSED and getattr(args, k, None) is not None})
-    if args.distill:
-        fields["distill"] = tuple(s.strip() for s in args.distill.split(",") if s.strip())
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        value = getattr(args, f.name, None)
+        if f.name in ("model", "recipe") or value is None:  # model: composed above; recipe: read first
+            continue
+        if typing.get_origin(hints[f.name]) is tuple:  # a comma-separated list
+            value = tuple(v.strip() for v in value.split(",") if v.strip())
+        fields[f.name] = value
     if args.bits is not None:
         fields["task"] = with_bits(fields.get("task") or "classify", args.bits)
     if not fields.get("out"):
@@ -199,10 +191,6 @@ def _started_with(args: argparse.Namespace) -> dict[str, Any]:
 def with_bits(task: str, bits: int) -> str:
     """The task spec ``task`` with its ``bits`` parameter set to ``bits`` (``--bits``); a clear error
     for a task that has no such parameter."""
-    import dataclasses
-
-    from ..core.errors import TokenReduceError
-    from ..core.registry import format_spec, parse_spec
     from ..tasks import get_task, list_tasks
 
     def has_bits(t: str) -> bool:
@@ -218,7 +206,6 @@ def with_bits(task: str, bits: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..train.loop import train
-    from . import checks
 
     cfg = config_from_args(args)
     if args.results:

@@ -10,10 +10,7 @@ import argparse
 from pathlib import Path
 
 from ..core.errors import TokenReduceError
-from . import vocab
-
-#: Flags of visualize's own (the rest is the shared vocabulary, commands/vocab.py).
-OWN_FLAGS = ("--images", "--index")
+from . import checks, vocab
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
     from ..core.method import build_reducer
     from ..models import classes_of, load_model
     from ..visualize import dataset_images, draw
-    from . import checks
 
     for spec in args.spec:
         build_reducer(spec)

@@ -1,7 +1,7 @@
 """The command line's one vocabulary: every flag that more than one subcommand takes is declared here,
 once, with one meaning and one help line; a subcommand adds it with ``add_<flag>(parser)`` and
-declares its own flags next to it (its ``OWN_FLAGS``). A test walks every subcommand and fails on a
-flag that is neither.
+declares its own flags next to it. A test walks every subcommand and fails on a flag of its own that
+re-declares a vocabulary flag under another meaning.
 
 The meanings, the same in every command:
 
@@ -22,9 +22,9 @@ Old spellings (``inspect --method``, ``--batch``, ``--eval-batch``, ``bench --re
 repeated ``--checkpoint``, a state_dict given to ``--checkpoint``, ``--out FILE.json``, demo's
 ``--data``) fail with exit status 2 and one line naming the new spelling; none is silently read.
 
-This module stays light (argparse and the standard library): ``tokenreduce --help`` must not import
-torch. Choices that live in torch-backed registries are plain tuples here, checked against the
-registries by the tests.
+This module stays light (argparse, the standard library and torch-free settings such as
+``bench/settings.py``, where the names of torch-backed registries are declared): ``tokenreduce --help``
+must not import torch.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..bench.settings import BACKENDS
+
 #: The timm model a command builds when none is given.
 DEFAULT_MODEL = "deit_small_patch16_224"
-#: ``--backend`` choices: the names in ``tokenreduce.bench.backends.BACKENDS`` (a test keeps them equal).
-BACKENDS = ("eager", "compile", "onnxruntime")
 #: File suffixes of foreign weights; a tokenreduce checkpoint is always ``.safetensors`` or a directory.
 FOREIGN_WEIGHTS = (".pth", ".pt", ".bin", ".ckpt")
 #: What ``--threads`` defaults to, said in every command's help.

@@ -21,9 +21,6 @@ import torch
 from .errors import TokenReduceError
 from .method import Reducer
 
-#: The exporters ``bench.export.export_onnx(..., exporter=...)`` offers.
-EXPORTERS = ("dynamo", "classic")
-
 #: What works for a method the classic exporter cannot export: the dynamo path with the package's
 #: operator translations.
 DYNAMO_ROUTE = ("the dynamo exporter: tokenreduce export, tokenreduce.bench.export.export_onnx(model, path), or "
@@ -32,11 +29,9 @@ DYNAMO_ROUTE = ("the dynamo exporter: tokenreduce export, tokenreduce.bench.expo
 
 
 def check_onnx(reducer: Reducer, *, exporter: str, opset: int | None) -> None:
-    """Raise TokenReduceError unless ``exporter`` (one of ``EXPORTERS``) exports ``reducer``'s
+    """Raise TokenReduceError unless ``exporter`` (one of ``bench.settings.EXPORTERS``) exports ``reducer``'s
     forward correctly at ``opset`` (None: the exporter's default, at least 17 in every torch the
     package supports, so only a method needing more is checked against it)."""
-    if exporter not in EXPORTERS:
-        raise TokenReduceError(f"unknown ONNX exporter {exporter!r}; choose one of {', '.join(EXPORTERS)}")
     if exporter == "classic" and not reducer.classic_onnx:
         raise TokenReduceError(
             f"{reducer.spec()} cannot be exported by torch's classic ONNX exporter (torch.onnx.export(dynamo=False)): "

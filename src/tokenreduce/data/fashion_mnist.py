@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+from torchvision.datasets import FashionMNIST as TVFashionMNIST
 
 from ..core.errors import TokenReduceError
 from .transforms import Transform
@@ -90,8 +91,6 @@ def find_files(split: str, data_dir: str | os.PathLike | None = None) -> tuple[P
 def download(root: str | os.PathLike) -> Path:
     """Fetch the four files with torchvision into ``root``; returns the directory holding them."""
     try:
-        from torchvision.datasets import FashionMNIST as TVFashionMNIST
-
         TVFashionMNIST(str(root), train=True, download=True)
         TVFashionMNIST(str(root), train=False, download=True)
     except Exception as e:  # network errors come in many types

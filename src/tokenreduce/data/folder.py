@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from .fashion_mnist import DataError
@@ -59,8 +60,6 @@ def check_classes(found: Sequence[str], known: Sequence[str], what: str) -> None
 
 def load_image(path: Path, mode: str):
     """PIL image converted to ``mode`` ('RGB' or 'L'); DataError for unreadable files or wide modes."""
-    from PIL import Image, UnidentifiedImageError
-
     try:
         img = Image.open(path)
         img.load()

@@ -18,9 +18,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.data import create_transform, resolve_model_data_config
 from torch import Tensor
+from torchvision import transforms as T
 
 from ..core.errors import TokenReduceError
+from ..models import unwrap
 
 Transform = Callable[[Any], Tensor]
 
@@ -73,10 +76,6 @@ def _fit(values: Any, chans: int, default: float) -> tuple[float, ...]:
 
 def data_config_from_model(model: torch.nn.Module) -> dict[str, Any]:
     """Keyword arguments for ``build_dataset`` from a timm model (size and channels as built)."""
-    from timm.data import resolve_model_data_config
-
-    from ..models import unwrap
-
     model = unwrap(model)
     cfg = resolve_model_data_config(model)
     in_chans, size = cfg["input_size"][0], cfg["input_size"][1:]
@@ -179,9 +178,6 @@ def pil_transform(cfg: DataConfig, *, train: bool, augment: str = "rrc_flip") ->
     flip (no colour jitter); ``crop_flip``: the eval resize plus padded crop and flip;
     ``none``: the eval transform.
     """
-    from timm.data import create_transform
-    from torchvision import transforms as T
-
     if augment not in AUGMENTS:
         raise TokenReduceError(f"unknown augment {augment!r}; choose from {', '.join(AUGMENTS)}")
     c = cfg.in_chans

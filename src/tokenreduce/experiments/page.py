@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import io
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import TokenReduceError
 from .runner import Layout, load_runs, plan
+from .stats import summarize
 from .study import Study, get_study, list_studies
-from .tables import NOT_RUN, _split_values, ci_text, measured, summary, values, verdicts
+from .tables import NOT_RUN, _split_values, ci_text, measured, paired, summary, values, verdicts
 
 
 def provenance_text(runs: dict[str, dict]) -> str:
@@ -72,20 +75,26 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
     return write_text(path, png.getvalue())
 
 
+def command(study: Study) -> str:
+    """The command that runs ``study`` on its bed."""
+    return f"tokenreduce study {study.name}" + ("" if study.is_default_bed else f" --testbed {study.bed_name}")
+
+
 def study_section(study: Study, runs: dict[str, dict], root: Path) -> list[str]:
+    slug = study.key.replace("/", "-")
     lines = [f"## {study.title or study.name}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
-             f"- test bed: {study.bed.text()}" if study.arms else "- models: each bench's own (it trains nothing)",
-             f"- command: `tokenreduce study {study.name}` (`--list` for one command per run; `--smoke` for the "
-             "tiny version)",
-             f"- runs: {len(runs)} of {len(plan(study))} stored under `{study.name}/runs/`"
+             f"- test bed `{study.bed_name}`: {study.bed.text()}" if study.arms else
+             f"- test bed `{study.bed_name}`: each bench's own model (it trains nothing)",
+             f"- command: `{command(study)}` (`--list` for one command per run; `--smoke` for the tiny version)",
+             f"- runs: {len(runs)} of {len(plan(study))} stored under `{study.key}/runs/`"
              + (f"; budget: {study.budget}" if study.budget else "")]
     if not runs:
-        why = study.pending or f"no run JSON under `{study.name}/runs/`"
+        why = study.pending or f"no run JSON under `{study.key}/runs/`"
         return [*lines, "", f"{NOT_RUN}: {why}.", ""]
     lines.append(f"- provenance: {provenance_text(runs)}")
-    fig = figure(study, runs, root / "figures" / f"{study.name}.png")
+    fig = figure(study, runs, root / "figures" / f"{slug}.png")
     if fig is not None:
-        lines += ["", f"![{study.name}](figures/{fig.name})"]
+        lines += ["", f"![{slug}](figures/{fig.name})"]
     body = "\n" + summary(study, runs)  # its headings one level down, under the study's
     body = body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ")
     return [*lines, body]
@@ -98,21 +107,103 @@ def claims_table(studies: list[tuple[Study, dict[str, dict]]]) -> list[str]:
         for j in verdicts(study, runs):
             e = j.expect
             lines.append(f"| {study.name} | {e.claim} | {e.source} | {e.published or '-'} | {measured(j)} | "
-                         f"{ci_text(j)} | **{j.verdict.word if j.verdict else NOT_RUN}** | {study.bed.text()} |")
+                         f"{ci_text(j)} | **{j.verdict.word if j.verdict else NOT_RUN}** | {study.bed_name} |")
     return lines
 
 
-def build_report(root: str | Path = "results", names: list[str] | None = None) -> Path:
-    """Write ``root``/REPORT.md (and ``root``/figures/) from every study's stored runs; returns its path."""
+#: the README's generated part lies between these two lines
+HEADLINE = ("<!-- report:headline -->", "<!-- /report:headline -->")
+
+
+def _row_arm(row: dict[str, Any]) -> str | None:
+    """The arm a fine-tuned row of a measure stands for (its runs' ids, seed dropped)."""
+    ids = {r["run"].rsplit("-s", 1)[0] for r in row.get("runs", []) if r.get("run")}
+    return ids.pop() if len(ids) == 1 else None
+
+
+def headline(root: Path) -> list[str]:
+    """The README's tables, read from the records: each baseline's 1.5x and 2x pick on the scene bed
+    (the study ``baselines``, its ``final`` measure and its runs) and the DeiT-S speed-ups (``deit_bench``)."""
+    study = get_study("baselines")("scenes")
+    runs = load_runs(Layout(root / study.key, root / study.key))
+    final = runs.get("final")
+    if final is None:
+        return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
+    prov = final["provenance"]
+    lines = [f"Each method's spec nearest 1.5x and 2x measured speed-up on the scene test bed, fine-tuned "
+             f"({recipe_steps(study)}; seeds {', '.join(map(str, values_of_seed(study)))}; mean ± std), against the "
+             f"random pruner at the same per-block token counts (Δ, paired by seed); speed measured in one "
+             f"interleaved run on {prov.get('cpu')}, {prov.get('threads')} threads "
+             f"([`tokenreduce study baselines`](results/REPORT.md)):", "",
+             "| pick | MACs x | speed-up b32 | top-1 % | Δ vs random at its counts |", "|---|---|---|---|---|"]
+    speed: dict[str, list[dict[str, Any]]] = {}  # a random pick's seeds are rows of their own: one line, the median
+    for row in final["result"]["results"]:
+        arm = _row_arm(row)
+        if row["kind"] == "fine-tuned" and arm is not None and not arm.startswith("random~"):
+            speed.setdefault(arm, []).append(row)
+    for arm, rows in speed.items():
+        macs, up = (statistics.median(r[k] for r in rows) for k in ("macs_speedup", "speedup"))
+        diff = summarize(paired(study, runs, arm, f"random~{arm}", "top1", {})).text() \
+            if f"random~{arm}" in study.arms else "-"
+        top1 = summarize(values(study, runs, arm, "top1", {})).text()
+        lines.append(f"| {arm} | {macs:.2f} | {up:.2f} | {top1} | {diff} |")
+    deit = get_study("deit_bench")()
+    bench = load_runs(Layout(root / deit.key, root / deit.key)).get("deit_small")
+    if bench is not None:
+        p = bench["provenance"] if "provenance" in bench else bench["result"].get("provenance", {})
+        lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on {p.get('cpu')}, "
+                      f"{bench['result']['settings'].get('batch')} images a batch "
+                      "([`tokenreduce study deit_bench`](results/REPORT.md)):", "",
+                  "| spec | speed-up b32 | speed-up b1 | vs random at its counts b32 |", "|---|---|---|---|"]
+        for row in bench["result"]["results"]:
+            if row["kind"] == "method":
+                lines.append(f"| `{row['label']}` | {row['speedup']:.2f} | {row['latency_speedup']:.2f} | "
+                             f"{row['ratio_vs_random']:.2f} |")
+    return lines
+
+
+def recipe_steps(study: Study) -> str:
+    """The fine-tune's length in words (steps of a batch)."""
+    steps = study.recipe["subset"] // study.recipe["batch_size"] * study.recipe["epochs"]
+    return f"{steps} steps of {study.recipe['batch_size']}"
+
+
+def values_of_seed(study: Study) -> tuple[Any, ...]:
+    return next(a.values for a in study.axes() if a.name == "seed")
+
+
+def write_headline(readme: Path, lines: list[str]) -> Path:
+    """Put ``lines`` between the README's :data:`HEADLINE` markers (the rest of the file unchanged)."""
+    from ..bench.report import write_text
+
+    text = readme.read_text()
+    start, end = text.find(HEADLINE[0]), text.find(HEADLINE[1])
+    if start < 0 or end < start:
+        raise TokenReduceError(f"{readme} has no {HEADLINE[0]} ... {HEADLINE[1]} block for the generated tables")
+    body = "\n".join([HEADLINE[0], *lines, HEADLINE[1]])
+    return write_text(readme, text[:start] + body + text[end + len(HEADLINE[1]):])
+
+
+def build_report(root: str | Path = "results", names: list[str] | None = None,
+                 readme: str | Path | None = None) -> Path:
+    """Write ``root``/REPORT.md, ``root``/figures/ and each study bed's summary.md from every study's stored
+    runs, and with ``readme`` its generated tables (:func:`headline`); returns REPORT.md's path."""
     from ..bench.report import write_text
 
     root = Path(root)
     studies: list[tuple[Study, dict[str, Any]]] = []
-    for name in names or list_studies():
-        study = get_study(name)()
-        studies.append((study, load_runs(Layout(root / name, root / name / "checkpoints"))))
+    for name in names or [n for n in list_studies() if not n.startswith("_")]:  # "_": the tests' own
+        cls = get_study(name)
+        for bed in cls.beds:
+            study = cls(bed)
+            studies.append((study, load_runs(Layout(root / study.key, root / study.key / "checkpoints"))))
+    for study, runs in studies:
+        if runs:
+            write_text(root / study.key / "summary.md", summary(study, runs))
+    if readme is not None:
+        write_headline(Path(readme), headline(root))
     lines = ["# tokenreduce: the studies", "",
-             "Built by `tokenreduce report` from the run JSONs stored under `results/<study>/runs/`: every "
+             "Built by `tokenreduce report` from the run JSONs stored under `results/<study>/<test bed>/runs/`: every "
              "number below is read from them; a verdict comes only from the test each study declares, at its "
              "level, with n stated.", "", "## Claims", "", *claims_table(studies), ""]
     for study, runs in studies:

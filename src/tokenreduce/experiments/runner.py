@@ -46,14 +46,14 @@ class Layout:
 
 
 def layout_for(study: Study, out: str | None) -> Layout:
-    """``--out DIR``: results in DIR, checkpoints in DIR/checkpoints. Without it: results/<study> and
-    runs/<study> for the study's own test bed, runs/studies/<study>-<test bed or smoke> otherwise (a
-    run on another test bed never lands beside the committed results)."""
+    """``--out DIR``: results in DIR, checkpoints in DIR/checkpoints. Without it: results/<study>/<bed>
+    and runs/<study>/<bed> for a declared test bed, runs/studies/<study>-<bed>-<test bed or smoke>
+    otherwise (a run on another test bed never lands beside the committed results)."""
     if out:
         return Layout(Path(out), Path(out) / "checkpoints")
     if study.default_bed and not study.is_smoke:
-        return Layout(Path("results") / study.name, Path("runs") / study.name)
-    root = Path("runs") / "studies" / f"{study.name}-{'smoke' if study.is_smoke else study.bed.slug()}"
+        return Layout(Path("results") / study.key, Path("runs") / study.key)
+    root = Path("runs") / "studies" / f"{study.name}-{study.bed_name}-{'smoke' if study.is_smoke else study.bed.slug()}"
     return Layout(root, root / "checkpoints")
 
 
@@ -131,7 +131,8 @@ class Runner:
     def command(self, unit: Unit, threads: int | None = None) -> list[str]:
         """The shell command (as argv) that runs ``unit`` alone."""
         t = self.threads if threads is None else threads
-        return ["tokenreduce", "study", self.study.name, "--run", unit.id, *self.flags, "--threads", str(t)]
+        bed = [] if self.study.is_default_bed else ["--testbed", self.study.bed_name]
+        return ["tokenreduce", "study", self.study.name, *bed, "--run", unit.id, *self.flags, "--threads", str(t)]
 
     def commands(self) -> list[str]:
         """One shell command per run, in plan order (runs that read others come after them)."""
@@ -149,8 +150,9 @@ class Runner:
             raise TokenReduceError(f"run {unit.id} reads the runs {missing}, which are not done; run them first")
         t0 = time.perf_counter()
         work = self.layout.checkpoints / unit.id
-        doc: dict[str, Any] = {"id": f"{self.study.name}/{unit.id}", "study": self.study.name, "run": unit.id,
-                               "kind": unit.kind, "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
+        doc: dict[str, Any] = {"id": f"{self.study.key}/{unit.id}", "study": self.study.name,
+                               "bed": self.study.bed_name, "run": unit.id, "kind": unit.kind,
+                               "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
                                "command": shlex.join(self.command(unit))}
         if unit.kind == "evaluate":
             arm = self.study.arms[unit.point.arm]
@@ -213,11 +215,11 @@ class Runner:
         if unit.kind != "train":
             raise TokenReduceError(f"run {run_id} has no checkpoint of its own to read ({unit.kind})")
         readers = [u.id for u in self.units if run_id in u.needs and self.done(u)]
-        self.log(f"{self.study.name}/{run_id}: its checkpoint {path} is gone; running it again to make it")
+        self.log(f"{self.study.key}/{run_id}: its checkpoint {path} is gone; running it again to make it")
         again = self.run_one(unit)
         metric = doc["metrics"]["metric"]
         if again["metrics"][metric] != doc["metrics"][metric]:
-            self.log(f"{self.study.name}/{run_id}: made again, {metric} {again['metrics'][metric]} (recorded "
+            self.log(f"{self.study.key}/{run_id}: made again, {metric} {again['metrics'][metric]} (recorded "
                      f"{doc['metrics'][metric]}, {doc['metrics']['provenance'].get('cpu')}); the new run replaces "
                      "its record")
             again["replaces"] = {"why": "its checkpoint was gone and running it again did not reproduce its metric",
@@ -277,7 +279,7 @@ class Runner:
         nothing); returns the ids run."""
         pending = [u for u in self.units if not self.done(u)]
         total, ran, times = len(self.units), [], []
-        self.log(f"study {self.study.name}: {len(pending)} of {total} runs to do on {self.study.bed.text()}"
+        self.log(f"study {self.study.key}: {len(pending)} of {total} runs to do on {self.study.bed.text()}"
                  f"{' (smoke)' if self.study.is_smoke else ''}; results in {self.layout.results}")
         timed = [u for u in pending if u.kind in ("measure", "bench")]
         rest = [u for u in pending if u not in timed]
@@ -293,7 +295,7 @@ class Runner:
                 ran.append(u.id)
                 left = len(pending) - len(ran)
                 eta = sum(times) / len(times) * left / max(1, min(lanes, left or 1))
-                self.log(f"[{total - left}/{total}] {self.study.name}/{u.id} done in {times[-1]:.0f} s; "
+                self.log(f"[{total - left}/{total}] {self.study.key}/{u.id} done in {times[-1]:.0f} s; "
                          f"{left} left, about {eta / 60:.1f} min")
                 return u.id
 

@@ -1,20 +1,23 @@
-"""A study: a controlled comparison declared in one Python class, read top to bottom.
+"""A study: a paper's claims as controlled comparisons, declared once and run on each of its test beds.
 
-A study names the ``claim``\\ s it tests and their ``source``\\ s (paper, table, the published value),
-a typed ``recipe`` (TrainConfig fields, checked against them when the study is registered), its
-``arms`` (:class:`Arm`: task spec, reducer spec, stem, transforms, init, teacher), a ``grid``
-(:class:`Axis`: seeds, code lengths, budgets ...), its ``testbed`` (a parameter: a built-in
-reference, or a timm model with pretrained or local weights and a dataset or image folder), the
-tables it prints, ``measures`` and ``probes`` that evaluate its trained runs (speed, a registered
-Experiment), ``benches`` (:class:`Bench`: the ``bench`` command's timing of specs on a model given by
-its config, no training needed; ``bench_tables``, :class:`BenchTable`: several side by side), the
-``expect``\\ ed outcomes (:class:`Expect`: the statistic, the level, the published effect) and a
-``smoke`` version (:class:`Smoke`: the same study at tiny sizes, run by the test suite). ``budget``
-says what the full study costs where it was run.
+A study (one module under experiments/studies/, named as registered) names the ``claim`` it tests, its
+``source`` and its claims (``expect``: :class:`Expect`, the statistic, the level, the published effect),
+and its test beds (``beds``: name -> :class:`Bed`; the first is the default, ``tokenreduce study NAME
+--testbed BED`` picks another). A bed declares what depends on the test bed: the :class:`Testbed` its
+runs start from and are scored on (a built-in reference, or a timm model with pretrained or local
+weights and a dataset or image folder), a typed ``recipe`` (TrainConfig fields, checked when the study
+is registered), its ``arms`` (:class:`Arm`: task spec, reducer spec, stem, transforms, init, teacher;
+their specs name per-block counts, which depend on the patch grid), a ``grid`` (:class:`Axis`: seeds,
+code lengths ...), the tables it prints (:class:`Col`), ``measures`` and ``probes`` that evaluate its
+trained runs, ``benches`` (:class:`Bench`: the ``bench`` command's timing of specs on a model given by
+its config; ``bench_tables``, :class:`BenchTable`: several side by side), a ``smoke`` version
+(:class:`Smoke`: the same bed at tiny sizes, run by the test suite) and its ``budget``. Every bed
+tests each claim whose two arms it has (:func:`tests_claim`), so a claim is written once however many
+beds test it; a user's own test bed (``--model``, ``--data``) runs a declared bed's plan on it.
 
-Every arm x grid point is one run with a stable id (``d_eet-b16-s0``; ``eet/d_eet-b16-s0`` with
-the study), executed by experiments/runner.py; nothing is declared twice. A study of benches only
-has no arms: it trains nothing, so it has no grid (no seeds), baseline, columns or expectations.
+Every arm x grid point of a bed is one run with a stable id (``d_eet-b16-s0``; ``eet/scenes/d_eet-b16-s0``
+with the study and bed), executed by experiments/runner.py. A bed of benches only has no arms: it trains
+nothing, so it has no grid (no seeds), baseline, columns or claims.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from ..core.errors import SpecError, TokenReduceError
 from ..core.registry import NoParams, Registry, format_spec, parse_spec
+from .testbed import Testbed, synthetic_data
 
 # ----------------------------------------------------------------------------- declarations
 
@@ -69,21 +74,28 @@ class Arm:
 @dataclass(frozen=True)
 class Axis:
     """A grid axis: ``name`` is a TrainConfig field (``seed``) or a parameter of the task spec
-    (``bits``); ``short`` prefixes its value in run ids (``s0``, ``b16``)."""
+    (``bits``); ``short`` prefixes its value in run ids (``s0``, ``b16``). With ``sets`` the axis is a
+    named setting instead: value -> the TrainConfig fields it sets (``Axis("steps", (100, 938), "t",
+    sets={938: {"subset": None}})``: the fine-tune length). ``implicit``: the value run ids leave out (the
+    runs made before the axis existed keep their ids)."""
 
     name: str
     values: tuple[Any, ...]
     short: str
+    sets: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    implicit: Any = None
 
 
 @dataclass(frozen=True)
 class Col:
-    """A table column: the run metric ``metric`` (mean ± std over the grid's seeds) headed ``header``;
-    with ``paired=True`` the difference from the study's baseline arm, paired by seed."""
+    """A table column headed ``header``. In an arm table: the run metric ``metric`` (mean ± std over the
+    grid's seeds), with ``paired=True`` the difference from the baseline arm, paired by seed. In a
+    measure's table: the row's value ``metric`` written with ``fmt``."""
 
     metric: str
     header: str
     paired: bool = False
+    fmt: str = "{:.2f}"
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,7 @@ class Measure:
     specs: tuple[str, ...] = ()
     finetuned: tuple[str, ...] = ()
     speed: dict[str, Any] = field(default_factory=dict)
-    columns: tuple[tuple[str, str, str], ...] = ()  #: (row key, header, format) of its table
+    columns: tuple[Col, ...] = ()  #: its table
     title: str = ""
 
 
@@ -180,7 +192,7 @@ class BenchTable:
 @dataclass(frozen=True)
 class Smoke:
     """The smoke version: a test bed, recipe overrides (TrainConfig fields) and a smaller grid
-    (axis name -> values); everything else is the study's own."""
+    (axis name -> values); everything else is the bed's own."""
 
     testbed: Testbed
     recipe: dict[str, Any] = field(default_factory=dict)
@@ -192,7 +204,33 @@ class Smoke:
     bench: dict[str, Any] = field(default_factory=dict)
 
 
-from .testbed import Testbed  # noqa: E402  (Smoke names it; testbed.py needs nothing from here)
+@dataclass(frozen=True)
+class Bed:
+    """What a study declares for one test bed: the ``testbed`` its runs start from and are scored on, and
+    everything that depends on it: the ``recipe`` (TrainConfig fields), the ``arms`` (their specs name
+    per-block counts, which depend on the patch grid), the ``baseline`` arm, the ``grid``, the axis tables
+    are ``split`` by, the table ``columns``, ``measures``, ``probes``, ``benches`` and ``bench_tables``, the
+    ``smoke`` version, the ``budget`` (what the bed's runs cost where they were run) and ``pending`` (why
+    runs are missing). ``title``: the bed's heading (default: the study's). The claims are the study's,
+    declared once (:attr:`Study.expect`): a bed tests each claim whose arms it has.
+
+    A bed with benches only trains nothing: no arms, recipe, baseline, grid, columns or measures."""
+
+    testbed: Testbed = Testbed()
+    title: str = ""
+    recipe: dict[str, Any] = field(default_factory=dict)
+    arms: dict[str, Arm] = field(default_factory=dict)
+    baseline: str = ""
+    grid: tuple[Axis, ...] = ()
+    split: tuple[str, str] | None = None
+    columns: tuple[Col, ...] = ()
+    measures: tuple[Measure, ...] = ()
+    probes: tuple[Probe, ...] = ()
+    benches: tuple[Bench, ...] = ()
+    bench_tables: tuple[BenchTable, ...] = ()
+    smoke: Smoke | None = None
+    budget: str = ""
+    pending: str = ""
 
 
 @dataclass(frozen=True)
@@ -207,47 +245,60 @@ class Point:
         return all(self.values.get(k) == v for k, v in at.items())
 
 
+def tests_claim(bed: Bed, e: Expect) -> bool:
+    """Whether ``bed`` tests the claim ``e``: it has both its arms, and they run where ``e`` reads them."""
+    axes = {a.name: a.values for a in bed.grid}
+    return (e.arm in bed.arms and e.baseline in bed.arms and all(k in axes and v in axes[k] for k, v in e.at.items())
+            and not any(_outside(bed.arms[a].only, e.at) for a in (e.arm, e.baseline)))
+
+
 # ----------------------------------------------------------------------------- the study
 
 
 class Study:
-    """Base class of every study (module docstring). A subclass sets the class attributes below."""
+    """Base class of every study (module docstring). A subclass sets ``title``, ``claim``, ``source``, its
+    claims (``expect``) and its ``beds`` (name -> :class:`Bed`, the first the default). An instance is the
+    study on one bed: its attributes are that bed's declarations, its ``expect`` the claims the bed tests."""
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoParams  # the registry's; a study takes its parameters as test bed and flags
     title: ClassVar[str] = ""
     claim: ClassVar[str] = ""
     source: ClassVar[str] = ""
-    #: TrainConfig fields every run starts from (checked when the study is registered)
-    recipe: ClassVar[dict[str, Any]] = {}
-    testbed: ClassVar[Testbed] = Testbed()
-    arms: ClassVar[dict[str, Arm]] = {}
-    baseline: ClassVar[str] = ""
-    grid: ClassVar[tuple[Axis, ...]] = ()
-    #: the axis (other than the seed) each table is split by, and its heading pattern
-    split: ClassVar[tuple[str, str] | None] = None
-    columns: ClassVar[tuple[Col, ...]] = ()
-    measures: ClassVar[tuple[Measure, ...]] = ()
-    probes: ClassVar[tuple[Probe, ...]] = ()
-    benches: ClassVar[tuple[Bench, ...]] = ()
-    bench_tables: ClassVar[tuple[BenchTable, ...]] = ()
+    #: the claims, each declared once; every bed tests those whose arms it has (:func:`tests_claim`)
     expect: ClassVar[tuple[Expect, ...]] = ()
-    smoke: ClassVar[Smoke | None] = None
-    #: what the full study costs where it was run (runs x minutes, machine)
-    budget: ClassVar[str] = ""
-    #: why runs are missing where they are (the report prints it beside "not run")
-    pending: ClassVar[str] = ""
+    beds: ClassVar[dict[str, Bed]] = {}
 
-    def __init__(self, *, testbed: Testbed | None = None, smoke: bool = False) -> None:
+    def __init__(self, bed: str | None = None, *, testbed: Testbed | None = None, smoke: bool = False) -> None:
+        cls = type(self)
+        self.bed_name = bed or next(iter(cls.beds))
+        if self.bed_name not in cls.beds:
+            raise TokenReduceError(f"study {cls.name} has no test bed {bed!r}; choose from {', '.join(cls.beds)}")
+        decl = cls.beds[self.bed_name]
+        for f in dataclasses.fields(Bed):
+            if f.name != "testbed":
+                setattr(self, f.name, getattr(decl, f.name))
+        self.title = decl.title or cls.title
+        self.expect = tuple(e for e in cls.expect if tests_claim(decl, e))
         self.is_smoke = smoke
         if smoke and self.smoke is None:
-            raise TokenReduceError(f"study {self.name} declares no smoke version")
-        default = self.smoke.testbed if smoke else type(self).testbed
+            raise TokenReduceError(f"study {cls.name} declares no smoke version on the test bed {self.bed_name}")
+        default = self.smoke.testbed if smoke else decl.testbed
         if not self.arms and testbed is not None and testbed != default:
-            raise TokenReduceError(f"study {self.name} trains nothing (benches only, each on its own model); "
+            raise TokenReduceError(f"study {cls.name} trains nothing (benches only, each on its own model); "
                                    "it takes no test bed (--model, --pretrained, --weights, --data)")
         self.bed = testbed if testbed is not None else default
         self.default_bed = testbed is None or testbed == default
+
+    @property
+    def key(self) -> str:
+        """``name/bed``: where its results live under results/ and the prefix of its run ids."""
+        return f"{self.name}/{self.bed_name}"
+
+    @property
+    def is_default_bed(self) -> bool:
+        """Whether the study runs on its first declared bed (its commands need no ``--testbed``)."""
+        return self.bed_name == next(iter(type(self).beds))
 
     # -- the plan
 
@@ -266,14 +317,21 @@ class Study:
             for arm in self.arms:
                 if not self.runs_at(arm, point):
                     continue
-                out.append(Point(arm, point, "-".join([arm, *(f"{a.short}{v}" for a, v in zip(axes, values,
-                                                                                            strict=True))])))
+                parts = [f"{a.short}{v}" for a, v in zip(axes, values, strict=True) if v != a.implicit]
+                out.append(Point(arm, point, "-".join([arm, *parts])))
         return out
 
     def runs_at(self, arm: str, at: dict[str, Any]) -> bool:
         """Whether ``arm`` has runs at ``at`` (its ``only`` allows every value ``at`` fixes)."""
         only = {k: [self.resolve({k: v})[k] for v in vs] for k, vs in self.arms[arm].only.items()}
         return not _outside(only, self.resolve(at))
+
+    def complete(self, at: dict[str, Any]) -> dict[str, Any]:
+        r"""``at`` (:meth:`resolve`\ d) with every axis but the seed that it leaves out fixed at that axis'
+        ``implicit`` value, else its first: a claim or measure that names no length reads the runs
+        every arm has."""
+        fixed = {a.name: a.implicit if a.implicit is not None else a.values[0] for a in self.axes() if a.name != "seed"}
+        return {**fixed, **self.resolve(at)}
 
     def resolve(self, at: dict[str, Any]) -> dict[str, Any]:
         """``at`` with each value the grid lacks (a smoke grid has fewer) replaced by its axis' first."""
@@ -293,7 +351,7 @@ class Study:
         """The run ids measure ``m`` reads: its reference's (None: the test bed's reference checkpoint)
         and its fine-tuned runs' (every run of each arm at ``m.at``, in plan order)."""
         ref = m.reference or (None if self.bed.reference else self.baseline)
-        at = self.resolve(m.at)
+        at = self.complete(m.at)
         tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
         return (self.point(ref, m.at).id if ref else None), tuned
 
@@ -308,8 +366,6 @@ class Study:
     def eval_items(self, scratch: Path) -> tuple[str | None, int | None]:
         """(data_dir, eval_subset) of the study's runs: where a measure finds the same test items (a
         synthetic test bed's folder under ``scratch``, else the checkpoint's own data) and how many."""
-        from .testbed import synthetic_data
-
         recipe = {**self.recipe, **(self.smoke.recipe if self.is_smoke else {})}
         data_dir = str(synthetic_data(scratch)) if self.bed.synthetic and self.bed.data else None
         return data_dir, recipe.get("eval_subset")
@@ -321,8 +377,11 @@ class Study:
         arm = self.arms[p.arm]
         fields = {**self.recipe, **self.bed.train_fields(scratch), **(self.smoke.recipe if self.is_smoke else {})}
         task = arm.task or fields.get("task") or "classify"
+        sets = {a.name: a.sets for a in self.axes() if a.sets}
         for k, v in p.values.items():
-            if k in _CONFIG_FIELDS:
+            if k in sets:
+                fields.update(sets[k].get(v, {}))
+            elif k in _CONFIG_FIELDS:
                 fields[k] = v
             else:
                 task = _with_param(task, k, v)
@@ -370,9 +429,26 @@ _BENCH_SETTINGS = {"batch", "warmup", "repeats", "min_run_s", "backend", "dtype"
 
 
 def check_study(cls: type[Study]) -> None:
-    """Refuse a study whose declarations do not fit together (a typo here would surface hours later)."""
+    """Refuse a study whose declarations do not fit together (a typo here would surface hours later):
+    each bed's, and a claim that no bed tests."""
     if not _CONFIG_FIELDS:
         _CONFIG_FIELDS.update(_config_fields())
+    if not cls.beds:
+        raise SpecError(f"study {cls.name} declares no test bed (beds = {{name: Bed(...)}})")
+    for bed, decl in cls.beds.items():
+        view = SimpleNamespace(**{f.name: getattr(decl, f.name) for f in dataclasses.fields(Bed)},
+                               name=f"{cls.name} (test bed {bed})",
+                               expect=tuple(e for e in cls.expect if tests_claim(decl, e)))
+        _check_bed(view, cls.expect)
+    untested = [e.claim for e in cls.expect if not any(tests_claim(d, e) for d in cls.beds.values())]
+    if untested:
+        arms = {b: sorted(d.arms) for b, d in cls.beds.items()}
+        raise SpecError(f"study {cls.name}: no test bed has the arms (at the grid point) of the claims {untested}; "
+                        f"its beds' arms: {arms}")
+
+
+def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
+    """One bed's declarations (``cls``: the bed's fields, its name and the claims it tests)."""
     where = f"study {cls.name}"
     names = [*(m.name for m in cls.measures), *(p.name for p in cls.probes), *(b.name for b in cls.benches)]
     if len(set(names)) != len(names):
@@ -396,7 +472,8 @@ def check_study(cls: type[Study]) -> None:
                             "baseline, grid, split, columns, expectations, measures or probes "
                             f"(it has {', '.join(extra) or 'no benches'})")
         return
-    overrides = [("recipe", cls.recipe)] + ([("smoke recipe", cls.smoke.recipe)] if cls.smoke else [])
+    overrides = [("recipe", cls.recipe)] + ([("smoke recipe", cls.smoke.recipe)] if cls.smoke else []) + \
+        [(f"axis {a.name} at {v}", f) for a in cls.grid for v, f in a.sets.items()]
     for what, fields in overrides:
         bad = sorted(set(fields) - _CONFIG_FIELDS)
         if bad:
@@ -435,13 +512,9 @@ def check_study(cls: type[Study]) -> None:
         raise SpecError(f"{where}: its smoke grid names axes it lacks {sorted(set(cls.smoke.grid) - names)}")
     if "seed" not in names:
         raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
-    for e in cls.expect:
-        for arm in (e.arm, e.baseline):
-            if arm not in cls.arms:
-                raise SpecError(f"{where}: expectation on unknown arm {arm!r}; arms: {sorted(cls.arms)}")
-        if set(e.at) - names or "seed" in e.at:
-            raise SpecError(f"{where}: an expectation fixes {sorted(e.at)}; it may fix grid axes other than seed")
-        _runs_there(cls, "an expectation", (e.arm, e.baseline), e.at)
+    for e in claims:
+        if "seed" in e.at:
+            raise SpecError(f"{where}: the claim {e.claim!r} fixes the seed; it may fix grid axes other than seed")
     for m in cls.measures:
         for arm in (*([m.reference] if m.reference else []), *m.finetuned):
             if arm not in cls.arms:

@@ -8,6 +8,7 @@ shows as "not run" with the reason, never as a number.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ def _split_values(study: Study) -> list[Any]:
 
 def _runs_of(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) -> dict[Any, dict]:
     """seed -> doc of ``arm``'s runs at ``at`` that have a JSON."""
-    at = study.resolve(at)
+    at = study.complete(at)
     return {p.values["seed"]: runs[p.id] for p in study.points() if p.arm == arm and p.matches(at) and p.id in runs}
 
 
@@ -63,33 +64,43 @@ def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[s
     headers = ["arm", "seeds", *(c.header for c in study.columns)]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     planned = _seeds(study)
+    split = study.split[0] if study.split else None
+    extra = [a for a in study.axes() if a.name not in ("seed", split)]  # one row per arm and value of each
     for name, arm in study.arms.items():
-        if not study.runs_at(name, at):
-            continue
-        docs = _runs_of(study, runs, name, at)
-        if not docs:
-            lines.append(f"| {arm.label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns))
-            continue
-        missing = [s for s in planned if s not in docs]
-        seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
-        cells = []
-        for c in study.columns:
-            if c.paired:
-                cells.append("-" if name == study.baseline else
-                             stats.summarize(paired(study, runs, name, study.baseline, c.metric, at)).text())
-            else:
-                cells.append(stats.summarize(values(study, runs, name, c.metric, at)).text())
-        lines.append(f"| {arm.label} | {seeds} | " + " | ".join(cells) + " |")
+        for combo in itertools.product(*(a.values for a in extra)):
+            here = {**at, **{a.name: v for a, v in zip(extra, combo, strict=True)}}
+            if not study.runs_at(name, here):
+                continue
+            label = arm.label + "".join(f" ({a.name} {v})" for a, v in zip(extra, combo, strict=True)
+                                        if v != a.implicit and len(a.values) > 1)
+            lines.append(_arm_row(study, runs, name, label, here, planned))
     return lines
+
+
+def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dict[str, Any],
+             planned: tuple[Any, ...]) -> str:
+    docs = _runs_of(study, runs, name, at)
+    if not docs:
+        return f"| {label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns)
+    missing = [s for s in planned if s not in docs]
+    seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
+    cells = []
+    for c in study.columns:
+        if c.paired:
+            cells.append("-" if name == study.baseline else
+                         stats.summarize(paired(study, runs, name, study.baseline, c.metric, at)).text())
+        else:
+            cells.append(stats.summarize(values(study, runs, name, c.metric, at)).text())
+    return f"| {label} | {seeds} | " + " | ".join(cells) + " |"
 
 
 def measure_table(decl, doc: dict[str, Any] | None) -> list[str]:
     if doc is None:
         return [f"{NOT_RUN}: no run JSON for {decl.name}"]
-    lines = ["| " + " | ".join(h for _, h, _ in decl.columns) + " |", "|" + "---|" * len(decl.columns)]
+    lines = ["| " + " | ".join(c.header for c in decl.columns) + " |", "|" + "---|" * len(decl.columns)]
     for r in doc["result"]["results"]:
-        lines.append("| " + " | ".join(fmt.format(r[k]) if r.get(k) is not None else "-"
-                                       for k, _, fmt in decl.columns) + " |")
+        lines.append("| " + " | ".join(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-"
+                                       for c in decl.columns) + " |")
     return lines
 
 

@@ -28,7 +28,7 @@ Hyper-speed regime (the paper: 2.51x, about 13% of the tokens left at the end): 
 every block from block 1, the default rates: ``imagepiece(locs=(1, 2, 3, 4, 5, 6, 7))`` leaves 24
 of DeiT-S's 196 tokens (12%; 2.44x fewer MACs, the default 1.50x). On the Fashion-MNIST reference
 (49 patches, 6 blocks) ``imagepiece(locs=(0, 1, 2, 3, 4), keep=0.7)`` leaves 7 of 49 (14%)
-(the ``imagepiece`` study, experiments/imagepiece_controls.py, with EViT and ToMe at the same MACs).
+(the ``imagepiece`` study, experiments/studies/imagepiece.py, with EViT and ToMe at the same MACs).
 
 Deviations / decisions (unpublished; each one a parameter):
 - ``locs=(2, 5, 8)``: blocks where inattentive tokens are merged; the pruning follows at 3, 6, 9,
@@ -67,7 +67,7 @@ from torch import Tensor
 
 from ..core import ops
 from ..core.errors import SpecError
-from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method, scaled_locs
+from ..core.method import BUDGET_KEEPS, AttnInfo, Host, Reducer, format_spec, register_method, scaled_locs
 from ..core.schedule import Schedule, check_keep, check_locs, from_counts
 from ..core.state import TokenState
 
@@ -118,8 +118,6 @@ class ImagePiece(Reducer):
     def budget_family(cls, host: Host) -> list[str]:
         """The pruning keep rate 0.95, 0.90, ..., 0.20 (mildest first), merging at blocks (2, 5, 8) of
         12 moved to the host's depth, the other parameters at their defaults."""
-        from ..core.method import BUDGET_KEEPS
-
         locs = scaled_locs((2, 5, 8), host.depth)
         return [format_spec(cls.name, {"locs": locs, "keep": k}) for k in BUDGET_KEEPS]
 

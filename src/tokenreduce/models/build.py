@@ -30,11 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import timm
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import nn
 
+from ..api import apply, get_info, remove
 from ..core.errors import TokenReduceError
+from ..core.method import build_reducer
 from .checkpoint import Checkpoint, CheckpointError, load_weights, read_checkpoint, unwrap
+from .hf import build_hf_model
 from .stems import build_stem, canonical_stem
 from .transforms import apply_transform, canonical_transform
 
@@ -146,8 +152,6 @@ def make_model(source: ModelSource, device: str | torch.device = "cpu") -> Built
     ones; missing pretrained weights; a checkpoint that does not rebuild: CheckpointError), never
     returns a half-loaded model.
     """
-    from ..api import apply, get_info, remove
-
     if source.hf_config is not None and (source.config is not None or source.checkpoint is not None):
         raise TokenReduceError("a model comes from a transformers config or from a timm model config / tokenreduce "
                                "checkpoint, not both")
@@ -157,8 +161,6 @@ def make_model(source: ModelSource, device: str | torch.device = "cpu") -> Built
     if source.checkpoint is not None:
         model, config, meta = _from_checkpoint(source.checkpoint, source.config)
     elif source.hf_config is not None:
-        from .hf import build_hf_model
-
         model, config = build_hf_model(source.hf_config, img_size=source.img_size, pretrained=source.pretrained), None
     else:
         model, config = build_model(source.config), source.config
@@ -184,7 +186,6 @@ def build_model(config: dict[str, Any]) -> nn.Module:
     closest known ones.
     """
     kwargs, stem, transforms = _checked(config)
-    import timm
 
     name, pretrained = config["name"], bool(config.get("pretrained", False))
     if not timm.is_model(name):
@@ -237,8 +238,6 @@ def changes_on_top(base: dict[str, Any], requested: dict[str, Any]) -> tuple[str
 
 
 def _canonical(spec: str) -> str:
-    from ..core.method import build_reducer
-
     return build_reducer(spec).spec()
 
 
@@ -246,8 +245,6 @@ def _from_checkpoint(source: str | os.PathLike | Checkpoint,
                      requested: dict[str, Any] | None) -> tuple[nn.Module, dict[str, Any], dict[str, Any]]:
     """(model with its spec and weights, its model config, meta) of a checkpoint; ``requested`` may swap
     the stem and add transforms on top (:class:`ModelSource`)."""
-    from ..api import apply
-
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source)
     config = ckpt.meta.get("model")
     try:
@@ -283,15 +280,11 @@ def load_weights_file(model: nn.Module, path: str | os.PathLike) -> None:
     Accepts a bare state_dict or one under 'state_dict' / 'model', with or without a 'module.'
     (DDP) prefix; a learned reducer's own keys (``tokenreduce.*``) are skipped.
     """
-    from safetensors import SafetensorError
-
     file = Path(path)
     if not file.is_file():
         raise TokenReduceError(f"checkpoint {path} does not exist")
     try:
         if file.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
             sd = load_file(str(file))
         else:
             sd = torch.load(file, map_location="cpu", weights_only=True)

@@ -37,6 +37,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 from ..core.errors import TokenReduceError
@@ -241,8 +244,6 @@ def save_checkpoint(
     or tensors (loop state). ``task_state``: the training task's tensors outside the model
     (``Task.owned_state_dict()``), stored under ``task.<key>`` and read back by :func:`task_weights`.
     """
-    from safetensors.torch import save as st_save
-
     path = Path(path)
     if path.suffix != ".safetensors":
         raise CheckpointError(f"checkpoint path must end with .safetensors, got {path}")
@@ -283,9 +284,6 @@ def save_checkpoint(
 
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read and verify a checkpoint (format, version, checksum). Raises CheckpointError."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load as st_load
-
     p = resolve(path)
     try:
         raw = p.read_bytes()

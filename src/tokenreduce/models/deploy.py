@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..api import get_info, is_patched, reapply, reducer_of
 from .build import load_model
 from .checkpoint import read_checkpoint, save_checkpoint, task_weights, unwrap
 
@@ -26,8 +27,6 @@ def deploy(model: nn.Module) -> nn.Module:
     """Replace the reducer of a tokenreduce-patched ``model`` by its deployed form
     (``Reducer.for_inference``), keeping ``trace``/``dense``; an unpatched model or a reducer with
     nothing training-only is left as it is. Returns the model in eval mode."""
-    from ..api import is_patched, reapply, reducer_of
-
     model = unwrap(model)
     if not is_patched(model):
         return model.eval()
@@ -42,8 +41,6 @@ def export_inference(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Write the deployed form of checkpoint ``src`` (a file or a training output directory) to
     ``dst`` (``*.safetensors``): the model through :func:`deploy`, ``meta['spec']`` its deployed
     spec, the task's own tensors (a segmentation head) kept, no training state. Returns ``dst``."""
-    from ..api import get_info
-
     ckpt = read_checkpoint(src)
     model, meta = load_model(ckpt)
     deploy(model)

@@ -21,6 +21,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import timm
+import torch
+
 from .checkpoint import CheckpointError, atomic_write, read_meta, resolve, sidecar_path
 
 #: Where shipped references live (package data).
@@ -70,9 +73,6 @@ def ship(run: str | Path, name: str, *, command: str, root: Path = SHIPPED_DIR,
          extra: dict[str, Any] | None = None) -> Path:
     """Copy the finished training run ``run`` (a directory or its model.safetensors) into ``root`` as
     reference ``name`` with its provenance record; returns the record's path."""
-    import timm
-    import torch
-
     src = resolve(run)
     meta = read_meta(src)
     metrics_file = src.parent / "metrics.json"

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 import torch
+from timm.optim import param_groups_weight_decay
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ..core.errors import TokenReduceError
 from ..core.registry import NoParams, Registry, config_spec
+from ..data import build_dataset
 
 
 @dataclass
@@ -122,8 +124,6 @@ class Task(nn.Module):
     def dataset(self, name: str, split: str, *, train: bool, **data_kw: Any) -> Dataset:
         """What the task trains (``split='train'``) and evaluates on; default ``data.build_dataset``.
         ``data_kw``: build_dataset's keywords (img_size, in_chans, augment, data_dir, ...)."""
-        from ..data import build_dataset
-
         return build_dataset(name, split, train=train, **data_kw)
 
     # -- optimisation
@@ -140,8 +140,6 @@ class Task(nn.Module):
         names undecayed), each part split again by :meth:`lr_scale`. Groups carry ``lr_scale``;
         the loop sets a group's peak lr to ``lr * lr_scale`` unless the group gives ``lr``.
         """
-        from timm.optim import param_groups_weight_decay
-
         skip = no_weight_decay_names(self)
         names = {id(p): n for n, p in self.named_parameters()}
         out: list[dict[str, Any]] = []

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from ..api import capture, find_info
 from ..core.errors import SpecError, TokenReduceError
 from ..core.method import Reducer
 from . import _dist
@@ -25,16 +26,12 @@ DISTILL_KINDS = ("logits", "tokens")
 
 
 def _info(model: nn.Module):
-    from ..api import find_info
-
     return find_info(model)
 
 
 def _capture(model: nn.Module):
     """``tokenreduce.capture(model)``: the live record of the forwards in the block, for the
     auxiliary losses and predictions a learned reducer emits (the model keeps them detached)."""
-    from ..api import capture
-
     return capture(model)
 
 

@@ -64,12 +64,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from ..api import apply, is_patched, remove
 from ..core.errors import SpecError, TokenReduceError
 from ..core.method import AttnInfo, Host, Reducer
 from ..core.registry import NoParams
 from ..core.schedule import Schedule
 from ..core.state import TokenState
 from ..methods.ctp import importance as ctp_importance
+from ..models import load_model, model_config, read_checkpoint, save_checkpoint, task_weights
 from .base import TaskContext, TaskOutput, register_task
 from .classify import _capture, _info
 from .fish import DELTA, ITERS, SIGMA, fish_codes
@@ -182,8 +184,6 @@ def mask_patches(images: Tensor, idx: Tensor, grid: tuple[int, int], mask: str =
 
 def _unpatched_copy(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` without tokenreduce's patch (the unpruned model, same weights)."""
-    from ..api import is_patched, remove
-
     teacher = copy.deepcopy(model)
     return remove(teacher) if is_patched(teacher) else teacher
 
@@ -211,7 +211,6 @@ class EET(Hash):
         self._probe: ImportanceProbe | None = None
         if not (cfg.dkt or cfg.drg):
             return
-        from ..api import apply
 
         if cfg.teacher == "joint":
             self.teacher = _unpatched_copy(model).to(dev).train(model.training)
@@ -345,8 +344,6 @@ def export_teacher(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Pat
     model's output is the continuous code, h = (W_h W_c) f + (W_h b_c + b_h) (B, bits). Any
     architecture (larger too); the reducer of the run, if any, stays (DRG then refuses it).
     Returns the path written (``out``, ``*.safetensors``)."""
-    from ..models import load_model, model_config, read_checkpoint, save_checkpoint, task_weights
-
     owned = task_weights(read_checkpoint(checkpoint))
     if "head.weight" not in owned or "head.bias" not in owned:
         raise TokenReduceError(f"{checkpoint}: no hash head (task.head.*); export a run of --task hash(...) or "

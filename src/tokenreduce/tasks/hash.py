@@ -62,6 +62,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ..core.errors import SpecError, TokenReduceError
+from ..data import subset
 from . import _dist
 from . import retrieval as R
 from .base import Task, TaskContext, TaskOutput, dataset_labels, register_task
@@ -290,7 +291,6 @@ class Hash(Task):
             n = len(self._train_labels)
             rows = self._subset_rows(n)
             return None, self._train_labels[rows], rows
-        from ..data import subset
 
         n = len(database)
         if n == 0:

@@ -38,7 +38,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from ..api import capture, find_info, reapply
 from ..core.errors import SpecError, TokenReduceError
+from ..data import build_dataset, build_mosaic, is_dense
 from . import _dist
 from .base import Task, TaskContext, TaskOutput, register_task
 
@@ -104,8 +106,6 @@ def make_dense(model: nn.Module) -> nn.Module:
     """Switch a tokenreduce-patched model to dense output in place (same reducer object, so the
     same parameters and schedule; ``forward_features`` then returns (B, p + N0, C)); an
     unpatched model is returned as it is. Returns the model."""
-    from ..api import find_info, reapply
-
     info = find_info(model)
     if info is not None and not info.dense:
         reapply(model, dense=True)
@@ -184,7 +184,6 @@ class Segment(Task):
     def forward(self, images: Tensor, masks: Tensor) -> TaskOutput:
         """images (B, C, H, W), masks (B, H, W) long in 0..classes (classes = background)."""
         self._check_masks(images, masks)
-        from ..api import capture
 
         with capture(self.model) as seen:
             logits = self.pixel_logits(self.model, images)
@@ -250,8 +249,6 @@ class Segment(Task):
     def dataset(self, name: str, split: str, *, train: bool, **data_kw: Any) -> Dataset:
         """A dense dataset as it is (``data.is_dense``: the scene masks), else mosaics of dataset ``name``
         (Fashion-MNIST, or a mosaic name): ``data.build_mosaic``."""
-        from ..data import build_dataset, build_mosaic, is_dense
-
         if is_dense(name):
             return build_dataset(name, split, train=train, **data_kw)
         return build_mosaic(name, split, train=train, **data_kw)

@@ -1,8 +1,9 @@
 """``TrainConfig``: every setting a training run depends on, checked when it is made.
 
-It is the one declaration of the training settings: ``tokenreduce train``'s flags map onto its
-fields (a test checks that each field has its flag) and recipes (train/recipes.py) are parsed
-through it, so a misspelt setting or a value of the wrong type is refused where it is written.
+It is the one declaration of the training settings: each field carries its default, its help and its
+flag's keywords, ``tokenreduce train``'s flags are generated from the fields (adding a field adds its
+flag), and recipes (train/recipes.py) are parsed through it, so a misspelt setting or a value of the
+wrong type is refused where it is written. The module imports no torch.
 """
 
 from __future__ import annotations
@@ -11,17 +12,34 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import TokenReduceError
-from .optim import OPTIMIZERS
 
 #: Fields that say how to run, not what to train: they may change when a run is resumed.
 RUNTIME_FIELDS = ("out", "resume", "force", "threads", "device", "num_workers", "quiet", "ckpt_every", "download")
 #: Fields older runs recorded that mean nothing now (dropped when their config is read back, if empty).
 _RETIRED = ("extra",)
+
+
+#: ``optimizer``'s choices: name -> (the ``torch.optim`` class, its arguments besides ``lr`` as a function of the
+#: run's ``momentum``); train/optim.py builds them. Data, not torch, so that ``tokenreduce train --help`` stays light.
+OPTIMIZERS: dict[str, tuple[str, Callable[[float], dict[str, Any]]]] = {
+    "adamw": ("AdamW", lambda momentum: {"betas": (0.9, 0.999)}),
+    "sgd": ("SGD", lambda momentum: {"momentum": momentum}),
+}
+#: The sections of ``tokenreduce train --help``, in order: each field names its own.
+GROUPS = ("model", "data", "optimisation", "run")
+
+
+def _setting(default: Any, help: str, group: str, **flag: Any) -> Any:
+    """A TrainConfig field: its default, what it means (``tokenreduce train --help``; empty for the flags the
+    command line's shared vocabulary declares), its section of the help, and argparse keywords for its flag
+    (``flag``: the option string when it is not ``--field-name``; ``metavar``; ``choices``, checked here too)."""
+    assert group in GROUPS, group
+    return dataclasses.field(default=default, metadata={"help": help, "group": group, **flag})
 
 
 @dataclass
@@ -38,47 +56,59 @@ class TrainConfig:
     task's ``lr_scale``.
     """
 
-    model: dict[str, Any] | None = None
-    spec: str | None = None
-    init: str | None = None
-    task: str = "classify"
-    teacher: str | None = None
-    distill: tuple[str, ...] = ()
-    distill_weight: float = 1.0
-    distill_tau: float = 1.0
-    data: str = "fashion_mnist"
-    data_dir: str | None = None
-    download: bool = False
-    augment: str | None = None
-    epochs: int = 10
-    batch_size: int = 128
-    eval_batch_size: int = 500
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    min_lr: float = 1e-5
-    momentum: float = 0.9
-    weight_decay: float = 0.05
-    warmup_epochs: float = 1.0
-    label_smoothing: float = 0.1
-    grad_clip: float | None = 1.0
-    amp: str | None = None
-    seed: int = 0
-    deterministic: bool = False
-    subset: int | None = None
-    eval_subset: int | None = None
-    eval_every: int = 1
-    recipe: str | None = None
-    out: str | None = None
-    resume: bool = False
-    force: bool = False
-    ckpt_every: int = 500
-    threads: int | None = None
-    device: str | None = None
-    num_workers: int = 0
-    quiet: bool = False
+    recipe: str | None = _setting(None, "named recipe (model + optimiser + schedule; tokenreduce list); flags "
+                                  "override it", "model")
+    model: dict[str, Any] | None = _setting(
+        None, "the timm model built from scratch: {'name', 'kwargs', 'stem'?, 'transforms'?}", "model")
+    spec: str | None = _setting(None, "the reducer to fine-tune with, a method spec (with --init and no spec: the "
+                                "checkpoint's own)", "model")
+    init: str | None = _setting(None, "start from this tokenreduce checkpoint's model and weights (one trained for "
+                                "the same task also starts the task's own tensors)", "model", metavar="CKPT")
+    task: str = _setting("classify", "what to train for, a task spec, e.g. 'hash(bits=32)' (tokenreduce list)", "model",
+                         metavar="SPEC")
+    teacher: str | None = _setting(None, "distil from this frozen tokenreduce checkpoint", "model", metavar="CKPT")
+    distill: tuple[str, ...] = _setting((), "what to distil: logits, tokens or logits,tokens (with a teacher and "
+                                        "none given: logits)", "model")
+    distill_weight: float = _setting(1.0, "weight of the distillation loss", "model")
+    distill_tau: float = _setting(1.0, "softmax temperature of logit distillation", "model")
+    data: str = _setting("fashion_mnist", "", "data")
+    data_dir: str | None = _setting(None, "", "data")
+    download: bool = _setting(False, "", "data")
+    augment: str | None = _setting(None, "training augmentation, e.g. crop_flip or rrc_flip (default: the dataset's)",
+                                   "data")
+    subset: int | None = _setting(None, "train (and evaluate) on a fixed N-image subset", "data", metavar="N")
+    eval_subset: int | None = _setting(None, "evaluate on a fixed N-image subset", "data", metavar="N")
+    epochs: int = _setting(10, "training epochs", "optimisation")
+    batch_size: int = _setting(128, "global, split across processes", "optimisation")
+    eval_batch_size: int = _setting(500, "", "optimisation")
+    optimizer: str = _setting("adamw", "adamw (betas 0.9, 0.999) or sgd (with --momentum)", "optimisation",
+                              choices=tuple(OPTIMIZERS))
+    lr: float = _setting(1e-3, "peak learning rate, after warm-up, before the cosine decay (a task's parameter "
+                         "groups may scale it)", "optimisation")
+    min_lr: float = _setting(1e-5, "the learning rate the cosine decay ends at", "optimisation")
+    momentum: float = _setting(0.9, "SGD momentum", "optimisation")
+    weight_decay: float = _setting(0.05, "weight decay", "optimisation")
+    warmup_epochs: float = _setting(1.0, "epochs of linear learning-rate warm-up (may be a fraction)", "optimisation")
+    label_smoothing: float = _setting(0.1, "label smoothing of the cross-entropy", "optimisation")
+    grad_clip: float | None = _setting(1.0, "clip the gradient norm to this", "optimisation")
+    amp: str | None = _setting(None, "autocast to this precision (default: none, float32)", "optimisation",
+                               choices=("bf16",))
+    out: str | None = _setting(None, "where the checkpoints go (default for a recipe: $TOKENREDUCE_CACHE/<recipe>)",
+                               "run")
+    resume: bool = _setting(False, "continue the run in --out with its own settings (flags that contradict them are "
+                            "refused; runtime ones such as --threads, --device, --workers may change)", "run")
+    force: bool = _setting(False, "overwrite a run in --out", "run")
+    ckpt_every: int = _setting(500, "checkpoint every N optimizer steps", "run", metavar="STEPS")
+    seed: int = _setting(0, "", "run")
+    deterministic: bool = _setting(False, "deterministic algorithms only", "run")
+    eval_every: int = _setting(1, "evaluate every N epochs", "run", metavar="EPOCHS")
+    threads: int | None = _setting(None, "", "run")
+    device: str | None = _setting(None, "", "run")
+    num_workers: int = _setting(0, "data loader workers", "run", flag="--workers", metavar="N")
+    quiet: bool = _setting(False, "no progress output", "run")
 
     def __post_init__(self) -> None:
-        from ..tasks import build_task
+        from ..tasks import build_task  # torch: this module stays light for tokenreduce train --help
 
         _check_types(self)  # before the checks below compare numbers
         self.distill = tuple(self.distill)
@@ -90,8 +120,6 @@ class TrainConfig:
             (self.warmup_epochs >= 0, f"warm-up epochs must be >= 0, got {self.warmup_epochs}"),
             (0 <= self.label_smoothing < 1, f"label smoothing must lie in [0, 1), got {self.label_smoothing}"),
             (self.subset is None or self.subset >= 1, f"subset must be >= 1 images, got {self.subset}"),
-            (self.optimizer in OPTIMIZERS, f"unknown optimizer {self.optimizer!r}; choose from "
-                                           f"{', '.join(OPTIMIZERS)}"),
             (0 <= self.momentum < 1, f"momentum must lie in [0, 1), got {self.momentum}"),
             (self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
             (self.num_workers >= 0, f"--workers must be >= 0, got {self.num_workers}"),
@@ -101,7 +129,7 @@ class TrainConfig:
                 raise TokenReduceError(message)
         self.task = build_task(self.task).spec()  # canonical: equal runs compare equal
         if self.spec:  # a bad spec is refused before the run takes its output directory
-            from ..core.method import build_reducer
+            from ..core.method import build_reducer  # torch, as above
 
             build_reducer(self.spec)
 
@@ -145,6 +173,9 @@ def _check_types(cfg: TrainConfig) -> None:
         value = getattr(cfg, f.name)
         if not _fits(value, hints[f.name]):
             raise TokenReduceError(f"training setting {f.name!r} must be {_describe(hints[f.name])}, got {value!r}")
+        choices = f.metadata.get("choices")
+        if choices and value is not None and value not in choices:
+            raise TokenReduceError(f"unknown {f.name} {value!r}; choose from {', '.join(choices)}")
 
 
 def _fits(value: Any, hint: Any) -> bool:

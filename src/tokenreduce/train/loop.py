@@ -25,6 +25,9 @@ fields, ``RUNTIME_FIELDS``, may change, and the run says which did).
 Ctrl-C (SIGINT, single process) stops a run after the step it is in, with a resumable checkpoint
 there, and raises :class:`TrainingInterrupted`; a second Ctrl-C interrupts at once. A non-finite loss
 or metric stops a run with a TokenReduceError naming it and where, before anything records it.
+
+Test-only, inert unless set: ``TOKENREDUCE_TEST_HOLD="K:FILE"`` (see ``HOLD_ENV``) holds a
+single-process run after optimizer step K, so tests can signal it at a known state instead of racing it.
 """
 
 from __future__ import annotations
@@ -48,8 +51,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .. import models
+from ..api import find_info
 from ..bench.report import provenance
 from ..core.errors import TokenReduceError
+from ..data import OnDemand, Seeded, data_config_from_model, subset
 from ..models import (
     KEEP,
     Checkpoint,
@@ -80,10 +85,9 @@ __all__ = ["RUNTIME_FIELDS", "TrainConfig", "TrainingInterrupted", "WarmupCosine
 
 
 def _autocast(device: torch.device, amp: str | None):
-    if amp in (None, "none", "fp32"):
+    """No autocast, or ``amp`` (one of the field's choices, checked by TrainConfig: 'bf16')."""
+    if amp is None:
         return nullcontext()
-    if amp != "bf16":
-        raise TokenReduceError(f"amp must be 'bf16' or None, got {amp!r}")
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
@@ -231,6 +235,25 @@ def _check_finite(values: dict[str, Any], where: str) -> None:
         raise TokenReduceError(f"training diverged: {shown} {where}; lower --lr or check the data")
 
 
+#: Test-only hook, inert unless set: ``K:FILE`` makes a single-process run, after optimizer step K (and any
+#: checkpoint at that step), create FILE and wait there until Ctrl-C; the run then stops at step K as usual.
+#: The Ctrl-C and lock tests use it to signal or kill a run at a known step instead of after a guessed delay.
+HOLD_ENV = "TOKENREDUCE_TEST_HOLD"
+
+
+def _hold_here(stop: _StopRequest) -> None:
+    """The ``HOLD_ENV`` hook's wait: announce the hold, then wait for Ctrl-C (SIGINT sets ``stop.requested``)."""
+    Path(os.environ[HOLD_ENV].split(":", 1)[1]).touch()
+    while not stop.requested:
+        time.sleep(0.01)
+
+
+def _hold_step(stop: _StopRequest) -> int | None:
+    """The step ``HOLD_ENV`` holds at; None when unset, or when Ctrl-C cannot stop the run (the wait would hang)."""
+    hold = os.environ.get(HOLD_ENV)
+    return int(hold.split(":", 1)[0]) if hold and stop.previous is not None else None
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped a run after optimizer step ``step``; ``checkpoint`` resumes it (None: not saved)."""
 
@@ -292,8 +315,6 @@ class _Run:
     """One training session (fresh or resumed) in one process."""
 
     def __init__(self, config: TrainConfig, info: dist.DistInfo) -> None:
-        from ..data import OnDemand, Seeded, data_config_from_model, subset
-
         if config.threads:
             torch.set_num_threads(config.threads)
         cfg, ckpt, self.notes = _resolve_resume(config)
@@ -380,10 +401,6 @@ class _Run:
         self.history, self.elapsed = extra["history"], extra["elapsed"]
         self.last_eval = extra.get("last_eval", {})
         sums = extra["sums"]
-        if isinstance(sums, torch.Tensor):  # written before tasks: loss, correct, images + per-loss sums
-            loss, correct, n = sums.tolist()
-            sums = {"n": n, "loss": loss, "stat/acc": 100.0 * correct,
-                    **{f"loss/{k}": v for k, v in extra["loss_sums"].items()}}
         # the saved sums are over all processes already: the main process carries them on
         self.sums = {k: (v if self.info.main else 0.0) for k, v in sums.items()}
 
@@ -424,6 +441,7 @@ class _Run:
             bar.write(f"resuming {cfg.out} at epoch {self.epoch + 1}, step {self.step}{changed}")
         try:
             with _StopRequest(not info.distributed) as self.stop:
+                self.hold_at = _hold_step(self.stop)
                 while self.epoch < cfg.epochs:
                     self._train_epoch(bar, on_step)
                     self._end_epoch(bar)
@@ -443,8 +461,6 @@ class _Run:
     def _refuse_unscored_aux(self) -> None:
         """A learned reducer that trains through auxiliary predictions (Token Cropr's heads) under a
         task that does not score them would train nothing but the backbone: say so instead."""
-        from ..api import find_info
-
         info = find_info(self.task.model)
         if info is not None and info.aux_outputs:
             scoring = sorted(name for name in list_tasks() if get_task(name).scores_aux_outputs)
@@ -496,6 +512,8 @@ class _Run:
                 self.save_last()
             if on_step is not None:
                 on_step(self.step)
+            if self.step == self.hold_at:
+                _hold_here(self.stop)
             if self.stop.requested:
                 self._interrupt(saved=False)
 

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-#: name -> build(groups, lr, momentum). A group's own ``lr`` (set by the loop) overrides ``lr``.
-OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "adamw": lambda groups, lr, momentum: torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999)),
-    "sgd": lambda groups, lr, momentum: torch.optim.SGD(groups, lr=lr, momentum=momentum),
-}
+from .config import OPTIMIZERS
 
 
 def build_optimizer(name: str, groups: list[dict[str, Any]], lr: float, momentum: float = 0.9) -> torch.optim.Optimizer:
-    """Optimizer ``name`` over ``groups``; each group's peak lr is its ``lr`` if given, else
-    ``lr * lr_scale`` (the scheduler then scales every group by the same factor)."""
+    """Optimizer ``name`` (one of ``config.OPTIMIZERS``) over ``groups``; each group's peak lr is its ``lr`` if
+    given, else ``lr * lr_scale`` (the scheduler then scales every group by the same factor)."""
     groups = [{**g, "lr": g.get("lr", lr * g.get("lr_scale", 1.0))} for g in groups]
-    return OPTIMIZERS[name](groups, lr, momentum)
+    cls, kwargs = OPTIMIZERS[name]
+    return getattr(torch.optim, cls)(groups, lr=lr, **kwargs(momentum))
 
 
 class WarmupCosine:

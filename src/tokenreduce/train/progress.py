@@ -6,6 +6,8 @@ import sys
 import time
 from typing import Any
 
+from tqdm import tqdm
+
 
 class Progress:
     """tqdm bar on rank 0 when stderr is a terminal; otherwise (a log file) a line with the
@@ -13,8 +15,6 @@ class Progress:
     nothing when quiet."""
 
     def __init__(self, total: int, initial: int, enabled: bool, quiet: bool, every: int = 50) -> None:
-        from tqdm import tqdm
-
         self.quiet = quiet or not enabled
         self.bar = None
         self.total, self.done, self.every = total, initial, every

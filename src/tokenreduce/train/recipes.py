@@ -4,7 +4,7 @@
 DeiT-S's 14x14 grid; its trained checkpoint ships with the package (``models/references.py``).
 
 ``fmnist-vit`` is the reference model for Fashion-MNIST: a timm VisionTransformer (class token,
-28x28 grayscale input, patch 4 -> 49 patch tokens) trained from scratch on 2 CPU cores. Its
+28x28 grayscale input, patch 4 -> 49 patch tokens) trained from scratch on a CPU. Its
 trained checkpoint lives in the cache (``$TOKENREDUCE_CACHE``, default ``cache/``), outside git:
 ``reference_checkpoint()`` is where others find it.
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from ..data.build import cache_dir
+from ..models.references import shipped
 from .config import TrainConfig, check_fields
 
 _FMNIST_VIT = {
@@ -133,8 +134,8 @@ RECIPES["fmnist-cropr-seg"] = {
 
 
 #: The scene test bed's reference: a miniature DeiT with DeiT-S's depth and grid (12 blocks, 14x14 = 196 patches
-#: + class token on the 56x56 scenes, patch 4), narrow (dim 72, 3 heads of 24, mlp 2) so that it trains on 2 CPU
-#: cores, and every published schedule (EViT 3/6/9, CTP 98/49/12 after 3/7/9, ToMe r per block, Cropr every
+#: + class token on the 56x56 scenes, patch 4), narrow (dim 72, 3 heads of 24, mlp 2) so that it trains on a
+#: CPU, and every published schedule (EViT 3/6/9, CTP 98/49/12 after 3/7/9, ToMe r per block, Cropr every
 #: block, BSPF 3/7) runs on it unchanged.
 _SCENES_VIT = {
     "name": "vit_tiny_patch16_224",
@@ -206,8 +207,6 @@ def default_out(recipe: str) -> Path:
 def reference_checkpoint(recipe: str = "fmnist-vit") -> Path:
     """The trained recipe's checkpoint: the one shipped with the package (``models.references``,
     SHA-256 checked) if there is one, else the one ``tokenreduce train --recipe NAME`` wrote to the cache."""
-    from ..models.references import shipped
-
     ship = shipped(recipe)
     if ship is not None:
         return ship

@@ -1,0 +1,17 @@
+"""The benchmark's settings, declared once and read by everyone (the commands, eval and demo, the speed
+and budget code, the studies). No torch: the command line reads them to build its parsers.
+"""
+
+from __future__ import annotations
+
+#: A timing run: ``batch`` for throughput (latency is at batch 1), ``warmup`` untimed and ``repeats`` timed
+#: rounds, each timed measurement repeating the forward until it lasts about ``min_run_s`` seconds.
+SPEED = {"batch": 32, "warmup": 2, "repeats": 10, "min_run_s": 0.05}
+#: ``--quick``: smoke settings, seconds long, the numbers rough.
+QUICK = {"batch": 4, "warmup": 1, "repeats": 3, "min_run_s": 0.0}
+#: The rounds of a budget search, which only ranks candidates: fewer than the final measurement's.
+BUDGET_ROUNDS = {"warmup": 1, "repeats": 3}
+#: How a timed case runs (``--backend``; bench/backends.py holds one class per name), in this order.
+BACKENDS = ("eager", "compile", "onnxruntime")
+#: The ONNX exporters (``--exporter``; bench/export.py holds one function per name), the default first.
+EXPORTERS = ("dynamo", "classic")

@@ -1,0 +1,94 @@
+"""Token Cropr (classification): does the learned router beat fixed scorers at the same token counts?
+
+"Token Cropr: Faster ViTs for Quite a Few Tasks" (Cropr), arXiv 2412.00965. Every arm trains with the
+same recipe and keeps the same per-block token counts, so the arms differ only in who picks the kept
+tokens: Cropr's cross-attention router (trained by its auxiliary heads), a fixed random subset (its own
+seed follows the run's), the CLS-attention top-k, EViT (top-k that fuses what it drops), and the
+unpruned model under the same recipe; seeds 0-2, paired by seed.
+
+``scenes`` (experiments/beds.py): the scene reference on the shortened fine-tune (100 steps of 64
+scenes; the router and heads at lr 1e-3, the backbone at 0.3 x). Cropr prunes r = 16 patches after every
+block but the last (17 after the first: 196 -> 179 -> ... -> 19 after blocks 0-10); with Last Layer
+Fusion (``+ llf()``) the pruned tokens return before the final block. Beside the rivals, the referee's
+control: a fixed random *linear scorer* (a frozen random query, ``cropr(frozen=True)``).
+
+``fmnist``: the ``fmnist-cropr`` recipe (1 epoch fine-tune of the fmnist-vit reference on a fixed
+20 000 images; 49 -> 42 -> 36 -> 30 -> 24 -> 18 patches after blocks 0-4).
+
+The dense task (segmentation with LLF) is the study ``cropr_seg``.
+
+Compute plan (2 CPU cores): scenes 21 runs x 2-3 min (about 55 min); fmnist 15 runs x 1.5-2 min.
+"""
+
+from __future__ import annotations
+
+from ...train.recipes import get_recipe
+from ..beds import FMNIST, SCENES, fmnist_smoke, scene_smoke, shortened
+from ..study import Arm, Axis, Bed, Col, Expect, Study, register_study
+
+SOURCE = "Token Cropr, arXiv 2412.00965"
+CLS_SOURCE = f"{SOURCE}, its ImageNet classification results against other pruners"
+REVIEW = "review of Token Cropr (the fixed random scorer; the dense-task inference score)"
+SEEDS = Axis("seed", (0, 1, 2), "s")
+
+_R = 16
+#: Cropr's counts on the scene bed (blocks 0-10), 196 patches
+_COUNTS = tuple(196 - (_R + 1) - _R * i for i in range(11))
+_AT = f"counts={_COUNTS}, locs={tuple(range(11))}"
+_FMNIST_AT = "counts=(42, 36, 30, 24, 18), locs=(0, 1, 2, 3, 4)"  # what cropr(r=6) keeps on 49 patches
+_COLUMNS = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True), Col("train_time_s", "wall s"))
+
+
+def router_beats(baseline: str, metric: str, source: str) -> Expect:
+    """The paper's claim that its router beats the fixed scorer ``baseline`` at the same token counts."""
+    return Expect(f"Cropr beats {baseline} at the same counts", source, arm="cropr", baseline=baseline,
+                  metric=metric, direction=1)
+
+
+def rivals(at: str, tail: str = "") -> dict[str, Arm]:
+    """The fixed scorers at the per-block counts ``at`` (each spec followed by ``tail``, e.g. ``' + llf()'``)."""
+    return {"random": Arm(f"random{tail and ' + LLF'}", spec=f"random({at}, where='block', seed={{seed}}){tail}"),
+            "topk": Arm(f"top-k{tail and ' + LLF'}", spec=f"topk({at}, where='block'){tail}"),
+            "evit": Arm(f"EViT{tail and ' + LLF'}", spec=f"evit({at}){tail}")}
+
+
+@register_study("cropr")
+class Cropr(Study):
+    title = "Token Cropr (classification): the learned router against fixed scorers"
+    claim = "Cropr's learned router keeps better tokens than a fixed scorer at the same per-block counts"
+    source = CLS_SOURCE
+    expect = (
+        router_beats(baseline="random", metric="top1", source=CLS_SOURCE),
+        router_beats(baseline="topk", metric="top1", source=CLS_SOURCE),
+        router_beats(baseline="evit", metric="top1", source=CLS_SOURCE),
+        Expect("the learned router beats a fixed random linear scorer", REVIEW, arm="cropr", baseline="frozen",
+               metric="top1", direction=1),
+        Expect("pruning to Cropr's final count costs top-1", CLS_SOURCE, arm="cropr", baseline="none", metric="top1",
+               direction=-1),
+        Expect("LLF raises Cropr's top-1", f"{SOURCE}, Last Layer Fusion", arm="cropr_llf", baseline="cropr",
+               metric="top1", direction=1),
+    )
+    beds = {
+        "scenes": Bed(
+            testbed=SCENES,
+            title="Token Cropr on the scene test bed (classification): the learned router against fixed scorers",
+            recipe=shortened(get_recipe("fmnist-cropr")),
+            arms={
+                "cropr": Arm("Token Cropr", spec=f"cropr(r={_R}, classes=10)"),
+                "cropr_llf": Arm("Token Cropr + LLF", spec=f"cropr(r={_R}, classes=10) + llf()"),
+                "frozen": Arm("fixed random linear scorer (frozen query)",
+                              spec=f"cropr(r={_R}, classes=10, frozen=True)"),
+                **rivals(_AT),
+                "none": Arm("unpruned (same fine-tune)"),
+            },
+            baseline="none", grid=(SEEDS,), columns=_COLUMNS, smoke=scene_smoke(),
+            budget="21 training runs x 2-3 min on 2 CPU cores: about 55 min"),
+        "fmnist": Bed(
+            testbed=FMNIST,
+            title="Token Cropr on Fashion-MNIST classification: the learned router against fixed scorers",
+            recipe=get_recipe("fmnist-cropr"),  # also `tokenreduce train --recipe fmnist-cropr`
+            arms={"cropr": Arm("Token Cropr", spec="cropr(r=6, classes=10)"), **rivals(_FMNIST_AT),
+                  "none": Arm("unpruned (same fine-tune)")},
+            baseline="none", grid=(SEEDS,), columns=_COLUMNS, smoke=fmnist_smoke(),
+            budget="15 training runs x 1.5-2 min on 2 CPU cores (two lanes of 1 thread)"),
+    }

@@ -1,0 +1,136 @@
+"""EET: what CTP costs in retrieval mAP, what DKT + DRG win back, how far from an oracle.
+
+"Efficient Token Pruning for Hashing" (EET), arXiv 2504.16691. Four arms fine-tune a reference for 16-
+and 64-bit hashing with EET's optimiser (SGD momentum 0.9, lr 0.01, warm-up then cosine), seeds 0-2,
+paired by seed (a seed fixes the data order and the FISH targets of both arms):
+
+    (a) unpruned hashing baseline      eet(dkt=False, drg=False), no pruner
+    (b) CTP only                       the same loss, ctp()
+    (c) CTP + DKT                      eet(drg=False), ctp()
+    (d) full EET                       eet, ctp()
+
+``scenes`` (experiments/beds.py): the premise of EET holds there, 196 patches of which most are
+background or clutter; the scene bed's shortened schedule (100 steps of 64 scenes), 2 000 test queries
+against a fixed 5 000 training scenes. CTP keeps 98 / 49 / 12 patches after blocks 3 / 7 / 9. Beside
+the four arms:
+
+- FISH's sensitivity on the unpruned arm (16 bits): FISH solves its per-image targets by minimising
+  sigma ||L - P V||^2 + delta ||B - R V||^2, whose minimiser depends on delta / sigma only, so the study
+  varies delta at sigma = 1: the official 1e-4, then 1e-2 and 1 (no claim is declared on them).
+- (e) the oracle at CTP's counts, an evaluated arm: each of (b)'s checkpoints with ``ctp()`` swapped for
+  the ``oracle`` pruner at the same counts and blocks, which keeps the target garment's patches first
+  (the scene masks; methods/oracle.py), on the same weights and test scenes (experiments/
+  oracle_at_counts.py).
+- the speed of CTP against the unpruned model, one interleaved run of the eval pipeline (throughput at
+  batch 32, latency at batch 1; at 16 bits: the hash head's width does not move the backbone's cost),
+  the paper's -42.7% latency claim.
+
+``fmnist``: the ``fmnist-eet`` recipe (EET's optimiser scaled to 2 CPU cores: batch 64, 1 epoch on a
+fixed 10 000 training images, per-image FISH targets) from the ``fmnist-vit`` reference, the speed run
+as above, and recall@kept of ``ctp()`` on the reference (experiments/recall_at_kept.py).
+
+Compute plan (2 CPU cores): scenes at 16 bits 18 training runs x 2-6 min (the arms with DKT also train
+the unpruned teacher), the oracle arm x 3 (2 min each), the speed run (3 min): about 70 minutes; at 64
+bits 12 runs + 3 oracle evaluations: about 50 minutes. fmnist: 24 training runs x 3-5 min, speed and
+recall ~2 min each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...train.recipes import get_recipe
+from ..beds import FMNIST, SCENES, SMOKE_MEASURE, fmnist_smoke, scene_smoke, shortened
+from ..study import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
+
+_SOURCE = "EET, arXiv 2504.16691"
+_DB = "db_subset=5000"  # the scene bed: 2 000 test queries against a fixed 5 000 training scenes
+SEEDS = (0, 1, 2)
+_GRID = (Axis("bits", (16, 64), "b"), Axis("seed", SEEDS, "s"))
+_COLUMNS = (Col("map_asym", "mAP asym %"), Col("map_sym", "mAP sym %"), Col("p@100_asym", "P@100 asym %"),
+            Col("top1", "top-1 %"), Col("map_asym", "Δ mAP asym vs (a)", paired=True), Col("train_time_s", "wall s"))
+
+
+def _arms(db: str = "") -> dict[str, Arm]:
+    """The four arms, their task's retrieval database narrowed by ``db`` (task parameters)."""
+    more = f", {db}" if db else ""
+    plain = f"eet(dkt=False, drg=False{more})"  # 0.1 CE + MSE to the FISH codes: EET without its two parts
+    return {
+        "a_unpruned": Arm("(a) unpruned (hash baseline)", task=plain),
+        "b_ctp": Arm("(b) CTP only", task=plain, spec="ctp()"),
+        "c_ctp_dkt": Arm("(c) CTP + DKT", task=f"eet(drg=False{more})", spec="ctp()"),
+        "d_eet": Arm("(d) full EET (CTP + DKT + DRG)", task=f"eet({db})" if db else "eet", spec="ctp()"),
+    }
+
+
+def _speed(title: str) -> Measure:
+    return Measure("speed", reference="a_unpruned", at={"bits": 16, "seed": 0}, specs=("ctp()",),
+                   finetuned=("b_ctp",), title=title,
+                   columns=(Col("label", "label", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("map", "map"),
+                            Col("macs_speedup", "macs_speedup"), Col("img_per_s", "img_per_s", fmt="{:.0f}"),
+                            Col("speedup", "speedup"), Col("latency_ms", "latency_ms"),
+                            Col("latency_speedup", "latency_speedup")))
+
+
+#: the claims at 16 bits, the code length the paper's figures are quoted at
+_AT_16 = (
+    Expect("CTP alone lowers mAP", f"{_SOURCE}, Table IV (Stanford Cars, 16 bits)", arm="b_ctp",
+           baseline="a_unpruned", metric="map_asym", direction=-1, at={"bits": 16}, effect=79.96 - 82.85,
+           published="82.85 -> 79.96 mAP"),
+    Expect("full EET is at or above the unpruned baseline", f"{_SOURCE}, Table V (NABirds, 16 bits)",
+           arm="d_eet", baseline="a_unpruned", metric="map_asym", direction=1, margin=0.0, at={"bits": 16},
+           effect=63.45 - 58.30, published="58.30 -> 63.45 mAP"),
+    Expect("DKT + DRG recover mAP lost to CTP", f"{_SOURCE}, Table IV", arm="d_eet", baseline="b_ctp",
+           metric="map_asym", direction=1, at={"bits": 16}),
+    Expect("CTP falls short of the object-first oracle at its counts", "review of EET (the oracle arm)",
+           arm="e_oracle", baseline="b_ctp", metric="map_asym", direction=1, at={"bits": 16}),
+    Expect("DKT alone recovers mAP lost to CTP", f"{_SOURCE}, Table IV (the DKT row)", arm="c_ctp_dkt",
+           baseline="b_ctp", metric="map_asym", direction=1, at={"bits": 16}),
+)
+
+
+def _at_64(e: Expect) -> Expect:
+    """The same claim at 64 bits, where no published figure is quoted."""
+    return dataclasses.replace(e, at={"bits": 64}, effect=None, published="",
+                               source=f"{e.source}, re-tested at 64 bits")
+
+
+@register_study("eet")
+class EET(Study):
+    title = "EET: CTP, DKT and DRG"
+    claim = "CTP lowers retrieval mAP; DKT + DRG bring it back to the unpruned baseline or above"
+    source = f"{_SOURCE}, Tables IV-V"
+    expect = (*_AT_16, *map(_at_64, _AT_16))
+    beds = {
+        "scenes": Bed(
+            testbed=SCENES,
+            title="EET on the scene test bed: CTP, DKT and DRG, and the oracle at CTP's counts",
+            recipe=shortened(get_recipe("fmnist-eet")),
+            arms={
+                **_arms(_DB),
+                "e_oracle": Arm("(e) oracle at CTP's counts, (b)'s weights", evaluates="b_ctp",
+                                experiment="oracle_at_counts(subset=2000)"),
+                "a_fish_d1e-2": Arm("(a) with FISH delta = 1e-2",
+                                    task=f"eet(dkt=False, drg=False, fish_delta=0.01, {_DB})", only={"bits": (16,)}),
+                "a_fish_d1": Arm("(a) with FISH delta = 1", task=f"eet(dkt=False, drg=False, fish_delta=1.0, {_DB})",
+                                 only={"bits": (16,)}),
+            },
+            baseline="a_unpruned", grid=_GRID, split=("bits", "{} bits"), columns=_COLUMNS,
+            measures=(_speed("Speed: CTP against the unpruned model, one interleaved run (batch 32; latency at 1)"),),
+            smoke=scene_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE,
+                              probe={"subset": 16, "batch": 8}),
+            budget=("16 bits: 18 training runs x 2-6 min + 3 oracle evaluations x 2 min + 1 speed run x 3 min; "
+                    "64 bits: 12 training runs + 3 oracle evaluations; on 2 CPU cores: about 2 hours")),
+        "fmnist": Bed(
+            testbed=FMNIST,
+            title="EET on Fashion-MNIST: CTP, DKT and DRG",
+            recipe=get_recipe("fmnist-eet"),  # also `tokenreduce train --recipe fmnist-eet`
+            arms=_arms(), baseline="a_unpruned", grid=_GRID, split=("bits", "{} bits"), columns=_COLUMNS,
+            measures=(_speed("Speed: CTP against the unpruned model, one interleaved run"),),
+            probes=(Probe("recall", "recall_at_kept(spec='ctp()')", title="recall@kept: does CTP keep the object?",
+                          fmnist_only=True),),
+            smoke=fmnist_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE,
+                               probe={"images": 16, "seeds": (0,), "batch": 8}),
+            budget="24 training runs x 3-5 min on 2 CPU cores (two lanes of 1 thread), speed and recall runs ~2 min "
+                   "each"),
+    }
