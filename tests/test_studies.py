@@ -33,7 +33,8 @@ from tokenreduce.experiments.beds import TINY_FMNIST
 from tokenreduce.experiments.page import build_report
 from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.tables import summary, verdicts
-from tokenreduce.experiments.testbed import Testbed as Where  # not Test*: pytest would collect it
+from tokenreduce.experiments.testbed import Testbed as Where
+from tokenreduce.tasks.items import decode  # not Test*: pytest would collect it
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,6 +80,8 @@ def test_eet_smoke_runs_end_to_end(eet_smoke: Path):
     assert doc["id"] == "eet/fmnist/d_eet-b8-s1" and doc["bed"] == "fmnist"
     assert doc["point"] == {"bits": 8, "seed": 1} and doc["smoke"]
     assert doc["config"]["spec"] == "ctp()" and doc["metrics"]["bits"] == 8 and doc["provenance"]["torch"]
+    aps = decode(doc["metrics"]["items"]["map_asym"])  # the final evaluation's per-query results
+    assert aps.shape == (doc["metrics"]["n_query"],)
     assert runs["speed"]["result"]["results"][0]["label"] == "unpatched"
     assert runs["recall"]["result"]["blocks"]
     judged = verdicts(study, runs)

@@ -109,11 +109,14 @@ class Task(nn.Module):
         raise NotImplementedError
 
     def evaluate(self, model: nn.Module, data: Dataset, *, batch_size: int = 500,
-                 device: str | torch.device = "cpu", database: Dataset | None = None) -> dict[str, Any]:
+                 device: str | torch.device = "cpu", database: Dataset | None = None,
+                 items: bool = False) -> dict[str, Any]:
         """The task's metrics of ``model`` (patched or not) on ``data``, JSON-able; the primary one
-        under ``self.metric``, the number of evaluated items under ``n`` when it has one. Pure
-        inference. ``database``: what retrieval ranks against (the loop passes the unaugmented
-        training split, built only when read). In a torchrun process group every process passes
+        under ``self.metric``, the number of evaluated items under ``n`` when it has one. With
+        ``items`` also the per-item values the metrics are means of, under ``items`` (tasks/items.py;
+        a task whose metric is no mean over items, such as mIoU, gives none). Pure inference.
+        ``database``: what retrieval ranks against (the loop passes the unaugmented training split,
+        built only when read). In a torchrun process group every process passes
         the same ``data`` and gets the single-process result (see ``tasks._dist``)."""
         raise NotImplementedError
 

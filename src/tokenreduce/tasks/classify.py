@@ -21,6 +21,7 @@ from ..core.errors import SpecError, TokenReduceError
 from ..core.method import Reducer
 from . import _dist
 from .base import Task, TaskContext, TaskOutput, register_task
+from .items import encode
 
 DISTILL_KINDS = ("logits", "tokens")
 
@@ -187,24 +188,32 @@ class Classify(Task):
 
     @torch.inference_mode()
     def evaluate(self, model: nn.Module, data: Dataset, *, batch_size: int = 500,
-                 device: str | torch.device = "cpu", database: Dataset | None = None) -> dict[str, Any]:
+                 device: str | torch.device = "cpu", database: Dataset | None = None,
+                 items: bool = False) -> dict[str, Any]:
         """Top-1 accuracy (percent) and mean cross-entropy of ``model`` over ``data``:
-        ``{'top1', 'loss', 'n'}``. In a torchrun process group each process reads its shard and
-        the correct / loss / image counts are summed, so the result equals one process's."""
+        ``{'top1', 'loss', 'n'}`` (with ``items``: each image's correct or not, ``items['top1']``). In
+        a torchrun process group each process reads its shard and the correct / loss / image counts
+        are summed, so the result equals one process's."""
         was_training = model.training
         model.eval()
         device = torch.device(device)
         sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, images
+        hits = []
         try:
             for images, labels in _dist.shard_loader(data, batch_size):
                 images, labels = images.to(device), labels.to(device)
                 logits = model(images)
+                hit = logits.argmax(-1) == labels
                 sums[0] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
-                sums[1] += (logits.argmax(-1) == labels).sum().item()
+                sums[1] += hit.sum().item()
                 sums[2] += labels.numel()
+                hits.append(hit.float())  # float: every backend gathers it
         finally:
             model.train(was_training)
         loss, correct, n = _dist.all_reduce_sum(sums).tolist()
         if n == 0:
             raise TokenReduceError("evaluation set is empty")
-        return {"top1": 100.0 * correct / n, "loss": loss / n, "n": int(n)}
+        out = {"top1": 100.0 * correct / n, "loss": loss / n, "n": int(n)}
+        if items:
+            out["items"] = {"top1": encode(_dist.gather_shards(torch.cat(hits), int(n)) > 0.5)}
+        return out

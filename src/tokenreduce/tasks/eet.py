@@ -330,12 +330,13 @@ class EET(Hash):
     # -- evaluation
 
     def evaluate(self, model: nn.Module, data: Dataset, *, batch_size: int = 500,
-                 device: str | torch.device = "cpu", database: Dataset | None = None) -> dict[str, Any]:
+                 device: str | torch.device = "cpu", database: Dataset | None = None,
+                 items: bool = False) -> dict[str, Any]:
         """The hash task's retrieval metrics against the FISH targets (solved first if a bound
         training run has not done so yet)."""
         if self.image_labels.numel():
             self._ensure_codes()
-        return super().evaluate(model, data, batch_size=batch_size, device=device, database=database)
+        return super().evaluate(model, data, batch_size=batch_size, device=device, database=database, items=items)
 
 
 def export_teacher(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:

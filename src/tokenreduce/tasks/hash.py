@@ -67,6 +67,7 @@ from . import _dist
 from . import retrieval as R
 from .base import Task, TaskContext, TaskOutput, dataset_labels, register_task
 from .classify import _capture
+from .items import encode
 
 Targets = Literal["class", "image"]
 TARGETS: tuple[str, ...] = get_args(Targets)
@@ -324,9 +325,12 @@ class Hash(Task):
 
     @torch.inference_mode()
     def evaluate(self, model: nn.Module, data: Dataset, *, batch_size: int = 500,
-                 device: str | torch.device = "cpu", database: Dataset | None = None) -> dict[str, Any]:
+                 device: str | torch.device = "cpu", database: Dataset | None = None,
+                 items: bool = False) -> dict[str, Any]:
         """Retrieval metrics of ``model`` + this task's hash head: ``data`` = queries,
-        ``database`` = the training set (module docstring: protocols, keys, units)."""
+        ``database`` = the training set (module docstring: protocols, keys, units). With ``items``:
+        each query's correct or not (``top1``) and AP per protocol (``map_<p>``; NaN for a query with
+        no relevant item, which the mean leaves out), under ``items``."""
         if not hasattr(self, "head"):
             raise TokenReduceError("hash: bind the task to a model before evaluating")
         device = torch.device(device)
@@ -344,24 +348,31 @@ class Hash(Task):
                 raise TokenReduceError("hash evaluation: the query set is empty")
             out: dict[str, Any] = {"bits": self.cfg.bits, "n_query": int(q_codes.shape[0]), "n_db": int(len(rows)),
                                    "top1": 100.0 * correct.float().mean().item(), "protocols": protos}
+            per_item = {"top1": encode(correct > 0.5)}
             for p in protos:
                 if p == "asym":
                     db_codes = self._asym_codes(db_labels, rows).to(device)
                     labels = db_labels.to(device)
                 else:
                     db_codes, labels, _ = self._encode(model, db_items, batch_size, device)
-                out.update(self._metrics(p, q_codes, q_labels, db_codes, labels))
+                metrics, aps = self._metrics(p, q_codes, q_labels, db_codes, labels)
+                out.update(metrics)
+                per_item[f"map_{p}"] = encode(aps)
         finally:
             model.train(was_training)
         out["map"] = out[f"map_{protos[0]}"]
+        if items:
+            out["items"] = per_item
         return out
 
-    def _metrics(self, p: str, q: Tensor, ql: Tensor, db: Tensor, dl: Tensor) -> dict[str, Any]:
-        mean_ap, prec = R.map_and_precision(q, ql, db, dl, ks=self.cfg.ks)
-        out: dict[str, Any] = {f"map_{p}": 100.0 * mean_ap}
-        out.update({f"p@{k}_{p}": 100.0 * v for k, v in prec.items()})
+    def _metrics(self, p: str, q: Tensor, ql: Tensor, db: Tensor, dl: Tensor) -> tuple[dict[str, Any], Tensor]:
+        """Protocol ``p``'s metrics, and each query's AP (Q,)."""
+        per_query = R.per_query_ap_and_precision(q, ql, db, dl, ks=self.cfg.ks)
+        out: dict[str, Any] = {f"map_{p}": 100.0 * R.mean_defined(per_query[:, 0], "mAP")}
+        out.update({f"p@{k}_{p}": 100.0 * R.mean_defined(per_query[:, 1 + i], f"precision@{k}")
+                    for i, k in enumerate(self.cfg.ks)})
         out[f"pr_{p}"] = R.pr_curve(q, ql, db, dl)
-        return out
+        return out, per_query[:, 0]
 
     def plot(self, metrics: dict[str, Any], out_dir: str | Path) -> list[Path]:
         """``pr_<bits>bits.png`` under ``out_dir``: the precision-recall curve of each protocol."""

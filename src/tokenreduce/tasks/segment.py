@@ -214,11 +214,13 @@ class Segment(Task):
 
     @torch.inference_mode()
     def evaluate(self, model: nn.Module, data: Dataset, *, batch_size: int = 500,
-                 device: str | torch.device = "cpu", database: Dataset | None = None) -> dict[str, Any]:
+                 device: str | torch.device = "cpu", database: Dataset | None = None,
+                 items: bool = False) -> dict[str, Any]:
         """``{'miou', 'pixel_acc', 'iou_per_class', 'n'}`` (percent; ``iou_per_class[k]`` None for a
         class absent from prediction and ground truth) of ``model`` with this task's head on
         ``data`` (image, mask) pairs. A patched model is switched to dense output in place. In a
-        torchrun process group the confusion matrices of the shards are summed."""
+        torchrun process group the confusion matrices of the shards are summed. mIoU is no mean over
+        images, so ``items`` adds nothing."""
         if not hasattr(self, "head"):
             raise TokenReduceError("segment: bind the task to a model before evaluating (it owns the head)")
         make_dense(model)

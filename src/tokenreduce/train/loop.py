@@ -517,10 +517,12 @@ class _Run:
             if self.stop.requested:
                 self._interrupt(saved=False)
 
-    def _evaluate(self) -> dict[str, Any]:
+    def _evaluate(self, items: bool = False) -> dict[str, Any]:
+        """The task's evaluation on the test items; with ``items`` (the run's last) their per-item values
+        too, which the run's record keeps (tasks/items.py)."""
         with _autocast(self.device, self.cfg.amp):
             return self.task.evaluate(self.model, self.eval_ds, batch_size=self.cfg.eval_batch_size,
-                                      device=self.device, database=self.database)
+                                      device=self.device, database=self.database, items=items)
 
     def _end_epoch(self, bar: Progress) -> None:
         cfg = self.cfg
@@ -533,7 +535,7 @@ class _Run:
         _check_finite(row, f"(the mean over epoch {row['epoch']})")
         last = self.epoch + 1 == cfg.epochs
         if last or (cfg.eval_every and (self.epoch + 1) % cfg.eval_every == 0):
-            self.last_eval = self._evaluate()
+            self.last_eval = self._evaluate(items=last)
             test = _scalars(self.last_eval)
             _check_finite({f"test {k}": v for k, v in test.items()}, f"in the evaluation after epoch {row['epoch']} "
                           f"(step {self.step})")

@@ -1,0 +1,48 @@
+"""Per-item results of an evaluation: what a metric is the mean of, one value per test item, in the
+data's order, stored in a run record so that its intervals can include test-item sampling.
+
+An evaluation asked for them (``Task.evaluate(..., items=True)``) returns ``metrics["items"]``: metric
+name -> :func:`encode`\\ d values, e.g. ``{"top1": <1/0 per image>, "map_asym": <AP per query>}``; the
+metric is 100 x the mean of its items. Encoded compactly (a record stays readable JSON, one line per
+metric): booleans as packed bits, reals as float32, both base64.
+
+    encode(values)      (n,) bool or float tensor / array -> {"dtype", "n", "data"}
+    decode(entry)       -> (n,) float64 array (booleans as 0.0 / 1.0)
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core.errors import TokenReduceError
+
+
+def encode(values: torch.Tensor | np.ndarray) -> dict[str, Any]:
+    """One metric's per-item values (n,): booleans (correct or not) or reals (an AP per query)."""
+    a = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    a = a.reshape(-1)
+    if a.dtype == np.bool_:
+        return {"dtype": "bool", "n": int(a.size), "data": base64.b64encode(np.packbits(a).tobytes()).decode()}
+    return {"dtype": "float32", "n": int(a.size),
+            "data": base64.b64encode(a.astype("<f4").tobytes()).decode()}
+
+
+def decode(entry: dict[str, Any]) -> np.ndarray:
+    """The (n,) values :func:`encode` stored, as float64."""
+    try:
+        raw, n, dtype = base64.b64decode(entry["data"]), int(entry["n"]), entry["dtype"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise TokenReduceError(f"per-item results: not an encoded entry ({e})") from e
+    if dtype == "bool":
+        out = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:n].astype(np.float64)
+    elif dtype == "float32":
+        out = np.frombuffer(raw, dtype="<f4").astype(np.float64)
+    else:
+        raise TokenReduceError(f"per-item results: unknown dtype {dtype!r}; choose from bool, float32")
+    if out.size != n:
+        raise TokenReduceError(f"per-item results: {out.size} values stored, {n} declared")
+    return out
