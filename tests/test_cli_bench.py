@@ -118,6 +118,7 @@ def test_list_names_every_registered_method_and_task(capsys):
         assert any(line.strip().startswith(f"metric {get_task(name).metric};") for line in lines), name
 
 
+@pytest.mark.slow  # the compiled graphs themselves: tests/test_compile.py (one graph per method, eager outputs)
 def test_bench_backend_compile_times_every_case_compiled(tmp_path, capsys, monkeypatch):
     import functools
 

@@ -78,7 +78,7 @@ def check_three_ways(spec: str, tmp_path, compile_backend: str) -> None:
     assert max(res.graph_tokens) == 64 + 1  # nothing larger than the unreduced sequence
 
 
-@pytest.mark.parametrize("spec", FAST)
+@pytest.mark.parametrize("spec", [FAST[0], pytest.param(FAST[1], marks=pytest.mark.slow)])  # the prune: slow tier
 def test_eager_compiled_and_onnxruntime_agree(spec: str, tmp_path):
     check_three_ways(spec, tmp_path, "eager")  # dynamo capture; inductor in the slow test
     model = tr.apply(make_host("deit"), spec)

@@ -1,109 +1,274 @@
-"""The studies' statistics (experiments/stats.py): Student's t against closed forms and tables, the paired
-t-test, the bootstrap interval and the verdict rule on synthetic results."""
+"""The studies' statistics (experiments/stats.py) on synthetic data with a known truth, and how the tables
+(experiments/tables.py) map claims to tests, adjusted p-values and verdicts."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
+from tokenreduce.core.errors import SpecError
 from tokenreduce.experiments import stats
 
 
-@pytest.mark.parametrize("t", [-3.0, -0.4, 0.0, 0.7, 2.5, 12.0])
-def test_t_cdf_matches_closed_forms(t: float):
-    assert stats.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)  # Cauchy
-    assert stats.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+def test_the_t_interval_covers_the_true_mean_at_its_nominal_rate():
+    rng = np.random.default_rng(0)
+    for n, confidence in ((3, 0.95), (5, 0.90)):
+        hits = 0
+        for _ in range(2000):
+            lo, hi = stats.paired_t_interval(rng.normal(1.5, 2.0, n).tolist(), confidence)
+            hits += lo <= 1.5 <= hi
+        assert abs(hits / 2000 - confidence) <= 0.02, (n, hits / 2000)
 
 
-@pytest.mark.parametrize(("q", "df", "expected"), [
-    (0.95, 2, 2.919985580), (0.975, 10, 2.228138852), (0.995, 30, 2.749995654), (0.9, 5, 1.475884049),
-])
-def test_t_quantiles_match_the_tables(q: float, df: int, expected: float):
-    assert stats.t_ppf(q, df) == pytest.approx(expected, abs=1e-6)
-    assert stats.t_cdf(expected, df) == pytest.approx(q, abs=1e-9)
-
-
-def test_incomplete_beta_known_values():
-    assert stats.betainc(2, 3, 0.4) == pytest.approx(0.5248, abs=1e-12)  # 1 - (1-x)^4 - 4x(1-x)^3
-    assert stats.betainc(1, 1, 0.3) == pytest.approx(0.3, abs=1e-12)
-    assert stats.betainc(0.5, 0.5, 0.5) == pytest.approx(0.5, abs=1e-12)
-
-
-def test_paired_t_and_summary():
-    diffs = [-7.0, -5.0, -9.0]  # mean -7, sd 2, t = -7 / (2 / sqrt 3)
-    test = stats.paired_t(diffs)
-    assert test.t == pytest.approx(-7 / (2 / math.sqrt(3)))
-    assert test.df == 2 and test.p_less == pytest.approx(stats.t_cdf(test.t, 2))
-    assert test.p_two == pytest.approx(2 * test.p_less)
+def test_the_paired_t_test_and_interval_agree_and_summarize():
+    diffs = [-7.0, -5.0, -9.0]  # mean -7, sd 2
+    lo, hi = stats.paired_t_interval(diffs, 0.95)
+    assert (lo + hi) / 2 == pytest.approx(-7.0) and hi - lo == pytest.approx(2 * 4.302653 * 2 / math.sqrt(3), 1e-5)
+    # the interval excludes a value exactly when the two-sided test at its level rejects it
+    assert stats.paired_t_test(diffs, hi + 1e-6) < 0.05 < stats.paired_t_test(diffs, hi - 1e-6)
+    assert stats.paired_t_test(diffs, 0, "less") == pytest.approx(stats.paired_t_test(diffs, 0) / 2)
+    assert stats.paired_t_test([1.0]) is None and stats.paired_t_interval([1.0]) is None
+    assert stats.paired_t_test([2.0, 2.0, 2.0], 0, "greater") == 0.0  # no spread: the sign is certain
     assert stats.summarize([1.0, 2.0, 3.0]).text() == "2.00 ± 1.00"
     assert stats.summarize([4.0]).text() == "4.00 (n = 1)" and stats.summarize([]).text() == "-"
-    assert stats.paired_t([1.0]).t is None
 
 
-def test_bootstrap_ci_is_fixed_and_brackets_the_mean():
-    values = [1.0, 2.0, 4.0, 3.5, 2.2]
-    lo, hi = stats.bootstrap_ci(values)
-    assert lo < sum(values) / len(values) < hi
-    assert stats.bootstrap_ci(values) == (lo, hi)  # a fixed seed: rebuilt tables are identical
-    assert stats.bootstrap_ci([1.0]) is None
+def _holm_by_hand(p: list[float]) -> list[float]:
+    order, m, out, running = sorted(range(len(p)), key=p.__getitem__), len(p), [0.0] * len(p), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
 
 
-def test_verdicts_on_synthetic_results():
-    # the claim: the arm lowers the metric (direction -1), published effect -3
-    reproduced = stats.verdict([-3.1, -2.9, -3.3], direction=-1, effect=-3.0)
-    assert reproduced.word == "reproduced" and "n = 3" in reproduced.why
-    contradicted = stats.verdict([3.1, 2.9, 3.3], direction=-1, effect=-3.0)
-    assert contradicted.word == "contradicted"
-    # no significant difference, yet a difference of 3 would have been seen at this spread: not reproduced
-    not_reproduced = stats.verdict([0.1, -0.1, 0.05, -0.05], direction=-1, effect=-3.0)
-    assert not_reproduced.word == "not reproduced" and not_reproduced.detectable < 3.0
-    # the same null result with a spread too large to see an effect of 3: inconclusive, saying why
-    noisy = stats.verdict([4.0, -5.0, 1.0], direction=-1, effect=-3.0)
-    assert noisy.word == "inconclusive" and noisy.detectable > 3.0 and "smallest difference" in noisy.why
-    assert stats.verdict([1.0], direction=1).word == "inconclusive"
-    assert stats.verdict([0.1, -0.1, 0.05], direction=1).word == "inconclusive"  # no published size
+def _bh_by_hand(p: list[float]) -> list[float]:
+    order, m, out, running = sorted(range(len(p)), key=p.__getitem__, reverse=True), len(p), [0.0] * len(p), 1.0
+    for k, i in enumerate(order):
+        running = min(running, p[i] * m / (m - k))
+        out[i] = running
+    return out
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_holm_and_benjamini_hochberg_match_the_step_procedures(seed: int):
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.random.default_rng(seed).uniform(0, 0.2, 1 + 7 * seed).tolist()
+    assert stats.holm(p) == pytest.approx(_holm_by_hand(p))
+    assert stats.holm(p) == pytest.approx(multipletests(p, method="holm")[1])
+    assert stats.benjamini_hochberg(p) == pytest.approx(_bh_by_hand(p))
+    assert stats.benjamini_hochberg(p) == pytest.approx(multipletests(p, method="fdr_bh")[1])
+
+
+def test_tost_finds_a_pinned_difference_equivalent_and_a_loose_one_not():
+    pinned = [-0.05, 0.02, 0.08, -0.01, 0.03]  # within a few hundredths of 0
+    loose = [-1.5, 1.2, 0.4, -0.9, 1.0]  # mean near 0 too, but spread over ±1.5
+    assert stats.tost(pinned, -0.5, 0.5) < 0.025 < stats.tost(loose, -0.5, 0.5)
+    v = stats.verdict(pinned, direction=1, delta=0.5)
+    assert v.word == "equivalent" and v.label == "equivalent within ±0.5"
+    assert stats.verdict(loose, direction=1, delta=0.5).word == "inconclusive"
+    assert stats.verdict(pinned, direction=1).word == "inconclusive"  # no bound declared: no equivalence test
+    assert stats.verdict(pinned, kind="equivalent", direction=1, margin=0.5).word == "reproduced"
+
+
+def test_not_reproduced_only_from_a_test_that_rejects_the_published_effect():
+    # d near 0 with a tight spread: the published +3 is rejected -> not reproduced
+    tight = stats.verdict([0.1, -0.1, 0.05, -0.05], direction=1, effect=3.0)
+    assert tight.word == "not reproduced" and tight.p("effect")[0] < 0.05
+    # compatible with both 0 and the published +0.79 (ImagePiece in front of ToMe on Fashion-MNIST) -> inconclusive
+    wide = stats.verdict([0.93, 0.05, 0.25], direction=1, effect=0.79)
+    assert wide.word == "inconclusive" and wide.p("effect")[0] > 0.05
+    assert stats.verdict([0.1, -0.1, 0.05, -0.05], direction=1).word == "inconclusive"  # no published size
+
+
+def test_the_claims_test_decides_reproduced_and_contradicted_two_sided():
+    assert stats.verdict([-3.1, -2.9, -3.3], direction=-1, effect=-3.0).word == "reproduced"
+    assert stats.verdict([3.1, 2.9, 3.3], direction=-1, effect=-3.0).word == "contradicted"
+    # one-sided p 0.034 (< 0.05, the previous rule's "reproduced"), two-sided 0.068: not at 0.05 two-sided
+    v = stats.verdict([4.0, 3.9, 1.4], direction=1)
+    assert 0.05 < v.p()[0] < 0.1 and v.word == "inconclusive"
+    # a non-inferiority claim: a loss well inside the margin is non-inferior
+    ni = stats.verdict([-0.1, 0.0, -0.05, -0.08], kind="noninferior", direction=1, margin=-0.5)
+    assert ni.word == "reproduced" and ni.tests[0].text.startswith("non-inferiority")
+    # the adjusted p decides, the raw one is kept
+    adj = stats.verdict([-3.1, -2.9, -3.3], direction=-1, adjusted=[0.2])
+    assert adj.word == "inconclusive" and adj.p()[1] == 0.2 and adj.p()[0] < 0.01
     with pytest.raises(ValueError):
         stats.verdict([1.0, 2.0], direction=0)
-
-
-def test_smallest_detectable_effect():
-    # t_{0.95, 2} sd / sqrt(3): the difference a 3-seed one-sided test at 0.05 needs
-    assert stats.smallest_detectable(1.0, 3, 0.05) == pytest.approx(2.919985580 / math.sqrt(3), abs=1e-6)
-    assert stats.smallest_detectable(None, 1, 0.05) is None
 
 
 def test_one_paired_value_is_inconclusive_with_its_reason_and_no_nan():
     one = stats.verdict([2.5], direction=1, effect=3.0)
     assert one.word == "inconclusive" and one.why.startswith("n = 1: no test possible")
-    assert one.test.n == 1 and one.test.t is None and one.detectable is None and one.ci is None
-    assert stats.summarize([2.5]).text() == "2.50 (n = 1)"
-    with pytest.raises(ValueError, match="df > 0"):  # no t distribution with 0 degrees of freedom
-        stats.t_ppf(0.95, 0)
+    assert one.n == 1 and one.tests == () and one.interval is None and one.p() is None
 
 
-def _one_seed_study():
-    from tokenreduce.experiments import Arm, Axis, Bed, Col, Expect, Study
+def test_the_paired_item_bootstrap_is_centred_on_the_t_intervals_centre_and_widens_with_item_noise():
+    rng = np.random.default_rng(1)
+    n_items, shifts = 2000, [0.02, 0.04, 0.03]  # per seed the arm is 2-4 points better on the same items
 
-    class OneSeed(Study):  # not registered: its tables read only the declarations and the runs given
-        name = "one_seed"
-        beds = {"any": Bed(arms={"a": Arm("(a)"), "b": Arm("(b)")}, baseline="a", grid=(Axis("seed", (0, 1, 2), "s"),),
-                           columns=(Col("m", "m"), Col("m", "Δ m", paired=True)))}
-        expect = (Expect("b above a", "synthetic", arm="b", baseline="a", metric="m", direction=1, effect=2.0),)
+    def seeds(noise: float):
+        base = [rng.random(n_items) for _ in shifts]
+        arm = [b + s + rng.normal(0, noise, n_items) for b, s in zip(base, shifts, strict=True)]
+        return arm, base
 
-    return OneSeed()
+    arm, base = seeds(0.05)
+    arm[0][:10] = np.nan  # items without a value are left out of the mean
+    diffs = [100 * (np.nanmean(a) - np.nanmean(b)) for a, b in zip(arm, base, strict=True)]
+    lo, hi, centre = stats.paired_item_bootstrap(arm, base, seed=0)
+    t_lo, t_hi = stats.paired_t_interval(diffs)
+    assert centre == pytest.approx((t_lo + t_hi) / 2, abs=0.05) and lo < centre < hi
+    assert stats.paired_item_bootstrap(arm, base, seed=0) == (lo, hi, centre)  # fixed seed: the same bytes
+    noisy = stats.paired_item_bootstrap(*seeds(0.5), seed=0)
+    assert noisy[1] - noisy[0] > hi - lo
+    assert stats.paired_item_bootstrap(arm[:1], base[:1]) is None
+
+
+def test_power_before_running():
+    n = stats.seeds_for_power(1.0, 1.0)  # detect 1 sd, one-sided at 0.025, 80%
+    assert stats.power_paired_t(1.0, 1.0, n) >= 0.8 > stats.power_paired_t(1.0, 1.0, n - 1)
+    assert n == 10
+
+
+# ----------------------------------------------------------------------------- claims -> tests -> verdicts
+
+
+def _study(expect, arms=("a", "b", "c"), measures=(), name="synthetic"):
+    from tokenreduce.experiments import Arm, Axis, Bed, Col, Study
+
+    class Synthetic(Study):  # not registered: its tables read only the declarations and the runs given
+        pass
+    Synthetic.name = name
+    Synthetic.expect = tuple(expect)
+    Synthetic.beds = {"any": Bed(arms={a: Arm(f"({a})") for a in arms}, baseline=arms[0], measures=measures,
+                                 grid=(Axis("seed", (0, 1, 2), "s"),),
+                                 columns=(Col("m", "m"), Col("m", "Δ m", paired=True)))}
+    return Synthetic()
+
+
+def _runs(values: dict[str, list[float]]) -> dict[str, dict]:
+    return {f"{arm}-s{s}": {"metrics": {"m": v}} for arm, vs in values.items() for s, v in enumerate(vs)}
 
 
 def test_a_study_with_one_seed_done_renders_its_tables_and_verdicts():
+    from tokenreduce.experiments import Expect
     from tokenreduce.experiments.tables import summary, verdict_table
 
-    study = _one_seed_study()
+    study = _study([Expect("b above a", "synthetic", arm="b", baseline="a", metric="m", direction=1, effect=2.0)])
     runs = {"a-s0": {"metrics": {"m": 1.0}}, "b-s0": {"metrics": {"m": 3.5}}}
-    lines = verdict_table(study, runs)  # divided by zero in Student's t at df 0 before
+    lines = verdict_table(study, runs)
     row = next(line for line in lines if line.startswith("| b above a"))
-    assert "2.50 (n = 1)" in row and "**inconclusive**" in row and "| - |" in row  # no bootstrap interval
+    assert "2.50 (n = 1)" in row and "**inconclusive**" in row and "| - | - |" in row  # no interval, no p
     assert any("n = 1: no test possible" in line for line in lines)
-    assert not any("degree(s) of freedom" in line for line in lines)  # no t-test to explain
     text = summary(study, runs)
     assert "| (b) | 0 (1, 2 not run) | 3.50 (n = 1) | 2.50 (n = 1) |" in text
-    assert "nan" not in text.lower() and " ± " not in text.replace("(mean ± std)", "")
+    assert "nan" not in text.lower() and "95% t-interval" in text and "seed-level only" in text
+
+
+def test_verdicts_decide_on_holm_within_the_study_and_bh_over_the_report():
+    from tokenreduce.experiments import Expect
+    from tokenreduce.experiments.tables import judge
+
+    one = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
+                  Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=5.0)])
+    other = _study([Expect("c above b", "s", arm="c", baseline="b", metric="m", direction=1)], name="other")
+    runs = _runs({"a": [0, 0, 0], "b": [1.0, 1.1, 0.9], "c": [3.0, 1.0, 2.2]})
+    judgement = judge([(one, runs), (other, runs)])
+    mine, theirs = judgement.judged["synthetic/any"], judgement.judged["other/any"]
+    raw_one = [h.p for j in mine for h in j.verdict.tests]  # b: its test; c: its test and the published effect's
+    raw_other = [h.p for j in theirs for h in j.verdict.tests]
+    bh = _bh_by_hand(raw_one + raw_other)
+    holm = _holm_by_hand(raw_one) + _holm_by_hand(raw_other)
+    shown = [a for j in (*mine, *theirs) for a in j.verdict.adjusted]
+    assert shown == pytest.approx([max(h, b) for h, b in zip(holm, bh, strict=True)])
+    assert judgement.holm == {"synthetic": 3, "other": 1} and judgement.bh == 4
+    for j in (*mine, *theirs):  # the word follows the adjusted p of the claim's test; the raw p stays beside it
+        raw, adjusted = j.verdict.p()
+        assert raw <= adjusted and (j.verdict.word in ("reproduced", "contradicted")) == (adjusted < 0.05)
+    assert mine[0].verdict.word == "reproduced" and mine[0].verdict.p()[0] < 0.05 / 3
+
+
+def test_a_family_claim_pools_its_members_per_seed():
+    from tokenreduce.experiments import Expect
+    from tokenreduce.experiments.tables import verdict_table, verdicts
+
+    fam = "every arm above a"
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1, family=fam),
+                    Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, family=fam)])
+    runs = _runs({"a": [0, 0, 0], "b": [1.0, 2.0, 0.5], "c": [3.0, 1.0, 2.5]})
+    judged = verdicts(study, runs)
+    family = next(j for j in judged if j.members)
+    assert family.claim == fam and family.members == 2 and family.diffs == pytest.approx([2.0, 1.5, 1.5])
+    assert any("a family claim" in line for line in verdict_table(study, runs))
+    with pytest.raises(SpecError, match="mixes"):
+        verdicts(_study([Expect("b", "s", arm="b", baseline="a", metric="m", direction=1, family=fam),
+                         Expect("c", "s", arm="c", baseline="a", metric="m", direction=-1, family=fam)]), runs)
+
+
+def test_equal_measured_speed_is_checked_from_the_speed_record():
+    from tokenreduce.experiments import Expect, Measure
+    from tokenreduce.experiments.tables import claim_text
+
+    study = _study([Expect("b beats c {at_speed}", "s", arm="b", baseline="c", metric="m", direction=1,
+                           speed=("speed", 0.05))],
+                   measures=(Measure("speed", reference=None, at={"seed": 0}, finetuned=("b", "c")),))
+
+    def record(b: float, c: float) -> dict:
+        rows = [{"kind": "fine-tuned", "speedup": v, "runs": [{"run": f"{arm}-s0"}]} for arm, v in (("b", b), ("c", c))]
+        return {"speed": {"result": {"results": [{"kind": "unpatched", "speedup": 1.0, "runs": []}, *rows]}}}
+
+    e = study.expect[0]
+    assert claim_text(study, record(1.44, 1.47), e) == \
+        "b beats c at equal measured speed (1.44x and 1.47x, within 0.05x)"
+    assert claim_text(study, record(1.37, 1.47), e) == \
+        "b beats c at its own pick (measured 1.37x against 1.47x: not within 0.05x)"
+    assert "at its own pick" in claim_text(study, {}, e)
+    with pytest.raises(SpecError, match="at_speed"):
+        Expect("b beats c at equal speed", "s", arm="b", baseline="c", metric="m", direction=1, speed=("speed", 0.05))
+
+
+def test_margins_and_power_plans_are_declared_with_their_reasons():
+    from tokenreduce.experiments import Expect
+    from tokenreduce.experiments.study import Power
+    from tokenreduce.experiments.tables import verdicts
+
+    with pytest.raises(SpecError, match="losing side"):
+        Expect("costs nothing", "s", arm="b", baseline="a", metric="m", direction=1, kind="noninferior", margin=0.5,
+               why="x")
+    with pytest.raises(SpecError, match="why"):
+        Expect("costs nothing", "s", arm="b", baseline="a", metric="m", direction=1, kind="noninferior", margin=-0.5)
+    plan = Power(effect=1.0, sd=1.0, pilot="the pilot study's three seeds")
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1, power=plan),
+                    Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=2.0)])
+    judged = verdicts(study, _runs({"a": [0, 0, 0], "b": [1.0, 2.0, 0.5], "c": [3.0, 1.0, 2.5]}))
+    assert "power plan (declared before the runs): n = 10 seeds give 80% power" in judged[0].why
+    assert "the pilot study's three seeds" in judged[0].why and "post hoc" not in judged[0].why
+    assert "no power plan was declared before the runs; post hoc" in judged[1].why
+
+
+def test_the_previous_rule_is_kept_only_to_list_what_changed():
+    from tokenreduce.experiments import Expect
+    from tokenreduce.experiments.tables import judge, previous_verdict, what_changed
+
+    e = Expect("b below a", "s", arm="b", baseline="a", metric="m", direction=-1, effect=-3.0)
+    # neither side significant, the spread small against 3: the old rule's post-hoc "not reproduced" ...
+    assert previous_verdict([0.1, -0.1, 0.05, -0.05], e)[0] == "not reproduced"
+    assert previous_verdict([4.0, -5.0, 1.0], e)[0] == "inconclusive"
+    assert previous_verdict([4.0, 3.9, 1.4], Expect("b above a", "s", arm="b", baseline="a", metric="m",
+                                                    direction=1))[0] == "reproduced"  # one-sided 0.034 at 0.05
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)])
+    runs = _runs({"a": [0, 0, 0], "b": [4.0, 3.9, 1.4]})
+    lines = what_changed(judge([(study, runs)]), [(study, runs)])
+    assert len(lines) == 3 and "| reproduced | **inconclusive** |" in lines[2] and "each side at 0.025" in lines[2]
+
+
+def test_the_provenance_note_names_uncommitted_and_unrecorded_code():
+    from tokenreduce.experiments.page import provenance_note
+
+    runs = {"a-s0": {"provenance": {"git": "abc-dirty"}}, "a-s1": {"provenance": {"git": "abc"}},
+            "a-s2": {"metrics": {"provenance": {"git": "def-dirty"}}}, "a-s3": {"run": {}}}
+    note = provenance_note(runs)
+    assert "2 of its 4 runs were made from uncommitted code" in note and "1 of its 4 runs record no git" in note
+    assert provenance_note({"a-s1": {"provenance": {"git": "abc"}}}) == ""

@@ -4,6 +4,7 @@ seed), the oracle at a trained pruner's counts on the same weights, the syntheti
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ def _scenes(name: str, new: str, keep: tuple[str, ...] | None = None, **over) ->
 
 #: two trained arms and the evaluated oracle arm of the scene EET study, one seed
 _scenes("eet", "_tiny_oracle_test", ("a_unpruned", "b_ctp", "e_oracle"), measures=(),
-        smoke=dataclasses.replace(get_study("eet").beds["scenes"].smoke, grid={"bits": (8,), "seed": (0,)}))
+        smoke=dataclasses.replace(get_study("eet").beds["scenes"].smoke, grid={"bits": (8,), "seed": (0,),
+                                                                                "steps": (100,)}))
 
 
 @pytest.fixture(scope="module")
@@ -201,9 +203,14 @@ def test_a_measure_reads_the_runs_records_and_needs_no_checkpoint(tmp_path: Path
     rows = _fine_tuned(runs["speed"])
     notes = {label.split(" [")[1] for label in rows}
     assert notes == {"fine-tuned x1]", "stem conv(norm='bn'), fine-tuned x1]"}
-    ref = ev.load_reference(runs["none-s0"]["metrics"]["checkpoint"])  # the smoke bed's reference: its baseline
+    from tokenreduce.experiments.records import resolve
+
+    def checkpoint(run: str) -> str:  # a record's path, written from the study's checkpoint folder
+        return resolve(runs[run]["metrics"]["checkpoint"], runner.layout)
+
+    ref = ev.load_reference(checkpoint("none-s0"))  # the smoke bed's reference: its baseline
     data = ev.load_data(ref, data_dir=runner.study.eval_items(runner.layout.checkpoints)[0], subset=16)
-    paths = [runs[f"{a}-s0"]["metrics"]["checkpoint"] for a in ("imagepiece", "conv_imagepiece")]
+    paths = [checkpoint(f"{a}-s0") for a in ("imagepiece", "conv_imagepiece")]
     direct = evaluate_cases(ref.model, data.test, ev.finetuned_cases(paths, ref), task=ref.task,
                             speed={"batch": 2, "warmup": 0, "repeats": 1, "threads": 1})
     for row in (r for r in direct if r["kind"] == "fine-tuned"):
@@ -255,3 +262,41 @@ def test_a_summary_says_when_its_runs_were_made_on_several_machines():
             for i, cpu in enumerate(["AMD EPYC", "AMD EPYC", "Intel Xeon"])}
     assert "made on 2 machines (AMD EPYC: 2 runs; Intel Xeon: 1 run)" in "".join(machines_text(runs))
     assert machines_text({k: runs[k] for k in ("full-s0", "full-s1")}) == []
+
+
+#: Cropr against top-k at both fine-tune lengths, two seeds, tiny (experiments/beds.py LENGTH, lengths.py)
+_scenes("cropr", "_tiny_lengths_test", ("cropr", "topk"), baseline="topk",
+        smoke=dataclasses.replace(get_study("cropr").beds["scenes"].smoke,
+                                  grid={"seed": (0, 1), "steps": (100, 937)}))  # two lengths of the three
+
+
+def test_the_length_axis_runs_each_length_and_the_report_shows_them_side_by_side(tmp_path: Path):
+    from tokenreduce.experiments.beds import EPOCH_STEPS, STEPS
+    from tokenreduce.experiments.page import build_report
+
+    study = get_study("_tiny_lengths_test")(smoke=True)
+    long = study.point("cropr", {"steps": EPOCH_STEPS, "seed": 1})
+    assert long.id == f"cropr-t{EPOCH_STEPS}-s1" and study.point("cropr", {"seed": 1}).id == "cropr-s1"
+    fields = study.train_fields(long, tmp_path)
+    assert fields["subset"] is None and fields["eval_subset"] is None  # one epoch, every test item
+    assert study.train_fields(study.point("cropr", {"seed": 1}), tmp_path)["subset"] == 32  # the smoke's short
+    runner = _runner(study, tmp_path / "study")
+    runner.run()
+    runs = load_runs(runner.layout)
+    assert runs[long.id]["point"] == {"steps": EPOCH_STEPS, "seed": 1}
+    assert len(runs) == 2 * 2 * 2  # arms x lengths x seeds
+    assert runs[long.id]["metrics"]["items"]["top1"]["n"] == runs[long.id]["metrics"]["n_eval"]
+    text = summary(study, runs)
+    assert f"| Token Cropr (steps {EPOCH_STEPS}) | 0, 1 |" in text and "| Token Cropr | 0, 1 |" in text
+    root = tmp_path / "results"
+    key = root / study.key / "runs"
+    key.mkdir(parents=True)
+    bed = get_study("_tiny_lengths_test")().bed.describe()  # the report reads the study on its own bed
+    for p in runner.layout.results.joinpath("runs").glob("*.json"):
+        (key / p.name).write_text(json.dumps({**json.loads(p.read_text()), "testbed": bed}))
+    page = build_report(root, names=["_tiny_lengths_test"]).read_text()
+    over = page.split("### Over the fine-tune length", 1)[1]
+    row = next(line for line in over.splitlines() if line.startswith("| Cropr beats topk at the same counts | -"))
+    assert row.count("**") == 2 and " steps" in row.split("|")[-2]  # the verdict stated at the longest length
+    assert f"Δ at {STEPS} steps" in over and f"Δ at {EPOCH_STEPS} steps" in over
+    assert (root / "figures" / "_tiny_lengths_test-scenes-lengths.png").stat().st_size > 0

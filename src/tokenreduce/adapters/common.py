@@ -9,37 +9,44 @@ called by name, in the one order every pre-norm ViT block has,
     x = x + mlp_branch(x)                                  (norm2, MLP, layer scale, drop path / dropout)
     [reducer at the 'block' point]
 
-This module runs those views: :func:`run_blocks` carries a fresh ``TokenState`` through the blocks of
-one forward, computes the attention contributions declared for each block (log-size bias, the
-reducer's bias, keep policy, chunk), asks the attention only for the side products the reducer
-needs there (fused SDPA wherever nothing needs the probabilities) and calls the reducer at the
-points the schedule names; it can also hand back the tokens after chosen blocks and stop early
-(timm's ``forward_intermediates``). :func:`guard_forward` is what every patched forward refuses
-first (torch.fx symbolic tracing; the classic ONNX exporter where the method declares it cannot be
-exported by it). :func:`attach` / :func:`detach` are the host-neutral halves of ``apply`` /
-``remove``: the reducer built, checked against the host and bound, the record left on the model;
-:class:`Forward` is what a forward leaves behind: detached on the patch (the model holds no tensor of an
-autograd graph between calls), live in a :class:`Capture` for the caller that trains on it;
-:class:`RefuseScript` is the ``__prepare_scriptable__`` an adapter installs so that
-``torch.jit.script`` refuses a patched model. What an adapter stores on a model must pickle
-(module-level functions bound with functools.partial, no bound methods or closures), so pickle,
-``torch.save(model)`` and deepcopy give a patched model again; the last forward's record
-(``Patch.last``) and open captures are not copied. :class:`HostParts` names a host's sub-modules for what counts their
-cost (bench/macs.py).
+This module runs those views: :func:`run_blocks` binds the reducer to the input's patch grid
+(:meth:`Patch.at_grid`: any resolution, the schedule compiled for each grid), carries a fresh
+``TokenState`` through the blocks of one forward, entering each block through its host module's
+``__call__`` (:func:`enter_blocks` installs :func:`block_forward` on it: forward hooks and pre-hooks
+fire once per block, as unpatched), computes the attention contributions declared for each block
+(log-size bias, the reducer's bias, keep policy, chunk), asks the attention only for the side
+products the reducer needs there (fused SDPA wherever nothing needs the probabilities) and calls the
+reducer at the points the schedule names; where the host checkpoints a block
+(:meth:`BlockView.checkpointing`) the whole block, reducer included, runs inside the host's checkpoint
+function, replayed exactly by the recomputation (:func:`checkpointed`). It can also hand back the
+tokens after chosen blocks and stop early (timm's ``forward_intermediates``).
+
+:func:`guard_forward` is what every patched forward refuses first (torch.fx symbolic tracing; the
+classic ONNX exporter where the method declares it cannot be exported by it). :func:`attach` /
+:func:`detach` are the host-neutral halves of ``apply`` / ``remove``: the reducer built, checked against
+the host and bound, the record left on the model; :class:`Forward` is what a forward leaves behind:
+detached on the patch (the model holds no tensor of an autograd graph between calls), live in a
+:class:`Capture` for the caller that trains on it; :class:`RefuseScript` is the
+``__prepare_scriptable__`` an adapter installs so that ``torch.jit.script`` refuses a patched model.
+What an adapter stores on a model must pickle (module-level functions bound with functools.partial, no
+bound methods or closures), so pickle, ``torch.save(model)`` and deepcopy give a patched model again;
+the last forward's record (``Patch.last``) and open captures are not copied. :class:`HostParts` names a
+host's sub-modules for what counts their cost (bench/macs.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import dataclasses
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from ..core.attention import attend
-from ..core.errors import TokenReduceError, UnsupportedModelError
+from ..core.errors import SpecError, TokenReduceError, UnsupportedModelError
 from ..core.method import AttnInfo, Host, Reducer, build_reducer
 from ..core.onnx import check_onnx, classic_export_opset
 from ..core.ops import cls_attention
@@ -96,8 +103,10 @@ class Capture:
 
 @dataclass
 class Patch:
-    """What ``apply`` left on a model: the reducer, its compiled schedule and the last forward,
-    detached (:class:`Forward`); ``captures``: the open ``hosts.capture`` blocks, handed the live record."""
+    """What ``apply`` left on a model: the reducer, the host and the schedule compiled for it at the
+    grid of the last input (:meth:`at_grid`; the model's own grid before any forward) and the last
+    forward, detached (:class:`Forward`); ``captures``: the open ``hosts.capture`` blocks, handed the
+    live record."""
 
     reducer: Reducer
     schedule: Schedule
@@ -110,6 +119,28 @@ class Patch:
     def __getstate__(self) -> dict[str, Any]:
         # a copy or a saved model has run no forward, and holds no other caller's capture
         return {**self.__dict__, "last": None, "captures": []}
+
+    def at_grid(self, grid: tuple[int, int]) -> None:
+        """Follow the input's patch grid (gh, gw): when it differs from the one the reducer is bound to,
+        re-bind the reducer to the host at that grid (``Reducer.bind``: its schedule and per-grid tables,
+        a random pruner's draw, a composite's plan; learned weights are kept, they depend on the width
+        only) and make it the patch's ``host`` and ``schedule``. A forward at the bound grid does nothing
+        here, so a model run at one size binds once and compiles or exports one static graph. A budget
+        given as keep ratios or a per-block r is compiled again for the grid's token count; explicit
+        counts that do not fit the grid raise SpecError naming it (the reducer stays bound as before)."""
+        if grid != self.host.grid:
+            self._bind(grid)
+
+    @torch.compiler.disable  # a re-bind is Python book-keeping: never traced into a compiled graph
+    def _bind(self, grid: tuple[int, int]) -> None:
+        host = dataclasses.replace(self.host, grid=grid, num_patches=grid[0] * grid[1])
+        try:
+            schedule = self.reducer.bind(host)
+        except SpecError as e:
+            self.reducer.bind(self.host)  # back to the grid it was bound to, whatever the failed bind left
+            raise SpecError(f"{self.reducer.spec()} does not fit this input's {grid[0]}x{grid[1]} patch grid "
+                            f"({host.num_patches} patches): {e}") from None
+        self.host, self.schedule = host, schedule
 
 
 class AttentionView:
@@ -140,10 +171,19 @@ class AttentionView:
 class BlockView:
     """One pre-norm block of a host (module docstring): ``norm1``, ``attn`` (an AttentionView),
     ``attn_branch`` (what the host applies to the attention output before the residual add),
-    ``mlp_branch`` (the whole MLP residual branch) and ``mlp`` (the MLP module, for MACs)."""
+    ``mlp_branch`` (the whole MLP residual branch), ``mlp`` (the MLP module, for MACs), ``module``
+    (the host's block itself, entered through its ``__call__``: :func:`enter_blocks`) and
+    :meth:`checkpointing` (the host's own gradient checkpointing of the block, when it is on)."""
 
     attn: AttentionView
     mlp: nn.Module
+    module: nn.Module
+
+    def checkpointing(self) -> Callable[..., Any] | None:
+        """The host's checkpoint function for this block in the current forward, called as
+        ``fn(function, *tensors)`` like ``torch.utils.checkpoint.checkpoint``; None where the host
+        would not checkpoint the block now (checkpointing off, eval mode, no gradients)."""
+        return None
 
     def norm1(self, x: Tensor) -> Tensor:
         raise NotImplementedError
@@ -268,27 +308,35 @@ def guard_forward(patch: Patch, x: Any) -> None:
 # ----- one forward through the blocks ---------------------------------------------------------------
 
 
-def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, ckpt: bool = False, *,
+def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, grid: tuple[int, int], *,
                take: Collection[int] = (), dense_taken: bool = False,
                stop: int | None = None) -> tuple[Tensor, list[Tensor]]:
-    """x (B, p + N0, C), the embedded tokens, through the blocks (the first ``stop``) with ``patch``'s
-    reducer; records the forward as ``patch.last`` (detached) and in each open capture (live).
+    """x (B, p + N0, C), the embedded tokens of an input on the patch ``grid`` (gh, gw), N0 = gh * gw,
+    through the blocks (the first ``stop``) with ``patch``'s reducer bound to that grid
+    (:meth:`Patch.at_grid`); records the forward as ``patch.last`` (detached) and in each open capture
+    (live). Each block is entered through its host module's ``__call__`` (forward hooks and pre-hooks
+    fire once per block, outside any checkpoint), which runs :meth:`Blocks.step` (:func:`enter_blocks`).
     Returns the last block's tokens, one per original position (B, p + N0, C) with ``patch.dense``
     (``TokenState.unmerge``), else the reduced ones, and the tokens leaving each block in ``take``,
-    in block order: one per original position with ``patch.dense`` or ``dense_taken``, else as
-    reduced. ``ckpt``: run the blocks where the reducer does not act through torch.utils.checkpoint."""
-    reducer, schedule = patch.reducer, patch.schedule
+    in block order: one per original position with ``patch.dense`` or ``dense_taken``, else as reduced."""
+    patch.at_grid(grid)
+    if x.shape[1] != patch.host.num_prefix + patch.host.num_patches:
+        raise TokenReduceError(f"the embeddings gave {x.shape[1]} tokens for a {grid[0]}x{grid[1]} patch grid and "
+                               f"{patch.host.num_prefix} prefix tokens; tokenreduce expects one token per patch")
+    reducer = patch.reducer
     dense = patch.dense or dense_taken
     state = TokenState.start(
         x, patch.host.num_prefix, trace=patch.trace, prop_attn=reducer.proportional,
         keep_pruned=reducer.keep_pruned, dense=dense,
     )
+    run = Blocks(blocks, state, reducer, patch.schedule)
     taken = []
     for i, blk in enumerate(blocks[:stop] if stop is not None else blocks):
-        state.block = i
-        x = run_block(blk, x, state, reducer, schedule, ckpt)
+        run.state.block = i
+        x = blk.module(x, tokenreduce=run)  # the host block's __call__: its hooks, then Blocks.step
         if i in take:
-            taken.append(state.unmerge(x) if dense else x)
+            taken.append(run.state.unmerge(x) if dense else x)
+    state = run.state
     patch.last = Forward.of(state, live=False)
     for c in patch.captures:
         c.last = Forward.of(state, live=True)
@@ -297,6 +345,154 @@ def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, ckpt: bool 
         # describes the tokens the last block made
         x = state.unmerge(x)
     return x, taken
+
+
+@dataclass
+class Blocks:
+    """One forward through the blocks, handed to each host block as its ``tokenreduce`` keyword
+    argument (:func:`block_forward`): the blocks' views, the forward's TokenState (``state.block``: the
+    block being run), the reducer and its schedule at this input's grid."""
+
+    views: Sequence[BlockView]
+    state: TokenState
+    reducer: Reducer
+    schedule: Schedule
+
+    def step(self, x: Tensor) -> Tensor:
+        """Block ``state.block`` on x (B, N, C) -> (B, N', C), N' = N where the reducer does not act:
+        :func:`run_block`, inside the host's checkpointing where it is on (:func:`checkpointed`)."""
+        view = self.views[self.state.block]
+        fn = view.checkpointing()
+        if fn is None:
+            return run_block(view, x, self.state, self.reducer, self.schedule)
+        x, self.state = checkpointed(fn, view, x, self.state, self.reducer, self.schedule)
+        return x
+
+
+def block_forward(module: nn.Module, x: Tensor, *args: Any, tokenreduce: Blocks | None = None, **kwargs: Any) -> Any:
+    """The forward :func:`enter_blocks` installs on a host block (an instance attribute, bound with
+    functools.partial): inside a patched forward (``tokenreduce`` given) the block of the token-reduced
+    loop, :meth:`Blocks.step`; called on its own (no ``tokenreduce``), the host class's own forward,
+    unchanged. Hooks on the block see x (B, N, C) entering it and the tokens leaving it (after the
+    block's reduction)."""
+    if tokenreduce is None:
+        return type(module).forward(module, x, *args, **kwargs)
+    return tokenreduce.step(x)
+
+
+def enter_blocks(modules: Sequence[nn.Module]) -> None:
+    """Install :func:`block_forward` on each host block (``apply``), so that the patched forward calls
+    the blocks as modules, through ``__call__``."""
+    for module in modules:
+        module.forward = partial(block_forward, module)
+
+
+def leave_blocks(modules: Sequence[nn.Module]) -> None:
+    """Undo :func:`enter_blocks` (``remove``): each block's class forward again."""
+    for module in modules:
+        module.__dict__.pop("forward", None)
+
+
+# ----- a block inside the host's gradient checkpointing ---------------------------------------------
+
+
+class _Leaf:
+    """Where a tensor stood in a structure :func:`_split` took apart: its place in the leaves."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+
+def _rebuild(obj: Any, swap: Callable[[Any], Any]) -> Any:
+    """A fresh copy of ``obj`` (dataclasses, lists, tuples, dicts: new containers, so writes to the copy
+    never reach the original) with every other value passed through ``swap``."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _rebuild(getattr(obj, f.name), swap)
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_rebuild(v, swap) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _rebuild(v, swap) for k, v in obj.items()}
+    return swap(obj)
+
+
+def _split(obj: Any, leaves: list[Tensor]) -> Any:
+    """``obj`` (a TokenState) with every tensor appended to ``leaves`` and replaced by its :class:`_Leaf`."""
+
+    def take(v: Any) -> Any:
+        if not isinstance(v, Tensor):
+            return v
+        leaves.append(v)
+        return _Leaf(len(leaves) - 1)
+
+    return _rebuild(obj, take)
+
+
+def _join(template: Any, leaves: Sequence[Tensor]) -> Any:
+    """A fresh copy of what :func:`_split` took apart, its tensors taken from ``leaves``."""
+    return _rebuild(template, lambda v: leaves[v.at] if isinstance(v, _Leaf) else v)
+
+
+class _ReducerState:
+    """The reducer's own state at one moment: every module's attributes (shallow) and its buffers'
+    values, to replay a recomputation from the state the first run saw (a step counter advanced, a
+    rate chosen) and to leave the state the first run left."""
+
+    def __init__(self, reducer: nn.Module) -> None:
+        self.attrs = [(m, dict(vars(m))) for m in reducer.modules()]
+        self.buffers = {name: b.clone() for name, b in reducer.named_buffers()}
+        self.reducer = reducer
+
+    def restore(self) -> None:
+        for m, attrs in self.attrs:
+            vars(m).update(attrs)
+        with torch.no_grad():
+            for name, value in self.buffers.items():
+                self.reducer.get_buffer(name).copy_(value)
+
+
+def checkpointed(fn: Callable[..., Any], blk: BlockView, x: Tensor, state: TokenState, reducer: Reducer,
+                 schedule: Schedule) -> tuple[Tensor, TokenState]:
+    """:func:`run_block` inside the host's checkpoint function ``fn`` (``fn(function, *tensors)``), the
+    reducer's work included; returns the block's tokens (B, N', C) and the TokenState after it.
+
+    The checkpointed function is a pure function of its tensor arguments, x and every tensor of
+    ``state`` at the block's entry, so that the backward pass's recomputation reproduces the first
+    run exactly and reentrant (``use_reentrant=True``) and non-reentrant checkpointing both carry
+    gradients through the state (a keep policy, an auxiliary loss, tokens kept aside):
+
+    - it runs on a fresh copy of the entry state and returns x and every tensor of the state after
+      the block; the state after the block is rebuilt from the returned tensors, so that what a
+      recomputation writes goes to a copy nobody reads (TokenState writes are idempotent);
+    - a recomputation starts from the reducer's own state at the block's entry (module attributes
+      and buffers: a step counter, a rate) and puts back the state the first run left;
+    - random draws inside the block (dropout, a Gumbel keep policy) are replayed by the checkpoint
+      function's RNG handling (``preserve_rng_state=True``, torch's and both hosts' default).
+    """
+    leaves: list[Tensor] = []
+    entry = _split(state, leaves)
+    at_entry = _ReducerState(reducer)
+    after: list[Any] = []  # the first run's state after the block, taken apart (its structure)
+
+    def block(x: Tensor, *entry_leaves: Tensor) -> tuple[Tensor, ...]:
+        again = bool(after)
+        now = _ReducerState(reducer) if again else None
+        if again:
+            at_entry.restore()
+        try:
+            s = _join(entry, entry_leaves)
+            y = run_block(blk, x, s, reducer, schedule)
+        finally:
+            if now is not None:
+                now.restore()
+        out: list[Tensor] = []
+        shape = _split(s, out)
+        if not again:
+            after.append(shape)
+        return (y, *out)
+
+    y, *out = fn(block, x, *leaves)
+    return y, _join(after[0], out)
 
 
 def contributions(state: TokenState, reducer: Reducer | None) -> dict[str, Any]:
@@ -312,8 +508,7 @@ def contributions(state: TokenState, reducer: Reducer | None) -> dict[str, Any]:
     return dict(bias=bias, policy=state.keep_mask, chunk=chunk, num_prefix=state.num_prefix)
 
 
-def run_block(blk: BlockView, x: Tensor, state: TokenState, reducer: Reducer, schedule: Schedule,
-              ckpt: bool = False) -> Tensor:
+def run_block(blk: BlockView, x: Tensor, state: TokenState, reducer: Reducer, schedule: Schedule) -> Tensor:
     """One block with the reducer at the points the schedule names (``Schedule.point_counts``:
     after attention + residual, after the MLP, or both for a composite). x (B, N, C)."""
     at_attn, at_block = schedule.point_counts(state.block, x.shape[1] - state.num_prefix)
@@ -321,10 +516,7 @@ def run_block(blk: BlockView, x: Tensor, state: TokenState, reducer: Reducer, sc
     contrib = contributions(state, reducer)
     watch = reducer.observes(state.block)  # side products read without reducing (Reducer.observes)
     if not active and not watch:  # the plain block: a pure function of x and the contributions
-        if ckpt:
-            x = checkpoint(plain_block, blk, x, use_reentrant=False, **contrib)
-        else:
-            x = plain_block(blk, x, **contrib)
+        x = plain_block(blk, x, **contrib)
         state.record(state.block, x.shape[1], False)
         return x
     needs = (reducer.needs_at(state.block) if active else frozenset()) | watch

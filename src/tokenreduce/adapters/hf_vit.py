@@ -21,6 +21,34 @@ every host shares (adapters/common.py): attention is ``core.attention.attend``, 
 SDPA (the kernel transformers' ``sdpa`` implementation calls) wherever nothing needs the
 probabilities, explicit (``eager``) only in the blocks where the method asks for them.
 
+Behaving like transformers' own forward:
+
+- hooks: each layer is entered through its own ``__call__`` (``apply`` installs a forward on each
+  layer, :func:`tokenreduce.adapters.common.block_forward`, that runs the reduced layer inside a
+  patched forward and the class's own forward when the layer is called on its own; ``remove``
+  deletes it). A forward pre-hook on a layer sees ``(hidden_states,)``, the tokens entering it
+  (B, N_in, C), a forward hook its output, a tensor (B, N_out, C) as transformers 5 layers return,
+  after the layer's reduction; hooks with ``with_kwargs=True`` see the keyword ``tokenreduce`` (the
+  forward's block loop) instead of the attention mask. They fire once per forward, checkpointed or
+  not (outside the checkpoint, as transformers places it). Hooks on the layer's norms, ``mlp``, the
+  attention's ``q_proj``, ``k_proj``, ``v_proj`` and output projection fire as they are called (again
+  in a recomputation); a hook on the attention module itself (``attention``, ``self_attn``) does not;
+- gradient checkpointing: after ``gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)``
+  (v5: ``activation_checkpointing_enable``) every layer, reducing or not, runs through the layer's
+  own ``_gradient_checkpointing_func`` (torch's checkpoint with the user's kwargs, reentrant or not),
+  once per layer, in training with gradients as transformers does; the reducer's work runs inside it
+  and is replayed exactly by the recomputation (:func:`tokenreduce.adapters.common.checkpointed`);
+- any resolution: the input's patch grid decides the schedule (``Patch.at_grid``), so
+  ``interpolate_pos_encoding=True`` (ViT, DeiT, CLIP) and DINOv2 at any size run as unpatched; without
+  it a size other than the config's is refused by transformers' own embeddings, as unpatched;
+- ``return_dict``: the keyword, else ``config.return_dict``, as transformers reads it (a tuple when
+  False; transformers' classification wrappers fail on ``config.return_dict = False`` in their own
+  forward, patched or not: pass ``return_dict=False`` to the call instead);
+- ``save_pretrained`` writes the model's state_dict, a learned reducer's ``tokenreduce.*`` tensors
+  included; ``from_pretrained`` gives back the *unpatched* model (it knows nothing of tokenreduce, and
+  reports those keys as unexpected): call ``tokenreduce.apply(model, spec)`` again (then, for a learned
+  reducer, ``model.load_state_dict(saved, strict=False)`` to put its tensors back).
+
 Not available on a patched model, each refused by name: attention masks, ``output_attentions`` and
 ``output_hidden_states`` (the token count changes between layers; ``tokenreduce.get_info`` says
 what each layer kept), ``torch.jit.script`` (TorchScript would compile the class's unreduced
@@ -35,6 +63,7 @@ transformers until a transformers model is given.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -52,8 +81,10 @@ from .common import (
     RefuseScript,
     attach,
     detach,
+    enter_blocks,
     guard_forward,
     heads_view,
+    leave_blocks,
     run_blocks,
     split_heads,
 )
@@ -98,11 +129,27 @@ class HFAttention(AttentionView):
         return self._dropout if self.m.training else 0.0
 
 
-class ViTLayerView(BlockView):
+class HFLayerView(BlockView):
+    """What every transformers layer view shares: the layer is ``module``, and its checkpointing is
+    transformers' own (a ``GradientCheckpointingLayer``): ``gradient_checkpointing_enable`` sets the
+    layer's ``gradient_checkpointing`` flag and its ``_gradient_checkpointing_func``, torch's checkpoint
+    with the user's ``gradient_checkpointing_kwargs``, which the layer uses in training with gradients."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.m, self.module, self.mlp = layer, layer, layer.mlp
+
+    def checkpointing(self) -> Callable[..., Any] | None:
+        layer = self.m
+        if getattr(layer, "gradient_checkpointing", False) and layer.training and torch.is_grad_enabled():
+            return layer._gradient_checkpointing_func
+        return None
+
+
+class ViTLayerView(HFLayerView):
     """ViTLayer, DeiTLayer: layernorm_before, attention, dropout; layernorm_after, mlp, dropout."""
 
     def __init__(self, layer: nn.Module) -> None:
-        self.m, self.mlp = layer, layer.mlp
+        super().__init__(layer)
         self.attn = HFAttention(layer.attention, "o_proj", "scaling", "attention_dropout")
 
     def norm1(self, x: Tensor) -> Tensor:
@@ -115,11 +162,11 @@ class ViTLayerView(BlockView):
         return self.m.dropout(self.m.mlp(self.m.layernorm_after(x)))
 
 
-class Dinov2LayerView(BlockView):
+class Dinov2LayerView(HFLayerView):
     """Dinov2Layer: norm1, attention, layer_scale1, drop_path; norm2, mlp, layer_scale2, drop_path."""
 
     def __init__(self, layer: nn.Module) -> None:
-        self.m, self.mlp = layer, layer.mlp
+        super().__init__(layer)
         self.attn = HFAttention(layer.attention, "o_proj", "scaling", "attention_dropout")
 
     def norm1(self, x: Tensor) -> Tensor:
@@ -132,11 +179,11 @@ class Dinov2LayerView(BlockView):
         return self.m.drop_path(self.m.layer_scale2(self.m.mlp(self.m.norm2(x))))
 
 
-class CLIPLayerView(BlockView):
+class CLIPLayerView(HFLayerView):
     """CLIPEncoderLayer: layer_norm1, self_attn; layer_norm2, mlp."""
 
     def __init__(self, layer: nn.Module) -> None:
-        self.m, self.mlp = layer, layer.mlp
+        super().__init__(layer)
         self.attn = HFAttention(layer.self_attn, "out_proj", "scale", "dropout")
 
     def norm1(self, x: Tensor) -> Tensor:
@@ -287,7 +334,7 @@ def _resolve(model: nn.Module) -> tuple[nn.Module, Family, tuple[nn.Module, ...]
     )
 
 
-def _grid(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+def _grid_of(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
@@ -316,7 +363,7 @@ def check_host(model: nn.Module) -> Host:
                 f"layer {i} is a {type(layer).__name__}; supported: {', '.join(family.layer_classes)}"
             )
     cfg = base.config
-    size, patch = _grid(cfg.image_size), _grid(cfg.patch_size)
+    size, patch = _grid_of(cfg.image_size), _grid_of(cfg.patch_size)
     grid = (size[0] // patch[0], size[1] // patch[1])
     return Host(
         depth=len(layers), dim=cfg.hidden_size, num_heads=cfg.num_attention_heads,
@@ -355,6 +402,7 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     # instance attributes (per model), picklable: a partial of a module-level function, a plain object
     base.forward = functools.partial(_forward, base, family, patch)
     base.__prepare_scriptable__ = RefuseScript(patch.reducer.spec())
+    enter_blocks(family.layers(base))
     return model
 
 
@@ -362,10 +410,11 @@ def remove(model: nn.Module) -> nn.Module:
     """Undo ``apply``: the model is again exactly transformers'. Raises if it was not patched."""
     if not hasattr(model, ATTR):
         raise TokenReduceError("this model is not patched by tokenreduce; nothing to remove")
-    base, _, _ = _resolve(model)
+    base, family, _ = _resolve(model)
     detach(model)
     for name in _PATCHED_ATTRS:  # the class's own methods again
         base.__dict__.pop(name, None)
+    leave_blocks(family.layers(base))
     return model
 
 
@@ -375,26 +424,23 @@ def parts(model: nn.Module) -> HostParts:
     base, family, heads = _resolve(model)
     stem, proj = family.stem(base)
     return HostParts(
-        stem=stem, stem_proj=proj, in_chans=int(base.config.num_channels), img_size=_grid(base.config.image_size),
+        stem=stem, stem_proj=proj, in_chans=int(base.config.num_channels), img_size=_grid_of(base.config.image_size),
         blocks=tuple(family.view(layer) for layer in family.layers(base)), heads=heads, prefix=_prefix(base),
     )
 
 
-def _check_input(base: nn.Module, x: Tensor, host: Host) -> None:
+def _grid(base: nn.Module, x: Tensor) -> tuple[int, int]:
+    """The patch grid (gh, gw) of pixel_values x (B, C, H, W). Whether the model takes that size is the
+    embeddings' decision, as unpatched: ViT, DeiT and CLIP with ``interpolate_pos_encoding=True``,
+    DINOv2 always; otherwise transformers raises its own error."""
     if not isinstance(x, Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise TokenReduceError(f"expected pixel_values (B, C, H, W), got {shape}")
     chans = base.config.num_channels
     if x.shape[1] != chans:
         raise TokenReduceError(f"model expects {chans} input channels, got {x.shape[1]}")
-    ph, pw = _grid(base.config.patch_size)
-    if (x.shape[2] // ph, x.shape[3] // pw) != host.grid or x.shape[2] % ph or x.shape[3] % pw:
-        h, w = host.grid[0] * ph, host.grid[1] * pw
-        raise TokenReduceError(
-            f"input resolution {x.shape[2]}x{x.shape[3]} does not match the {h}x{w} the schedule was compiled "
-            f"for ({host.num_patches} patches); resize the input or apply the method to a model configured "
-            f"with image_size={x.shape[2]}"
-        )
+    ph, pw = _grid_of(base.config.patch_size)
+    return x.shape[2] // ph, x.shape[3] // pw
 
 
 def _forward(base: nn.Module, family: Family, patch: Patch, pixel_values: Tensor | None = None, **kwargs: Any) -> Any:
@@ -408,12 +454,10 @@ def _forward(base: nn.Module, family: Family, patch: Patch, pixel_values: Tensor
                 f"{flag} is not available on a model patched by tokenreduce (the token count changes between "
                 "layers); tokenreduce.get_info(model) says what each layer kept, or remove the patch first"
             )
-    return_dict = kwargs.pop("return_dict", None)
-    _check_input(base, pixel_values, patch.host)
-    x = family.embed(base, pixel_values, kwargs)  # (B, p + N0, C)
-    layers = family.layers(base)
-    # transformers' gradient_checkpointing_enable() sets this flag on every layer
-    ckpt = torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) and m.training for m in layers)
-    x, _ = run_blocks([family.view(layer) for layer in layers], x, patch, ckpt)
+    # as transformers' own forward reads it: the keyword, else the config
+    return_dict = kwargs.pop("return_dict", getattr(base.config, "return_dict", True))
+    grid = _grid(base, pixel_values)
+    x = family.embed(base, pixel_values, kwargs)  # (B, p + N0, C), N0 = gh * gw
+    x, _ = run_blocks([family.view(layer) for layer in family.layers(base)], x, patch, grid)
     out = family.finish(base, x)
     return out.to_tuple() if return_dict is False else out

@@ -131,8 +131,9 @@ class Info:
 
     Attributes:
         spec: canonical spec string of the applied method.
-        host: what the method knows about the model (depth, prefix tokens, patch grid, ...).
-        schedule: the compiled schedule (non-prefix tokens after each block).
+        host: what the method knows about the model (depth, prefix tokens, patch grid, ...), at the
+            patch grid of the last forward's input (the model's own before any forward).
+        schedule: the compiled schedule (non-prefix tokens after each block) at that grid.
         tokens_per_block: total tokens (prefix included) leaving each block in the last forward,
             or the compiled counts before any forward.
         sizes: (B, N) patches each final token stands for (last forward), or None.

@@ -10,9 +10,25 @@ log-size bias (``TokenState.attn_bias``), the reducer's own bias (``Reducer.attn
 policy (``TokenState.keep_mask``), chunked attention (``Reducer.attention_chunk``) and the
 probabilities when the method needs them; fused SDPA wherever nothing needs the probabilities.
 The other side products a method asked for (CLS row, keys, head-output norms) are computed beside it.
-With ``model.set_grad_checkpointing()`` the blocks where the reducer does not act run through
-torch.utils.checkpoint (their attention contributions are computed first and passed in, so the
-recomputation in the backward pass sees the same ones).
+
+Behaving like timm's own forward:
+
+- hooks: each Block is entered through its own ``__call__`` (``apply`` installs a forward on each
+  block, :func:`tokenreduce.adapters.common.block_forward`, that runs the reduced block inside a
+  patched forward and timm's ``Block.forward`` when the block is called on its own; ``remove``
+  deletes it). A forward pre-hook on a block sees ``(x,)``, the tokens entering it (B, N_in, C), a
+  forward hook its output (B, N_out, C), after the block's reduction; hooks with ``with_kwargs=True``
+  also see the keyword ``tokenreduce`` (the forward's block loop). They fire once per forward, with
+  checkpointing too (the checkpoint is inside the block's forward, where timm's own checkpoint_seq
+  would call the block again in the backward pass). Hooks on norm1, attn.qkv, q_norm, k_norm,
+  attn.norm, attn.proj, ls1, drop_path1, norm2, mlp, ls2, drop_path2 fire as they are called (again in
+  a recomputation); a hook on ``attn`` itself does not fire (its projections are called instead);
+- gradient checkpointing: with ``model.set_grad_checkpointing()`` every block, reducing or not, runs
+  through timm's ``checkpoint`` (torch.utils.checkpoint, timm's reentrant setting), the reducer's work
+  inside it and replayed exactly by the recomputation (:func:`tokenreduce.adapters.common.checkpointed`);
+- any resolution: a model built with ``dynamic_img_size=True`` runs any input size, the schedule
+  compiled for the input's grid (``Patch.at_grid``); a model built without it takes its own size only
+  and other sizes are refused here, naming the option.
 A reducer with parameters or buffers (a deployed Cropr's q) is attached as ``model.tokenreduce``
 (its own state_dict keys); a training-free one adds no keys.
 
@@ -28,11 +44,13 @@ picklable (module-level functions bound with functools.partial, no bound methods
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
 from timm.layers import Attention
+from timm.models import checkpoint
 from timm.models._features import FeatureGetterNet, feature_take_indices
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import Tensor, nn
@@ -51,7 +69,9 @@ from .common import (
     attend_view,
     contributions,
     detach,
+    enter_blocks,
     guard_forward,
+    leave_blocks,
     run_blocks,
 )
 from .common import get_patch as get_patch
@@ -116,6 +136,7 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     model.forward_features = partial(_forward_features, model)
     model.forward_intermediates = partial(_forward_intermediates, model)
     model.__prepare_scriptable__ = RefuseScript(patch.reducer.spec())
+    enter_blocks(model.blocks)
     return model
 
 
@@ -126,33 +147,38 @@ def remove(model: nn.Module) -> nn.Module:
     detach(model)
     for name in _PATCHED_ATTRS:  # the class's own methods again
         model.__dict__.pop(name, None)
+    leave_blocks(model.blocks)
     return model
 
 
-def _check_input(model: nn.Module, x: Tensor, host: Host) -> None:
+def _grid(model: nn.Module, x: Tensor) -> tuple[int, int]:
+    """The patch grid (gh, gw) of images x (B, C, H, W), as timm's patch embedding makes it; a model
+    built without ``dynamic_img_size`` takes only its own size (refused here, before timm's assert)."""
     if x.dim() != 4:
         raise TokenReduceError(f"expected images (B, C, H, W), got a tensor of shape {tuple(x.shape)}")
     pe = model.patch_embed
     chans = getattr(pe.proj, "in_channels", None)  # a Conv2d, or a stem that declares it
     if chans is not None and x.shape[1] != chans:
         raise TokenReduceError(f"model expects {chans} input channels, got {x.shape[1]}")
-    ph, pw = pe.patch_size
-    grid = (x.shape[2] // ph, x.shape[3] // pw)
-    if grid != host.grid or x.shape[2] % ph or x.shape[3] % pw:
-        h, w = host.grid[0] * ph, host.grid[1] * pw
-        raise TokenReduceError(
-            f"input resolution {x.shape[2]}x{x.shape[3]} does not match the {h}x{w} the schedule "
-            f"was compiled for ({host.num_patches} patches); resize the input or apply the method "
-            f"to a model created with img_size=({x.shape[2]}, {x.shape[3]})"
-        )
+    grid = tuple(pe.dynamic_feat_size((x.shape[2], x.shape[3])))
+    if not getattr(model, "dynamic_img_size", False):
+        ph, pw = pe.patch_size
+        own = tuple(pe.grid_size)
+        if grid != own or x.shape[2] % ph or x.shape[3] % pw:
+            raise TokenReduceError(
+                f"input resolution {x.shape[2]}x{x.shape[3]} does not match the {own[0] * ph}x{own[1] * pw} this "
+                "model was built for; build it with dynamic_img_size=True to run any size (the schedule follows "
+                "the input's grid), or resize the input"
+            )
+    return grid
 
 
 def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = None,
                       is_causal: bool = False) -> Tensor:
     patch = getattr(self, _ATTR)
-    x = _embed(self, patch, x, attn_mask, is_causal)
+    x, grid = _embed(self, patch, x, attn_mask, is_causal)
     # dense: (B, p + N0, C), one token per original position (common.run_blocks)
-    x, _ = run_blocks(_views(self), x, patch, _checkpointing(self))
+    x, _ = run_blocks(_views(self), x, patch, grid)
     return self.norm(x)
 
 
@@ -181,15 +207,15 @@ def _forward_intermediates(
     reshape = output_fmt == "NCHW"
     B, _, height, width = x.shape
     take, max_index = feature_take_indices(len(self.blocks), indices)
-    x = _embed(self, patch, x, attn_mask, is_causal)
-    x, taken = run_blocks(_views(self), x, patch, _checkpointing(self), take=frozenset(take), dense_taken=reshape,
+    x, grid = _embed(self, patch, x, attn_mask, is_causal)
+    x, taken = run_blocks(_views(self), x, patch, grid, take=frozenset(take), dense_taken=reshape,
                           stop=max_index + 1 if stop_early else None)
     p = self.num_prefix_tokens
     taken = [self.norm(y) if norm else y for y in taken]
     prefix = [y[:, :p] for y in taken] if p else None
     out = [y[:, p:] for y in taken]
     if reshape:
-        H, W = self.patch_embed.dynamic_feat_size((height, width))
+        H, W = grid
         out = [y.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous() for y in out]  # (B, C, H, W)
     final = None if intermediates_only else self.norm(x)  # one per position with patch.dense (run_blocks)
     if output_dict:
@@ -204,25 +230,25 @@ def _forward_intermediates(
     return out if final is None else (final, out)
 
 
-def _embed(self: nn.Module, patch: Patch, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-    """The checks and timm's embedding: images (B, C, H, W) -> tokens (B, p + N0, C)."""
+def _embed(self: nn.Module, patch: Patch, x: Tensor, attn_mask: Tensor | None,
+           is_causal: bool) -> tuple[Tensor, tuple[int, int]]:
+    """The checks and timm's embedding: images (B, C, H, W) -> tokens (B, p + N0, C) and the patch
+    grid (gh, gw), N0 = gh * gw (any grid with ``dynamic_img_size``: timm resamples the position
+    embedding)."""
     guard_forward(patch, x)  # first: under torch.fx attn_mask is a proxy too
     if attn_mask is not None or is_causal:
         raise TokenReduceError("attention masks are not supported with token reduction")
-    _check_input(self, x, patch.host)
+    grid = _grid(self, x)
     x = self.patch_embed(x)
     x = self._pos_embed(x)
     x = self.patch_drop(x)
-    return self.norm_pre(x)
+    return self.norm_pre(x), grid
 
 
 def _views(self: nn.Module) -> list[BlockView]:
-    return [TimmBlock(blk) for blk in self.blocks]
-
-
-def _checkpointing(self: nn.Module) -> bool:
-    # timm's set_grad_checkpointing() sets this flag; its own forward_features is not called here
-    return bool(getattr(self, "grad_checkpointing", False)) and torch.is_grad_enabled()
+    # timm's set_grad_checkpointing() sets this flag; its forward_features then checkpoints every block
+    ckpt = bool(getattr(self, "grad_checkpointing", False)) and torch.is_grad_enabled()
+    return [TimmBlock(blk, ckpt) for blk in self.blocks]
 
 
 class TimmAttention(AttentionView):
@@ -251,10 +277,16 @@ class TimmAttention(AttentionView):
 
 
 class TimmBlock(BlockView):
-    """timm's Block: norm1, attn, ls1, drop_path1, then norm2, mlp, ls2, drop_path2."""
+    """timm's Block: norm1, attn, ls1, drop_path1, then norm2, mlp, ls2, drop_path2. ``ckpt``: the
+    model's ``grad_checkpointing`` is on and gradients are recorded (timm then checkpoints the block
+    with its ``checkpoint``: torch.utils.checkpoint with timm's reentrant setting)."""
 
-    def __init__(self, blk: nn.Module) -> None:
-        self.m, self.attn, self.mlp = blk, TimmAttention(blk.attn), blk.mlp
+    def __init__(self, blk: nn.Module, ckpt: bool = False) -> None:
+        self.m, self.attn, self.mlp, self.module = blk, TimmAttention(blk.attn), blk.mlp, blk
+        self.ckpt = ckpt
+
+    def checkpointing(self) -> Callable[..., Any] | None:
+        return checkpoint if self.ckpt else None
 
     def norm1(self, x: Tensor) -> Tensor:
         return self.m.norm1(x)

@@ -24,6 +24,7 @@ import torch
 
 import tokenreduce
 
+from ..core.errors import TokenReduceError
 from ..models.checkpoint import atomic_write
 
 #: The fixed metric names used in results files.
@@ -68,7 +69,7 @@ def provenance(
     """What a results file needs to be reproduced (:data:`PROVENANCE_KEYS`): command, revision,
     versions, machine, settings; ``extra``: the writer's own settings."""
     info = {
-        "command": " ".join(argv if argv is not None else sys.argv),
+        "command": command_text(argv if argv is not None else sys.argv),
         "git": git_revision(),
         "tokenreduce": tokenreduce.__version__,
         "torch": torch.__version__,
@@ -86,6 +87,16 @@ def provenance(
     }
     info.update(extra)
     return info
+
+
+def command_text(argv: Sequence[str]) -> str:
+    """``argv`` as one line, the program named ``tokenreduce`` however it was started (the entry point's or
+    ``python -m tokenreduce.cli``'s path is a machine's path, not part of the command)."""
+    argv = list(argv)
+    if argv and (Path(argv[0]).name == "tokenreduce" or Path(argv[0]).as_posix().endswith(("tokenreduce/cli.py",
+                                                                                              "tokenreduce/__main__.py"))):
+        argv[0] = "tokenreduce"
+    return " ".join(argv)
 
 
 #: Older spellings of provenance keys in stored results -> the key they mean now.
@@ -154,8 +165,12 @@ def write_text(path: str | os.PathLike, text: str | bytes) -> Path:
     the same folder, then os.replace), so a reader never sees half a file and an interrupted run
     leaves the old one intact. Creates the folder. Returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, text.encode() if isinstance(text, str) else text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text.encode() if isinstance(text, str) else text)
+    except OSError as e:
+        reason = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or e
+        raise TokenReduceError(f"cannot write {path} ({reason}); choose another --out") from None
     return path
 
 

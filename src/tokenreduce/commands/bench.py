@@ -116,11 +116,6 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..bench.compare import COLUMNS, bench_document, with_stem
-    from ..bench.evaluation import log
-    from ..bench.report import format_table, write_json
     from ..core.method import build_reducer
 
     settings = _settings(args)
@@ -130,6 +125,20 @@ def run(args: argparse.Namespace) -> int:
     checks.device(args.device)
     if args.out:
         checks.writable_dir(args.out)
+        from ..train import lock
+
+        with lock.hold(args.out, what="bench"):  # one writer per --out, and timings that share no cores with it
+            return _run(args, settings)
+    return _run(args, settings)
+
+
+def _run(args: argparse.Namespace, settings: dict) -> int:
+    import torch
+
+    from ..bench.compare import COLUMNS, bench_document, with_stem
+    from ..bench.evaluation import log
+    from ..bench.report import format_table, write_json
+
     torch.manual_seed(args.seed)
     if args.checkpoint:
         model, args.model = _reference(args)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..bench.settings import SPEED
+from ..core.errors import TokenReduceError
 from . import checks, vocab
 
 
@@ -57,12 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..bench import evaluation as ev
-    from ..bench.backends import get_backend
     from ..bench.budgets import check_targets
-    from ..bench.report import provenance
     from ..core.method import build_reducer
 
     t0 = time.perf_counter()
@@ -74,9 +71,49 @@ def run(args: argparse.Namespace) -> int:
         targets = [] if args.spec or args.finetuned else [1.5, 2.0]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     args.threads = checks.resolve_threads(args.threads)
+    _not_a_training_run(Path(args.out))
     checks.writable_dir(args.out)
     for spec in args.spec:  # a malformed spec fails before anything is loaded
         build_reducer(spec)
+    for path in [args.checkpoint, *(args.finetuned or [])]:
+        _finite_weights(path)
+    from ..train import lock
+
+    with lock.hold(args.out, what="eval"):  # one writer per --out: a second eval into it is refused
+        return _run(args, seeds, targets, methods, t0)
+
+
+def _not_a_training_run(out: Path) -> None:
+    """An eval writes its figures and results beside nothing of a training run's (it would overwrite them)."""
+    from ..train.loop import RUN_FILES
+
+    found = [n for n in RUN_FILES[:4] if (out / n).is_file()]
+    if found:
+        raise TokenReduceError(f"--out {out} is a training run's folder (it holds {', '.join(found)}); an eval would "
+                               "overwrite its files: give another --out")
+
+
+def _finite_weights(path: str) -> None:
+    """Refuse a checkpoint with a non-finite weight: its outputs are not numbers, and scoring them (argmax of NaN
+    is class 0) would report a top-1 for a broken model."""
+    import torch
+
+    from ..models import read_checkpoint
+
+    ckpt = read_checkpoint(path)
+    bad = [k for k, v in ckpt.weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise TokenReduceError(f"{ckpt.path} holds non-finite weights ({len(bad)} tensors, e.g. {', '.join(bad[:3])}): "
+                               "its outputs are not numbers; it is not evaluated (use another checkpoint)")
+
+
+def _run(args: argparse.Namespace, seeds: list, targets: list, methods: list | None, t0: float) -> int:
+    import torch
+
+    from ..bench import evaluation as ev
+    from ..bench.backends import get_backend
+    from ..bench.report import provenance
+
     speed = ev.speed_settings(batch=args.batch_size, warmup=args.warmup, repeats=args.repeats, threads=args.threads,
                               eval_batch=args.eval_batch_size, backend=args.backend)
     torch.set_num_threads(args.threads)
@@ -84,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         args.checkpoint, specs=args.spec, targets=targets, methods=methods, rule=args.budget_rule,
         match_random=args.match_random, finetuned=args.finetuned, seeds=seeds, eval_batch=args.eval_batch_size,
         speed=speed, data=args.data, data_dir=args.data_dir, download=args.download, subset=args.subset))
+    _finite_outputs(res)
     data_info = res.data.info
     print(f"{args.checkpoint}  task {res.ref.task.spec()}  {data_info['name']} ({data_info['which']})  "
           f"batch {args.batch_size} (latency: batch 1)  {ev.threads_text(args.threads)}  backend {args.backend}  "
@@ -102,3 +140,16 @@ def run(args: argparse.Namespace) -> int:
     ev.write_outputs(Path(args.out), res.rows, info, f"{data_info['name']}, {data_info['n']} test images, "
                      f"{ev.threads_text(args.threads)}, batch {args.batch_size}, {args.backend}", task=res.ref.task)
     return 0
+
+
+def _finite_outputs(res) -> None:
+    """Refuse the evaluation of a reference whose outputs on the first test items are not finite numbers."""
+    import torch
+
+    x = res.data.test.tensors[0][:16]
+    model = res.ref.model.eval()
+    with torch.no_grad():
+        out = model(x.to(next(model.parameters()).device))
+    if not torch.isfinite(out).all():
+        raise TokenReduceError(f"{res.ref.path}: the model's outputs are not finite (NaN or infinite) on the test "
+                               "items; its metrics would mean nothing, so it is not scored")

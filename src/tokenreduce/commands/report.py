@@ -26,8 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..core.errors import TokenReduceError
     from ..experiments.page import build_report
 
+    if not Path(args.out).is_dir():
+        raise TokenReduceError(f"--out {args.out}: no results folder there (it holds the studies' run records, "
+                               "results/<study>/<test bed>/runs/); run tokenreduce report from the repository root, "
+                               "or give the folder with --out")
     readme = Path(args.readme) if args.readme else None
     print(f"wrote {build_report(args.out, readme=readme)}")
     return 0

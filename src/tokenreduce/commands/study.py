@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from pathlib import Path
 
 from . import vocab
 
@@ -111,9 +112,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.summarize:
         runner.run(jobs=args.jobs)
+    elif not (layout.results / "runs").is_dir():
+        raise TokenReduceError(f"--summarize: {layout.results} holds no run records (no runs/ folder); check --out "
+                               f"and --testbed, or run the study first (tokenreduce study {args.name})")
     from ..bench.report import write_text
+    from ..experiments.page import judged_results
 
-    text = summary(study, load_runs(layout))
+    judgement = None  # on the committed results, the report's: claims adjusted with every other study's
+    if layout.results == Path("results") / study.key:
+        judgement = judged_results(Path("results"))[1]
+    text = summary(study, load_runs(layout, study), judgement)
     print(text, end="")
     print(f"wrote {write_text(layout.results / 'summary.md', text)}", file=sys.stderr)
     return 0

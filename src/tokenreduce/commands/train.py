@@ -182,9 +182,13 @@ def _started_with(args: argparse.Namespace) -> dict[str, Any]:
     from ..train.recipes import default_out
 
     out = args.out or (default_out(args.recipe) if args.recipe else None)
-    saved = saved_config(out) if out else None
+    if out is None:
+        raise TokenReduceError("--resume needs --out DIR (the run to continue) or --recipe NAME (its default --out)")
+    saved = saved_config(out)
     if saved is None:
-        return {}
+        what = "does not exist" if not Path(out).exists() else "holds no run (no last.safetensors or model.safetensors)"
+        raise TokenReduceError(f"--resume: {out} {what}, so there is nothing to resume; check --out, or drop "
+                               "--resume to start a new run there")
     return {k: v for k, v in saved.to_dict().items() if k not in RUNTIME_FIELDS}
 
 
@@ -207,6 +211,8 @@ def with_bits(task: str, bits: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..train.loop import train
 
+    if args.force and args.resume:
+        raise TokenReduceError("--force starts the run in --out over and --resume continues it; give one of them")
     cfg = config_from_args(args)
     if args.results:
         checks.writable_file(args.results, "--results")

@@ -258,6 +258,12 @@ class Registry(Generic[T]):
         self._entries: dict[str, tuple[T, type]] = {}
         REGISTRIES.append(self)
 
+    @property
+    def plural(self) -> str:
+        """The kind's plural, for messages: 'methods', 'studies'."""
+        consonant_y = self.kind.endswith("y") and self.kind[-2:-1] not in "aeiou"
+        return self.kind[:-1] + "ies" if consonant_y else self.kind + "s"
+
     def add(self, name: str, entry: T, config: type) -> None:
         if not dataclasses.is_dataclass(config):
             raise TypeError(f"{self.kind} {name!r}: its Config must be a dataclass, got {config!r}")
@@ -301,7 +307,7 @@ class Registry(Generic[T]):
         """The entry registered under ``name``; SpecError naming the valid ones otherwise."""
         names = self.names()
         if name not in self._entries:
-            raise SpecError(f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(names)}")
+            raise SpecError(f"unknown {self.kind} {name!r}; valid {self.plural}: {', '.join(names)}")
         return self._entries[name][0]
 
     def resolve(self, spec: str) -> tuple[str, T, Any]:

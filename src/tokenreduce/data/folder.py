@@ -42,7 +42,8 @@ def split_dir(root: str | os.PathLike, split: str) -> Path:
     for name in _SPLIT_DIRS[split]:
         if (root / name).is_dir():
             return root / name
-    raise DataError(f"{root} has no '{_SPLIT_DIRS[split][0]}' directory; expected the ImageNet layout "
+    names = " or ".join(repr(n) for n in _SPLIT_DIRS[split])
+    raise DataError(f"{root} has no {names} directory; expected the ImageNet layout "
                     f"ROOT/train/<class>/<image>, ROOT/val/<class>/<image>")
 
 
@@ -91,6 +92,9 @@ class ImageFolder(Dataset):
         self.samples: list[tuple[Path, int]] = []
         for name in found:
             files = sorted(p for p in (self.root / name).rglob("*") if p.suffix.lower() in EXTENSIONS)
+            if not files:  # torchvision refuses it too: a class with no image would be a head row never trained
+                raise DataError(f"class folder {self.root / name} holds no images (looked for "
+                                f"{', '.join(EXTENSIONS)}); remove it or add its images")
             self.samples += [(p, label_of[name]) for p in files]
         if not self.samples:
             raise DataError(f"{self.root} holds no images (looked for {', '.join(EXTENSIONS)} in "

@@ -10,17 +10,33 @@ bytes. A study without results says "not run".
 
 from __future__ import annotations
 
-import io
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
+from . import lengths
+from .figures import pyplot, write_png
 from .runner import Layout, load_runs, plan
 from .stats import summarize
 from .study import Study, get_study, list_studies
-from .tables import NOT_RUN, _split_values, ci_text, measured, paired, summary, values, verdicts
+from .tables import (
+    NOT_RUN,
+    STATISTICS,
+    Judgement,
+    _split_values,
+    ci_text,
+    judge,
+    measured,
+    p_text,
+    paired,
+    summary,
+    values,
+    verdicts,
+    what_changed,
+    word,
+)
 
 
 def provenance_text(runs: dict[str, dict]) -> str:
@@ -36,18 +52,29 @@ def provenance_text(runs: dict[str, dict]) -> str:
     return "; ".join(f"{k} {' / '.join(sorted(v))}" for k, v in seen.items() if v)
 
 
+def provenance_note(runs: dict[str, dict]) -> str:
+    """What the runs' recorded git revisions say against reproducing them: made from uncommitted code
+    (``-dirty``) or without a revision (the record's ``provenance`` / ``run``, or its metrics'); '' if neither."""
+    dirty, none = [], []
+    for rid, doc in sorted(runs.items()):
+        prov = doc.get("provenance") or doc.get("run") or {}
+        inner = doc.get("metrics", {}).get("provenance", {}) if isinstance(doc.get("metrics"), dict) else {}
+        revs = [str(r) for r in (prov.get("git_revision", prov.get("git")), inner.get("git")) if r]
+        (dirty if any(r.endswith("-dirty") for r in revs) else none if not revs else []).append(rid)
+    said = []
+    if dirty:
+        said.append(f"{len(dirty)} of its {len(runs)} runs were made from uncommitted code (a git revision ending "
+                    "`-dirty`): the code that made them is not in the history exactly")
+    if none:
+        said.append(f"{len(none)} of its {len(runs)} runs record no git revision")
+    return "; ".join(said) + "." if said else ""
+
+
 def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
     """Bars of the study's first column metric per arm (mean ± std over seeds), one group per split value."""
     if not study.columns or not runs:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..bench.report import write_text
-    from .stats import summarize
-
+    plt = pyplot()
     metric, header = study.columns[0].metric, study.columns[0].header
     splits = _split_values(study)
     fig, ax = plt.subplots(figsize=(7, 3.6))
@@ -67,12 +94,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
     ax.set_title(f"{study.title or study.name}: mean ± std over seeds")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    png = io.BytesIO()
-    try:  # no Software / date chunks: the same numbers give the same bytes
-        fig.savefig(png, format="png", dpi=100, metadata={"Software": None})
-    finally:
-        plt.close(fig)
-    return write_text(path, png.getvalue())
+    return write_png(fig, path)
 
 
 def command(study: Study) -> str:
@@ -80,7 +102,7 @@ def command(study: Study) -> str:
     return f"tokenreduce study {study.name}" + ("" if study.is_default_bed else f" --testbed {study.bed_name}")
 
 
-def study_section(study: Study, runs: dict[str, dict], root: Path) -> list[str]:
+def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Judgement | None = None) -> list[str]:
     slug = study.key.replace("/", "-")
     lines = [f"## {study.title or study.name}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
              f"- test bed `{study.bed_name}`: {study.bed.text()}" if study.arms else
@@ -91,24 +113,41 @@ def study_section(study: Study, runs: dict[str, dict], root: Path) -> list[str]:
     if not runs:
         why = study.pending or f"no run JSON under `{study.key}/runs/`"
         return [*lines, "", f"{NOT_RUN}: {why}.", ""]
-    lines.append(f"- provenance: {provenance_text(runs)}")
+    note = provenance_note(runs)
+    lines.append(f"- provenance: {provenance_text(runs)}" + (f"[^{slug}]" if note else ""))
     fig = figure(study, runs, root / "figures" / f"{slug}.png")
     if fig is not None:
         lines += ["", f"![{slug}](figures/{fig.name})"]
-    body = "\n" + summary(study, runs)  # its headings one level down, under the study's
+    body = "\n" + summary(study, runs, judgement)  # its headings one level down, under the study's
     body = body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ")
-    return [*lines, body]
+    judged = judgement.judged[study.key] if judgement else verdicts(study, runs)
+    return [*lines, body, *lengths.section(study, runs, judged, root, slug),
+            *([f"[^{slug}]: Provenance: {note}", ""] if note else [])]
 
 
-def claims_table(studies: list[tuple[Study, dict[str, dict]]]) -> list[str]:
-    lines = ["| study | claim | source | published | measured here (Δ) | 95% CI | verdict | test bed |",
-             "|---|---|---|---|---|---|---|---|"]
-    for study, runs in studies:
-        for j in verdicts(study, runs):
+def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> list[str]:
+    lines = ["| study | claim | source | published | measured here (Δ) | 95% t-interval | p raw / adjusted | verdict | "
+             "test bed |", "|---|---|---|---|---|---|---|---|---|"]
+    for study, _ in studies:
+        for j in judgement.judged[study.key]:
             e = j.expect
-            lines.append(f"| {study.name} | {e.claim} | {e.source} | {e.published or '-'} | {measured(j)} | "
-                         f"{ci_text(j)} | **{j.verdict.word if j.verdict else NOT_RUN}** | {study.bed_name} |")
+            lines.append(f"| {study.name} | {j.claim} | {e.source} | {e.published or '-'} | {measured(j)} | "
+                         f"{ci_text(j)} | {p_text(j)} | **{word(j)}** | {study.bed_name} |")
     return lines
+
+
+#: the report's account of its statistics, above the claims
+METHODS = ("How the verdicts are reached: each claim is a paired contrast (arm minus baseline, paired by seed) "
+           "tested by the paired t-test its study declares. " + STATISTICS +
+           " Multiplicity: p-values are adjusted by Holm within each study (all its test beds' tests together) "
+           "and by Benjamini-Hochberg over the whole report; the verdict comes from the larger adjusted p, the "
+           "raw p is shown beside it. A claim declared for several methods is also tested as one family "
+           "claim, seeds as the unit. Every \"costs nothing / at or above / keeps\" claim is a non-inferiority "
+           "test against a declared margin, given with its reason. Where runs store per-item results a paired "
+           "bootstrap over seeds and test items is shown beside the t-interval; the records below hold none, so "
+           "their intervals are seed-level only. No study here declared a power plan before its runs: where a "
+           "claim gives a published effect, the power its n had for it at the observed sd is stated, labelled "
+           "post hoc.")
 
 
 #: the README's generated part lies between these two lines
@@ -125,7 +164,7 @@ def headline(root: Path) -> list[str]:
     """The README's tables, read from the records: each baseline's 1.5x and 2x pick on the scene bed
     (the study ``baselines``, its ``final`` measure and its runs) and the DeiT-S speed-ups (``deit_bench``)."""
     study = get_study("baselines")("scenes")
-    runs = load_runs(Layout(root / study.key, root / study.key))
+    runs = load_runs(Layout(root / study.key, root / study.key), study)
     final = runs.get("final")
     if final is None:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
@@ -148,7 +187,7 @@ def headline(root: Path) -> list[str]:
         top1 = summarize(values(study, runs, arm, "top1", {})).text()
         lines.append(f"| {arm} | {macs:.2f} | {up:.2f} | {top1} | {diff} |")
     deit = get_study("deit_bench")()
-    bench = load_runs(Layout(root / deit.key, root / deit.key)).get("deit_small")
+    bench = load_runs(Layout(root / deit.key, root / deit.key), deit).get("deit_small")
     if bench is not None:
         p = bench["provenance"] if "provenance" in bench else bench["result"].get("provenance", {})
         lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on {p.get('cpu')}, "
@@ -184,6 +223,19 @@ def write_headline(readme: Path, lines: list[str]) -> Path:
     return write_text(readme, text[:start] + body + text[end + len(HEADLINE[1]):])
 
 
+def judged_results(root: Path, names: list[str] | None = None
+                   ) -> tuple[list[tuple[Study, dict[str, Any]]], Judgement]:
+    """Every registered study bed (or those of ``names``) with its runs stored under ``root``, and their
+    claims judged together (:func:`~.tables.judge`: Holm within a study, Benjamini-Hochberg over all)."""
+    studies: list[tuple[Study, dict[str, Any]]] = []
+    for name in names or [n for n in list_studies() if not n.startswith("_")]:  # "_": the tests' own
+        cls = get_study(name)
+        for bed in cls.beds:
+            study = cls(bed)
+            studies.append((study, load_runs(Layout(root / study.key, root / study.key / "checkpoints"), study)))
+    return studies, judge(studies)
+
+
 def build_report(root: str | Path = "results", names: list[str] | None = None,
                  readme: str | Path | None = None) -> Path:
     """Write ``root``/REPORT.md, ``root``/figures/ and each study bed's summary.md from every study's stored
@@ -191,21 +243,20 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
     from ..bench.report import write_text
 
     root = Path(root)
-    studies: list[tuple[Study, dict[str, Any]]] = []
-    for name in names or [n for n in list_studies() if not n.startswith("_")]:  # "_": the tests' own
-        cls = get_study(name)
-        for bed in cls.beds:
-            study = cls(bed)
-            studies.append((study, load_runs(Layout(root / study.key, root / study.key / "checkpoints"))))
+    studies, judgement = judged_results(root, names)
     for study, runs in studies:
         if runs:
-            write_text(root / study.key / "summary.md", summary(study, runs))
+            write_text(root / study.key / "summary.md", summary(study, runs, judgement))
     if readme is not None:
         write_headline(Path(readme), headline(root))
     lines = ["# tokenreduce: the studies", "",
              "Built by `tokenreduce report` from the run JSONs stored under `results/<study>/<test bed>/runs/`: every "
              "number below is read from them; a verdict comes only from the test each study declares, at its "
-             "level, with n stated.", "", "## Claims", "", *claims_table(studies), ""]
+             "level, with n stated.", "", METHODS, "", "## Claims", "", *claims_table(studies, judgement), "",
+             "## What changed", "", "The verdicts that moved from the previous statistics (one-sided t-tests at "
+             "0.05 each way, no multiplicity adjustment, \"not reproduced\" from a post-hoc smallest detectable "
+             "difference, a bootstrap of three values printed as a 95% CI) to these, and why:", "",
+             *what_changed(judgement, studies), ""]
     for study, runs in studies:
-        lines += study_section(study, runs, root)
+        lines += study_section(study, runs, root, judgement)
     return write_text(root / "REPORT.md", "\n".join(lines).rstrip() + "\n")

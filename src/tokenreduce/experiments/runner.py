@@ -19,7 +19,6 @@ probe, a second training phase) runs its source again first (:meth:`Runner._chec
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
+from .records import load_records, read_record, relative, resolved
 from .study import Bench, Measure, Point, Probe, Study
 
 
@@ -122,10 +122,11 @@ class Runner:
         path = self.layout.json(unit.id)
         if not path.is_file():
             return False
-        made_on = json.loads(path.read_text()).get("testbed")
+        made_on = read_record(path).get("testbed")
         if made_on != self.study.bed.describe():
             raise TokenReduceError(f"{path} was made on the test bed {made_on}, not {self.study.bed.describe()}; "
                                    "give another --out for this test bed")
+        read_record(path, self.study, units=self.by_id)
         return True
 
     def command(self, unit: Unit, threads: int | None = None) -> list[str]:
@@ -142,6 +143,14 @@ class Runner:
 
     def run_one(self, unit: Unit) -> dict[str, Any]:
         """Execute ``unit`` in-process (its needs must be done) and write its JSON; returns the document."""
+        if unit.kind in ("measure", "bench"):  # a timing: one at a time per run, sharing its cores with no twin
+            from ..train import lock
+
+            with lock.hold(self.layout.checkpoints / unit.id, what=f"timing run {unit.id}"):
+                return self._run_one(unit)
+        return self._run_one(unit)
+
+    def _run_one(self, unit: Unit) -> dict[str, Any]:
         from ..bench.report import provenance, write_json
         from . import entries
 
@@ -156,7 +165,9 @@ class Runner:
                                "command": shlex.join(self.command(unit))}
         if unit.kind == "evaluate":
             arm = self.study.arms[unit.point.arm]
-            probe = self._experiment(arm.experiment, self._checkpoint(unit.needs[0]), work)
+            # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
+            spec = arm.experiment.format(**self.study.train_fields(unit.point, self.layout.checkpoints))
+            probe = self._experiment(spec, self._checkpoint(unit.needs[0]), work)
             doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=unit.needs[0], **probe,
                        metrics=probe["result"].get("metrics", {}))
         elif unit.point is not None:
@@ -181,7 +192,7 @@ class Runner:
             doc.update(self._probe(unit, work))
         doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,
                                        wall_s=round(time.perf_counter() - t0, 1))
-        write_json(self.layout.json(unit.id), doc)
+        write_json(self.layout.json(unit.id), relative(doc, self.layout))
         return doc
 
     def _train(self, unit: Unit) -> dict[str, Any]:
@@ -196,7 +207,8 @@ class Runner:
         return entries.train_run(fields)
 
     def _doc(self, run_id: str) -> dict[str, Any]:
-        return json.loads(self.layout.json(run_id).read_text())
+        """The record of run ``run_id``, checked, its paths resolved where the study is now."""
+        return resolved(read_record(self.layout.json(run_id), self.study, units=self.by_id), self.layout)
 
     def _checkpoint(self, run_id: str) -> str:
         """The checkpoint of the done training run ``run_id``. One that is gone (the results are kept,
@@ -208,7 +220,7 @@ class Runner:
         from ..bench.report import write_json
 
         doc = self._doc(run_id)
-        path = doc["metrics"]["checkpoint"]
+        path = doc["metrics"]["checkpoint"]  # resolved (_doc)
         if Path(path).is_file():
             return path
         unit = self.unit(run_id)
@@ -225,7 +237,7 @@ class Runner:
             again["replaces"] = {"why": "its checkpoint was gone and running it again did not reproduce its metric",
                                  "metrics": {metric: doc["metrics"][metric]}, "provenance": doc["provenance"],
                                  "cpu": doc["metrics"]["provenance"].get("cpu")}
-            write_json(self.layout.json(run_id), again)
+            write_json(self.layout.json(run_id), relative(again, self.layout))
             if readers:
                 raise TokenReduceError(f"{run_id} made again gave {metric} {again['metrics'][metric]}, not the "
                                        f"recorded {doc['metrics'][metric]} (its record now holds the new run), and "
@@ -326,7 +338,7 @@ def _fields(experiment: str) -> set[str]:
     return {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
 
 
-def load_runs(layout: Layout) -> dict[str, dict[str, Any]]:
-    """Run id -> the document of every run JSON in ``layout``."""
-    folder = layout.results / "runs"
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+def load_runs(layout: Layout, study: Study | None = None) -> dict[str, dict[str, Any]]:
+    """Run id -> the record of every run JSON in ``layout``, each checked against ``study`` (records.py: a
+    record that fails is refused, naming the file and the field, never dropped or read as it is)."""
+    return load_records(layout.results / "runs", study)

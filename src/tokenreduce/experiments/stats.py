@@ -1,35 +1,48 @@
-"""The statistics every study's tables and verdicts use, written once.
+"""The statistics behind every verdict, one place for each test (scipy.stats and statsmodels underneath).
 
-    summarize        mean, sample standard deviation and n of a list of values
-    t_cdf, t_ppf     Student's t distribution (through the regularized incomplete beta function:
-                     no scipy), checked against tabulated values in the tests
-    paired_t         the paired t-test on per-seed differences: t, df, one- and two-sided p-values
-    bootstrap_ci     a percentile bootstrap interval of the mean, with a fixed seed (tables rebuild
-                     byte-identical)
-    verdict          "reproduced", "not reproduced", "contradicted" or "inconclusive", only from a
-                     declared one-sided test at a declared level, with n and what the test can
-                     resolve at that n (the smallest effect it detects)
+    summarize               mean, sample standard deviation and n of a list of values
+    paired_t_test           the paired t-test of the mean difference against a null value, one- or two-sided
+    paired_t_interval       the paired t confidence interval of the mean difference
+    tost                    two one-sided tests: equivalence of the mean difference within (low, high)
+    paired_item_bootstrap   a percentile interval resampling seeds and, within each, test items (the same
+                            items for both arms), with a fixed seed
+    holm                    Holm's step-down adjustment (family-wise error)
+    benjamini_hochberg      the Benjamini-Hochberg adjustment (false discovery rate)
+    power_paired_t          the power of a paired t-test at n; seeds_for_power: the n giving a power
+    hypotheses, verdict     a claim's declared tests, and its verdict from their (adjusted) p-values
 
-Verdict rule for a claim "the paired difference d lies above ``margin``" (``direction=+1``; below
-for ``-1``), at level alpha, with the effect the source reports (``effect``, optional):
-    contradicted     the one-sided test against the claim rejects (d on the other side of margin);
-    reproduced       the one-sided test for the claim rejects;
-    not reproduced   neither rejects, but an effect of the reported size would have been detected
-                     (|effect - margin| >= the smallest detectable effect at this n and spread);
-    inconclusive     neither rejects and the test could not have seen the reported effect (or no
-                     effect is reported), or n < 2: one paired value (one seed done) admits no test
-                     at all, and its verdict says so instead of computing one.
+Level and sidedness, as run: a claim declares ``level`` (0.05) and every test is run two-sided at it, i.e.
+each one-sided test at ``level / 2``. A one-sided p-value is reported doubled (capped at 1), so every p
+compares with ``level``: "reproduced" and "contradicted" together keep the declared two-sided level, and
+the t-interval shown is the (1 - level) interval whose side decides them.
+
+Verdict rule for a claim "the mean paired difference d lies above ``margin``" (``direction=+1``; below
+it for ``-1``); ``kind`` "superior" or "noninferior" (the same test, the margin then on the losing side),
+or "equivalent" (|d| < |margin|, by TOST):
+    reproduced              the claim's test rejects toward the claim (for "equivalent": TOST rejects);
+    contradicted            it rejects the other way (d significantly on the other side of the margin);
+    equivalent within ±δ    the claim's test does not reject, and TOST at ±``delta`` (declared) does;
+    not reproduced          the claim's test does not reject, and the test of H0: d = ``effect`` (the
+                            published size) against the side of the null does;
+    inconclusive            none of these rejects, or n < 2 (one seed admits no test).
+The p-values deciding are the adjusted ones the caller passes (Holm within a study, Benjamini-Hochberg
+over the report: experiments/tables.py); without them the raw ones.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-VERDICTS = ("reproduced", "not reproduced", "contradicted", "inconclusive")
+import numpy as np
+from scipy import stats as _scipy
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
+
+VERDICTS = ("reproduced", "contradicted", "equivalent", "not reproduced", "inconclusive")
+KINDS = ("superior", "noninferior", "equivalent")
 
 
 @dataclass(frozen=True)
@@ -57,169 +70,200 @@ def summarize(values: Sequence[float]) -> Summary:
     return Summary(len(values), statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None)
 
 
-# ----------------------------------------------------------------------------- Student's t
+# ----------------------------------------------------------------------------- tests and intervals
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes 6.4)."""
-    tiny, eps = 1e-300, 3e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), for a, b > 0 and 0 <= x <= 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom: 1 - I_{df/(df+t^2)}(df/2, 1/2) / 2 for t > 0."""
-    if df <= 0:
-        raise ValueError(f"Student's t needs df > 0, got {df} (n = 1 admits no t-test)")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_ppf(q: float, df: float) -> float:
-    """The ``q`` quantile of Student's t (bisection on :func:`t_cdf`; 0 < q < 1)."""
-    lo, hi = -1e6, 1e6
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if t_cdf(mid, df) < q:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-@dataclass(frozen=True)
-class TTest:
-    """A one-sample t-test of the mean of ``n`` paired differences against ``margin``: ``t`` (None when
-    undefined: n < 2 or no spread), ``df``, ``p_greater`` (H1: mean > margin), ``p_less``, ``p_two``."""
-
-    n: int
-    mean: float | None
-    std: float | None
-    margin: float
-    t: float | None
-    df: int
-    p_greater: float | None
-    p_less: float | None
-    p_two: float | None
-
-
-def paired_t(diffs: Sequence[float], margin: float = 0.0) -> TTest:
-    """The paired t-test on ``diffs`` (one per seed: arm minus its same-seed baseline)."""
+def paired_t_test(diffs: Sequence[float], null: float = 0.0, alternative: str = "two-sided") -> float | None:
+    """The p-value of the paired t-test of the mean of ``diffs`` (arm minus baseline, one per seed)
+    against ``null``: ``alternative`` "two-sided", "greater" or "less" (scipy.stats.ttest_1samp). None for
+    n < 2; with no spread the sign is certain (p 0 or 1)."""
     s = summarize(diffs)
-    if s.n < 2 or s.mean is None:
-        return TTest(s.n, s.mean, s.std, margin, None, max(0, s.n - 1), None, None, None)
-    df = s.n - 1
-    if not s.std:  # every seed gave the same difference: the sign is certain, the spread is zero
-        t = math.inf if s.mean > margin else -math.inf if s.mean < margin else 0.0
-    else:
-        t = (s.mean - margin) / (s.std / math.sqrt(s.n))
-    upper = 1.0 - t_cdf(t, df)
-    lower = t_cdf(t, df)
-    return TTest(s.n, s.mean, s.std, margin, t, df, upper, lower, min(1.0, 2 * min(upper, lower)))
-
-
-def smallest_detectable(std: float | None, n: int, level: float) -> float | None:
-    """The smallest mean difference a one-sided paired t-test at ``level`` calls significant, given
-    the observed spread ``std`` of ``n`` differences: t_{1-level, n-1} * std / sqrt(n)."""
-    if std is None or n < 2:
+    if s.n < 2:
         return None
-    return t_ppf(1.0 - level, n - 1) * std / math.sqrt(n)
+    if not s.std:
+        above, below = s.mean > null, s.mean < null
+        hit = {"greater": above, "less": below, "two-sided": above or below}[alternative]
+        return 0.0 if hit else 1.0
+    return float(_scipy.ttest_1samp(list(diffs), null, alternative=alternative).pvalue)
 
 
-def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 2000,
-                 seed: int = 0) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of the mean of ``values`` (None for fewer than 2 values); a fixed
-    ``seed`` makes it the same on every rebuild. With n values it takes at most C(2n-1, n) distinct
-    resampled means (10 for n = 3): a coarse interval, reported beside the t-test, not instead of it."""
-    values = list(values)
-    if len(values) < 2:
+def paired_t_interval(diffs: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """The two-sided paired t confidence interval of the mean of ``diffs`` (None for n < 2)."""
+    s = summarize(diffs)
+    if s.n < 2:
         return None
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(statistics.fmean(rng.choices(values, k=n)) for _ in range(resamples))
-    lo = means[int(math.floor((1 - level) / 2 * (resamples - 1)))]
-    hi = means[int(math.ceil((1 + level) / 2 * (resamples - 1)))]
-    return lo, hi
+    if not s.std:
+        return s.mean, s.mean
+    lo, hi = _scipy.t.interval(confidence, s.n - 1, loc=s.mean, scale=s.std / math.sqrt(s.n))
+    return float(lo), float(hi)
+
+
+def tost(diffs: Sequence[float], low: float, high: float) -> float | None:
+    """Two one-sided tests of equivalence, H0: mean <= low or mean >= high: the larger of the two one-sided
+    p-values (it rejects at level a exactly when the (1 - 2a) t-interval lies inside (low, high))."""
+    p_low, p_high = paired_t_test(diffs, low, "greater"), paired_t_test(diffs, high, "less")
+    return None if p_low is None else max(p_low, p_high)
+
+
+def paired_item_bootstrap(arm: Sequence[np.ndarray], base: Sequence[np.ndarray], confidence: float = 0.95,
+                          resamples: int = 2000, seed: int = 0) -> tuple[float, float, float] | None:
+    """A percentile interval of the mean paired difference (x 100: points) over seeds and test items.
+
+    ``arm[i]``, ``base[i]``: seed i's per-item values of the two arms on the same test items (NaN entries,
+    items without a value, are left out of a mean). Each resample draws the seeds with replacement and,
+    within each drawn seed, the test items with replacement, the same items for both arms; the statistic
+    is the mean over the drawn seeds of (arm mean - base mean). Returns (low, high, mean of the
+    resamples); None for fewer than 2 seeds. ``seed`` fixes the draws (tables rebuild byte-identical)."""
+    if len(arm) != len(base) or len(arm) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    n_seeds = len(arm)
+    per_seed = np.empty((n_seeds, resamples))
+    for i, (a, b) in enumerate(zip(arm, base, strict=True)):
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if a.shape != b.shape:
+            raise ValueError(f"seed {i}: {a.size} items for the arm, {b.size} for the baseline (not paired)")
+        for start in range(0, resamples, 250):  # in blocks: 250 x 10 000 item draws at a time
+            idx = rng.integers(0, a.size, size=(min(250, resamples - start), a.size))
+            per_seed[i, start:start + len(idx)] = np.nanmean(a[idx], axis=1) - np.nanmean(b[idx], axis=1)
+    pick = rng.integers(0, n_seeds, size=(resamples, n_seeds))
+    stat = 100.0 * per_seed[pick, np.arange(resamples)[:, None]].mean(axis=1)
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(stat, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi), float(stat.mean())
+
+
+# ----------------------------------------------------------------------------- multiplicity
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (controls the family-wise error rate)."""
+    return [float(p) for p in multipletests(list(pvalues), method="holm")[1]] if len(pvalues) else []
+
+
+def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (controls the false discovery rate)."""
+    return [float(p) for p in multipletests(list(pvalues), method="fdr_bh")[1]] if len(pvalues) else []
+
+
+# ----------------------------------------------------------------------------- power
+
+
+def power_paired_t(effect: float, sd: float, n: int, level: float = 0.05) -> float:
+    """The power of the paired t-test, one-sided at ``level / 2`` (as the verdicts run it), to detect a
+    mean difference ``effect`` (> 0, toward the claim) at a per-seed spread ``sd`` with n seeds."""
+    return float(TTestPower().power(effect_size=effect / sd, nobs=n, alpha=level / 2, alternative="larger"))
+
+
+def seeds_for_power(effect: float, sd: float, power: float = 0.8, level: float = 0.05) -> int:
+    """The smallest n of seeds at which :func:`power_paired_t` reaches ``power``."""
+    n = TTestPower().solve_power(effect_size=effect / sd, alpha=level / 2, power=power, alternative="larger")
+    return max(2, math.ceil(float(n)))
 
 
 # ----------------------------------------------------------------------------- verdicts
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The ``word`` (one of VERDICTS), the test behind it and a sentence saying what it rests on."""
+class Hypothesis:
+    """One null hypothesis a verdict may come from: ``role`` "claim" (the declared test), "equivalence"
+    (TOST at ±delta) or "effect" (the published size); ``text`` says what was tested how; ``p``: its
+    p-value as a two-sided level compares it (a one-sided p doubled)."""
 
-    word: str
-    test: TTest
-    level: float
-    direction: int
-    detectable: float | None
-    ci: tuple[float, float] | None
-    why: str
+    role: str
+    text: str
+    p: float
 
 
-def verdict(diffs: Sequence[float], *, direction: int, margin: float = 0.0, level: float = 0.05,
-            effect: float | None = None) -> Verdict:
-    """The verdict on the claim "the mean paired difference lies above ``margin``" (``direction=+1``;
-    below it for ``-1``) from a one-sided paired t-test at ``level`` (module docstring)."""
+def _sided(p: float) -> float:
+    return min(1.0, 2.0 * p)
+
+
+def hypotheses(diffs: Sequence[float], *, kind: str = "superior", direction: int, margin: float = 0.0,
+               level: float = 0.05, effect: float | None = None, delta: float | None = None) -> list[Hypothesis]:
+    """The tests a claim declares (module docstring), on its paired differences; none for n < 2."""
     if direction not in (1, -1):
         raise ValueError(f"direction must be +1 or -1, got {direction}")
-    test = paired_t(diffs, margin)
-    ci = bootstrap_ci(diffs)
-    side = "above" if direction > 0 else "below"
-    if test.t is None:
-        why = f"n = {test.n}: no test possible (a paired t-test needs at least 2 seeds)"
-        return Verdict("inconclusive", test, level, direction, None, ci, why)
-    p_for, p_against = (test.p_greater, test.p_less) if direction > 0 else (test.p_less, test.p_greater)
-    detectable = smallest_detectable(test.std, test.n, level)
-    tested = f"one-sided paired t-test, level {level:g}, n = {test.n} (df {test.df})"
-    reach = f"the smallest difference it detects at this spread is {detectable:.2f}" if detectable is not None \
-        else "the seeds agree exactly (no spread)"
-    if p_against < level:
-        return Verdict("contradicted", test, level, direction, detectable, ci,
-                       f"{tested}: the difference lies significantly on the other side of {margin:g} "
-                       f"(p = {p_against:.3g}; {reach})")
-    if p_for < level:
-        return Verdict("reproduced", test, level, direction, detectable, ci,
-                       f"{tested}: the difference lies significantly {side} {margin:g} (p = {p_for:.3g}; {reach})")
-    if effect is not None and detectable is not None and abs(effect - margin) >= detectable:
-        return Verdict("not reproduced", test, level, direction, detectable, ci,
-                       f"{tested}: no significant difference (p = {p_for:.3g}), though {reach} and the source "
-                       f"reports {effect:+.2f}")
-    gap = f"; the source reports {effect:+.2f}, below that" if effect is not None else "; the source reports no size"
-    return Verdict("inconclusive", test, level, direction, detectable, ci,
-                   f"{tested}: no significant difference (p = {p_for:.3g}); {reach}{gap}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if len(diffs) < 2:
+        return []
+    half = f"{level / 2:g}"
+    if kind == "equivalent":
+        out = [Hypothesis("claim", f"TOST within ±{abs(margin):g}, each side one-sided at {half}",
+                          _sided(tost(diffs, -abs(margin), abs(margin))))]
+    else:
+        name = "non-inferiority" if kind == "noninferior" else "superiority"
+        out = [Hypothesis("claim", f"{name}: paired t-test of H0 Δ = {margin:g}, two-sided at {level:g}",
+                          paired_t_test(diffs, margin))]
+    if delta is not None and kind != "equivalent":
+        out.append(Hypothesis("equivalence", f"TOST within ±{delta:g}, each side one-sided at {half}",
+                              _sided(tost(diffs, -delta, delta))))
+    if effect is not None and kind != "equivalent":
+        toward = "less" if direction > 0 else "greater"
+        side = "<" if direction > 0 else ">"
+        out.append(Hypothesis("effect", f"the published size: H0 Δ = {effect:+.2f} against Δ {side} {effect:+.2f}, "
+                                        f"one-sided at {half}", _sided(paired_t_test(diffs, effect, toward))))
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The ``word`` (one of VERDICTS; "equivalent" printed with its bound), the tests with their raw and
+    adjusted p-values, the t-interval at ``1 - level`` and a sentence saying what the verdict rests on."""
+
+    word: str
+    n: int
+    mean: float | None
+    std: float | None
+    level: float
+    tests: tuple[Hypothesis, ...]
+    adjusted: tuple[float, ...]
+    interval: tuple[float, float] | None
+    why: str
+    delta: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"equivalent within ±{self.delta:g}" if self.word == "equivalent" else self.word
+
+    def p(self, role: str = "claim") -> tuple[float, float] | None:
+        """(raw, adjusted) p of the test of ``role``; None when the claim has none."""
+        return next(((h.p, a) for h, a in zip(self.tests, self.adjusted, strict=True) if h.role == role), None)
+
+
+def verdict(diffs: Sequence[float], *, kind: str = "superior", direction: int, margin: float = 0.0,
+            level: float = 0.05, effect: float | None = None, delta: float | None = None,
+            adjusted: Sequence[float] | None = None) -> Verdict:
+    """The verdict on a claim (module docstring) from its :func:`hypotheses`, deciding on ``adjusted``
+    p-values (one per hypothesis, in order; default: the raw ones)."""
+    tests = tuple(hypotheses(diffs, kind=kind, direction=direction, margin=margin, level=level, effect=effect,
+                             delta=delta))
+    s = summarize(diffs)
+    interval = paired_t_interval(diffs, 1.0 - level)
+    if not tests:
+        return Verdict("inconclusive", s.n, s.mean, s.std, level, (), (), None,
+                       f"n = {s.n}: no test possible (a paired t-test needs at least 2 seeds)", delta)
+    adjusted = tuple(adjusted) if adjusted is not None else tuple(h.p for h in tests)
+    if len(adjusted) != len(tests):
+        raise ValueError(f"{len(adjusted)} adjusted p-values for {len(tests)} tests")
+    rejects = {h.role: a < level for h, a in zip(tests, adjusted, strict=True)}
+    ps = {h.role: f"p = {h.p:.3g}, adjusted {a:.3g}" for h, a in zip(tests, adjusted, strict=True)}
+    claimed = s.mean is not None and (s.mean - margin) * direction > 0
+    if kind == "equivalent":
+        word = "reproduced" if rejects["claim"] else "inconclusive"
+    elif rejects["claim"]:
+        word = "reproduced" if claimed else "contradicted"
+    elif rejects.get("equivalence"):
+        word = "equivalent"
+    elif rejects.get("effect"):
+        word = "not reproduced"
+    else:
+        word = "inconclusive"
+    said = [f"{tests[0].text} ({ps['claim']})"]
+    if "equivalence" in ps:
+        said.append(f"{tests[[h.role for h in tests].index('equivalence')].text} ({ps['equivalence']})")
+    if "effect" in ps:
+        said.append(f"{tests[[h.role for h in tests].index('effect')].text} ({ps['effect']})")
+    return Verdict(word, s.n, s.mean, s.std, level, tests, adjusted, interval,
+                   f"n = {s.n} (df {s.n - 1}): " + "; ".join(said), delta)

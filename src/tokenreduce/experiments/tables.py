@@ -9,11 +9,14 @@ shows as "not run" with the reason, never as a number.
 from __future__ import annotations
 
 import itertools
+import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import SpecError
 from . import stats
 from .study import Expect, Study
 
@@ -49,13 +52,19 @@ def values(study: Study, runs: dict[str, dict], arm: str, metric: str, at: dict[
 def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
            at: dict[str, Any]) -> list[float]:
     """Per seed with both runs: ``arm`` minus ``base`` on ``metric`` at ``at``."""
+    return list(paired_by_seed(study, runs, arm, base, metric, at).values())
+
+
+def paired_by_seed(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
+                   at: dict[str, Any]) -> dict[Any, float]:
+    """Seed -> ``arm`` minus ``base`` on ``metric`` at ``at``, for each seed with both runs, in seed order."""
     mine, theirs = _runs_of(study, runs, arm, at), _runs_of(study, runs, base, at)
-    out = []
+    out = {}
     for seed in _seeds(study):
         if seed in mine and seed in theirs:
             a, b = _metric(mine[seed], metric), _metric(theirs[seed], metric)
             if a is not None and b is not None:
-                out.append(a - b)
+                out[seed] = a - b
     return out
 
 
@@ -164,24 +173,166 @@ def probe_text(decl, doc: dict[str, Any] | None) -> list[str]:
 
 @dataclass(frozen=True)
 class Judged:
-    """An expectation, its paired differences and the verdict on them (None: not run, ``why``)."""
+    """An expectation, its paired differences and the verdict on them (None: not run, ``why``). ``claim``:
+    its text as printed (a speed-matched claim's ``{at_speed}`` resolved); ``items``: the seed x item
+    bootstrap interval (low, high, centre) where the records hold per-item results, else None and
+    ``items_why``; ``members``: a family claim's number of claims (0: a claim of its own)."""
 
     expect: Expect
     diffs: list[float]
     verdict: stats.Verdict | None
     why: str
+    claim: str = ""
+    items: tuple[float, float, float] | None = None
+    items_why: str = ""
+    members: int = 0
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Every judged claim of some study beds (``judged``: study key -> its claims), and the families their
+    p-values were adjusted in: ``holm`` (study name -> the number of tests of all its beds, Holm) and
+    ``bh`` (the number of tests over all of them, Benjamini-Hochberg)."""
+
+    judged: dict[str, list[Judged]]
+    holm: dict[str, int]
+    bh: int
+    scope: str = "the report"
+
+
+def _items(doc: dict[str, Any], metric: str) -> Any:
+    from ..tasks.items import decode
+
+    entry = doc.get("metrics", {}).get("items", {}).get(metric) if isinstance(doc.get("metrics"), dict) else None
+    return decode(entry) if isinstance(entry, dict) else None
+
+
+def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
+    """The paired bootstrap over seeds and test items of ``e`` (stats.paired_item_bootstrap) where every
+    paired seed's two records hold ``e.metric``'s per-item results; else None and why not."""
+    mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
+    seeds = list(paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at))
+    arm = [_items(mine[s], e.metric) for s in seeds]
+    base = [_items(theirs[s], e.metric) for s in seeds]
+    if len(seeds) < 2 or any(x is None for x in (*arm, *base)):
+        return None, "seed-level only: the records hold no per-item results"
+    return stats.paired_item_bootstrap(arm, base, confidence=1.0 - e.level), ""
+
+
+def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:
+    """Arm -> the measured speed-up (batch 32) of its fine-tuned runs in the record of ``measure`` (the
+    median over its rows when several)."""
+    doc, arm_of = runs.get(measure), {p.id: p.arm for p in study.points()}
+    found: dict[str, list[float]] = {}
+    for row in (doc or {}).get("result", {}).get("results", []):
+        arms = {arm_of.get(r.get("run")) for r in row.get("runs", [])}
+        if row.get("kind") == "fine-tuned" and len(arms) == 1 and None not in arms and row.get("speedup"):
+            found.setdefault(arms.pop(), []).append(float(row["speedup"]))
+    return {a: statistics.median(v) for a, v in found.items()}
+
+
+def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
+    """``e.claim``, its ``{at_speed}`` read from the speed record: "at equal measured speed" only when the
+    measure timed both arms (one interleaved run) within the declared tolerance; else "at its own pick"
+    with both measured speeds."""
+    if e.speed is None:
+        return e.claim
+    measure, tol = e.speed
+    got = speeds(study, runs, measure)
+    if e.arm not in got or e.baseline not in got:
+        return e.claim.format(at_speed=f"at its own pick (no speed of both arms in the {measure} record)")
+    a, b = got[e.arm], got[e.baseline]
+    if abs(a - b) < tol:
+        return e.claim.format(at_speed=f"at equal measured speed ({a:.2f}x and {b:.2f}x, within {tol:g}x)")
+    return e.claim.format(at_speed=f"at its own pick (measured {a:.2f}x against {b:.2f}x: not within {tol:g}x)")
+
+
+def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, dict[Any, float], int]]:
+    """Each declared family of at least two claims at one grid point: a claim of its own whose paired
+    value per seed is the mean of its members' (seeds where every member has one)."""
+    groups: dict[tuple, list[Expect]] = {}
+    for e in study.expect:
+        if e.family:
+            groups.setdefault((e.family, tuple(sorted(e.at.items()))), []).append(e)
+    out = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        first = members[0]
+        if len({(e.metric, e.direction, e.margin, e.kind, e.level) for e in members}) > 1:
+            raise SpecError(f"study {study.name}: the family {first.family!r} mixes metrics, directions, margins, "
+                            "kinds or levels")
+        per = [paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at) for e in members]
+        seeds = [s for s in _seeds(study) if all(s in p for p in per)]
+        fam = Expect(first.family, first.source, arm=f"the mean over {len(members)} claims' arms",
+                     baseline="their baselines", metric=first.metric, direction=first.direction, at=first.at,
+                     margin=first.margin, level=first.level, kind=first.kind, delta=first.delta, why=first.why)
+        out.append((fam, {s: statistics.fmean(p[s] for p in per) for s in seeds}, len(members)))
+    return out
+
+
+def _test(e: Expect, diffs: list[float]) -> list[stats.Hypothesis]:
+    return stats.hypotheses(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
+                            effect=e.effect, delta=e.delta)
+
+
+def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report") -> Judgement:
+    """Every claim (and family claim) of ``studies`` judged, its p-values adjusted by Holm within each study
+    (all its beds' tests together) and by Benjamini-Hochberg over all; a test rejects only when both
+    adjusted p-values lie below its level, so the adjusted p shown is the larger of the two."""
+    rows: list[tuple[str, str, Expect, list[float], int, str]] = []  # key, study name, claim, diffs, members, text
+    for study, runs in studies:
+        for e in study.expect:
+            rows.append((study.key, study.name, e, paired(study, runs, e.arm, e.baseline, e.metric, e.at), 0,
+                         claim_text(study, runs, e)))
+        for fam, diffs, k in _family_claims(study, runs):
+            rows.append((study.key, study.name, fam, list(diffs.values()), k, fam.claim))
+    tests = [_test(e, diffs) for _, _, e, diffs, _, _ in rows]
+    flat = [(i, name) for i, (_, name, *_) in enumerate(rows) for _ in tests[i]]
+    ps = [h.p for t in tests for h in t]
+    adjusted = stats.benjamini_hochberg(ps)
+    holm_sizes: dict[str, int] = {}
+    for name in dict.fromkeys(name for _, name in flat):
+        where = [k for k, (_, n) in enumerate(flat) if n == name]
+        holm_sizes[name] = len(where)
+        for k, p in zip(where, stats.holm([ps[k] for k in where]), strict=True):
+            adjusted[k] = max(adjusted[k], p)
+    judged: dict[str, list[Judged]] = {study.key: [] for study, _ in studies}
+    runs_of = {study.key: (study, runs) for study, runs in studies}
+    k = 0
+    for (key, _, e, diffs, members, text), t in zip(rows, tests, strict=True):
+        adj, k = adjusted[k:k + len(t)], k + len(t)
+        if not diffs:
+            judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}",
+                                      text, members=members))
+            continue
+        v = stats.verdict(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
+                          effect=e.effect, delta=e.delta, adjusted=adj)
+        items, items_why = (None, "a family claim: seeds as the unit") if members else \
+            item_interval(*runs_of[key], e)
+        judged[key].append(Judged(e, diffs, v, v.why + _power_text(e, v), text, items, items_why, members))
+    return Judgement(judged, holm_sizes, len(ps), scope)
 
 
 def verdicts(study: Study, runs: dict[str, dict]) -> list[Judged]:
-    out = []
-    for e in study.expect:
-        diffs = paired(study, runs, e.arm, e.baseline, e.metric, e.at)
-        if not diffs:
-            out.append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}"))
-            continue
-        v = stats.verdict(diffs, direction=e.direction, margin=e.margin, level=e.level, effect=e.effect)
-        out.append(Judged(e, diffs, v, v.why))
-    return out
+    """The study bed's claims judged on their own (multiplicity adjusted over this bed's tests alone; the
+    report adjusts over every study: :func:`judge`)."""
+    return judge([(study, runs)], scope="this test bed").judged[study.key]
+
+
+def _power_text(e: Expect, v: stats.Verdict) -> str:
+    """The declared power plan; else, for a published effect, the power n had for it, labelled post hoc."""
+    if e.power is not None:
+        p = e.power
+        n = stats.seeds_for_power(p.effect, p.sd, p.power, e.level)
+        return (f"; power plan (declared before the runs): n = {n} seeds give {p.power:.0%} power to detect "
+                f"Δ = {p.effect:g} at the pilot sd {p.sd:g} ({p.pilot}); run with n = {v.n}")
+    toward = None if e.effect is None else (e.effect - e.margin) * e.direction
+    if not toward or toward <= 0 or not v.std:
+        return ""
+    power = stats.power_paired_t(toward, v.std, v.n, e.level)
+    return (f"; no power plan was declared before the runs; post hoc, at the observed sd {v.std:.2f}, n = {v.n} "
+            f"had {power:.0%} power for the published {e.effect:+.2f} (one-sided {e.level / 2:g}, unadjusted)")
 
 
 def _where(e: Expect) -> str:
@@ -191,38 +342,158 @@ def _where(e: Expect) -> str:
 def measured(j: Judged) -> str:
     if j.verdict is None:
         return NOT_RUN
-    t = j.verdict.test
-    text = stats.Summary(t.n, t.mean, t.std).text()
-    return text if t.std is None else f"{text} (n = {t.n})"  # one value's text names its n already
+    v = j.verdict
+    text = stats.Summary(v.n, v.mean, v.std).text()
+    return text if v.std is None else f"{text} (n = {v.n})"  # one value's text names its n already
 
 
 def ci_text(j: Judged) -> str:
-    ci = j.verdict.ci if j.verdict else None
-    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "-"
+    """The (1 - level) paired t-interval, and the seed x item bootstrap where the records allow one."""
+    ci = j.verdict.interval if j.verdict else None
+    text = f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "-"
+    if j.items is not None:
+        text += f"; seeds x items [{j.items[0]:+.2f}, {j.items[1]:+.2f}]"
+    return text
 
 
-def verdict_table(study: Study, runs: dict[str, dict]) -> list[str]:
-    lines = ["| claim | where | contrast | published | measured Δ (mean ± std) | 95% bootstrap CI | verdict |",
-             "|---|---|---|---|---|---|---|"]
-    judged = verdicts(study, runs)
+def p_text(j: Judged) -> str:
+    """The claim's test: raw p, then adjusted."""
+    p = j.verdict.p("claim") if j.verdict else None
+    return f"{p[0]:.3g} / {p[1]:.3g}" if p else "-"
+
+
+def word(j: Judged) -> str:
+    return j.verdict.label if j.verdict else NOT_RUN
+
+
+def interval_header(judged: list[Judged]) -> str:
+    levels = {j.expect.level for j in judged}
+    return f"{100 * (1 - levels.pop()):g}% t-interval" if len(levels) == 1 else "t-interval (1 - level)"
+
+
+def _contrast(j: Judged) -> str:
+    e = j.expect
+    side = ">" if e.direction > 0 else "<"
+    what = {"noninferior": "non-inferior: ", "equivalent": "equivalent: "}.get(e.kind, "")
+    if e.kind == "equivalent":
+        return f"{what}|{e.arm} - {e.baseline}| < {abs(e.margin):g} on {e.metric}"
+    return f"{what}{e.arm} - {e.baseline} {side} {e.margin:g} on {e.metric}"
+
+
+def adjustment_text(judgement: Judgement, study: Study) -> str:
+    m = judgement.holm.get(study.name, 0)
+    return (f"Multiplicity: each p is adjusted by Holm over the {m} tests of study {study.name} judged together "
+            f"and by Benjamini-Hochberg over the {judgement.bh} tests of {judgement.scope}; a test rejects only "
+            "when both adjusted p-values lie below its level (the adjusted p shown is the larger).")
+
+
+def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> list[str]:
+    judgement = judgement or judge([(study, runs)], scope="this test bed")
+    judged = judgement.judged[study.key]
+    lines = [f"| claim | where | contrast | published | measured Δ (mean ± sd) | {interval_header(judged)} | "
+             "p raw / adjusted | verdict |", "|---|---|---|---|---|---|---|---|"]
     for j in judged:
-        e = j.expect
-        side = ">" if e.direction > 0 else "<"
-        lines.append(f"| {e.claim} | {_where(e) or '-'} | {e.arm} - {e.baseline} {side} {e.margin:g} on {e.metric} "
-                     f"| {e.published or '-'} | {measured(j)} | {ci_text(j)} | "
-                     f"**{j.verdict.word if j.verdict else NOT_RUN}** |")
+        lines.append(f"| {j.claim} | {_where(j.expect) or '-'} | {_contrast(j)} | {j.expect.published or '-'} | "
+                     f"{measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** |")
     lines.append("")
     for j in judged:
-        lines.append(f"- {j.expect.claim} ({_where(j.expect) or 'all'}): {j.why}.")
-    ns = sorted({j.verdict.test.n for j in judged if j.verdict and j.verdict.test.df > 0})  # n = 1: no test, no df
-    if ns and ns[0] <= 5:
-        lines += ["", f"With n = {ns[0]} seeds a one-sided paired t-test has {ns[0] - 1} degree(s) of freedom "
-                  f"(t at 0.95: {stats.t_ppf(0.95, ns[0] - 1):.2f}): it resolves only differences several times "
-                  "their seed-to-seed spread (the smallest detectable difference is given per claim above); "
-                  "'inconclusive' says the test could not tell, not that there is no effect. The bootstrap "
-                  f"interval of {ns[0]} values takes few distinct values and is shown for orientation only."]
+        e = j.expect
+        why = f" Margin / bound: {e.why}." if e.why else ""
+        pooled = f" (a family claim: per seed the mean over its {j.members} claims' paired differences)" \
+            if j.members else ""
+        lines.append(f"- {j.claim} ({_where(e) or 'all'}){pooled}: {j.why}.{why}")
+    lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
+    without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members})
+    if without:
+        lines += ["", f"Intervals: {'; '.join(without)} (runs made from now on store them), so the t-interval "
+                      "over seeds is the only interval; it leaves out test-item sampling (every seed is scored "
+                      "on the same test items)."]
     return lines
 
+
+#: how every verdict table's tests were run, in words
+STATISTICS = ("Every claim's test is two-sided at its level (0.05), i.e. each side one-sided at "
+              "0.025, so \"reproduced\" and \"contradicted\" together keep 0.05; one-sided p-values (TOST, the "
+              "test against a published effect) are shown doubled so every p compares with 0.05. The t-interval "
+              "is the 95% paired t-interval over seeds whose side of the margin decides the claim before "
+              "multiplicity. \"equivalent within ±δ\": TOST at a declared ±δ rejects; \"not reproduced\": the "
+              "test of H0 Δ = published effect, one-sided toward no effect, rejects; \"inconclusive\": no test "
+              "rejects, which says the data could not tell, not that there is no effect.")
+
+
+# ----------------------------------------------------------------------------- the previous statistics
+
+#: the margins the claims carried before non-inferiority margins were declared with their reasons; every other
+#: claim's margin is unchanged. Read only by :func:`previous_verdict`.
+PREVIOUS_MARGINS = {
+    "the mirrored path trained as such costs nothing (at or above exact)": 0.0,
+    "W_q = W_k costs no accuracy from a fair start": 0.0,
+    "W_q = W_k tied straight from the untied reference costs no accuracy": 0.0,
+    "full EET is at or above the unpruned baseline": 0.0,
+}
+
+
+def previous_verdict(diffs: list[float], e: Expect) -> tuple[str, str]:
+    """The verdict word the previous statistics gave (kept only for the report's "What changed"): a
+    one-sided paired t-test at the level each way (for, then against), no multiplicity adjustment, and
+    "not reproduced" when neither rejected but |effect - margin| reached the post-hoc smallest detectable
+    difference t_{1-level, n-1} sd / sqrt(n). Returns (word, the p or detectable difference it rested on)."""
+    from scipy.stats import t as student
+
+    margin = PREVIOUS_MARGINS.get(e.claim, e.margin)
+    s = stats.summarize(diffs)
+    if s.n < 2:
+        return "inconclusive", "n < 2"
+    p_for = stats.paired_t_test(diffs, margin, "greater" if e.direction > 0 else "less")
+    p_against = stats.paired_t_test(diffs, margin, "less" if e.direction > 0 else "greater")
+    if p_against < e.level:
+        return "contradicted", f"one-sided p {p_against:.3g} at {e.level:g}"
+    if p_for < e.level:
+        return "reproduced", f"one-sided p {p_for:.3g} at {e.level:g}"
+    detectable = student.ppf(1 - e.level, s.n - 1) * s.std / math.sqrt(s.n) if s.std else None
+    if e.effect is not None and detectable is not None and abs(e.effect - margin) >= detectable:
+        return "not reproduced", f"post-hoc smallest detectable difference {detectable:.2f}"
+    return "inconclusive", f"one-sided p {p_for:.3g}"
+
+
+def what_changed(judgement: Judgement, studies: list[tuple[Study, dict[str, dict]]]) -> list[str]:
+    """Each claim whose verdict the previous statistics (:func:`previous_verdict`) gave differently, and why."""
+    lines = ["| study | test bed | claim | where | before | now | why |", "|---|---|---|---|---|---|---|"]
+    moved = 0
+    for study, _ in studies:
+        for j in judgement.judged[study.key]:
+            if j.verdict is None or j.members:
+                continue
+            old, rested = previous_verdict(j.diffs, j.expect)
+            if old == j.verdict.word:
+                continue
+            moved += 1
+            lines.append(f"| {study.name} | {study.bed_name} | {j.claim} | {_where(j.expect) or '-'} | {old} | "
+                         f"**{word(j)}** | {_moved_why(j, old, rested)} |")
+    return lines if moved else ["No verdict moved."]
+
+
+def _moved_why(j: Judged, old: str, rested: str) -> str:
+    e, v = j.expect, j.verdict
+    parts = [f"before: {rested}"]
+    was = PREVIOUS_MARGINS.get(e.claim, e.margin)
+    if was != e.margin:
+        kind = {"noninferior": "non-inferiority", "equivalent": "equivalence"}.get(e.kind, "superiority")
+        parts.append(f"now a {kind} test against the margin {e.margin:g} (before: {was:g}): {e.why}")
+    raw, adj = v.p("claim")
+    if v.word in ("reproduced", "contradicted"):
+        parts.append(f"the declared test rejects (p = {raw:.3g}, adjusted {adj:.3g})")
+    elif raw < e.level:
+        parts.append(f"the declared test's p = {raw:.3g} does not survive multiplicity (adjusted {adj:.3g})")
+    elif old in ("reproduced", "contradicted"):
+        parts.append(f"two-sided at {e.level:g} (each side at {e.level / 2:g}) it gives p = {raw:.3g}")
+    effect = f"{e.effect:+.2f}" if e.effect is not None else ""
+    for role, what in (("equivalence", f"TOST within ±{e.delta:g}" if e.delta else ""),
+                       ("effect", f"the test against the published {effect}")):
+        p = v.p(role)
+        if p and (v.word in ("equivalent", "not reproduced") or old == "not reproduced"):
+            parts.append(f"{what}: p = {p[0]:.3g}, adjusted {p[1]:.3g}")
+    return "; ".join(parts)
 
 # ----------------------------------------------------------------------------- the summary
 
@@ -264,8 +535,9 @@ def machines_text(runs: dict[str, dict]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
-def summary(study: Study, runs: dict[str, dict]) -> str:
-    """The study's markdown: arm tables per split value, measures, probes, benches, verdicts."""
+def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> str:
+    """The study's markdown: arm tables per split value, measures, probes, benches, verdicts (``judgement``:
+    the claims judged with others, :func:`judge`; default: this bed's alone)."""
     lines = [f"## Arms ({recipe_text(study.recipe)}) on {study.bed.text()}", ""] if study.arms else []
     missing = [p.id for p in study.points() if p.id not in runs]
     if missing and study.pending:
@@ -289,5 +561,5 @@ def summary(study: Study, runs: dict[str, dict]) -> str:
     for b in study.benches:
         lines += [f"## {b.title or b.name}", "", *bench_table(b, runs.get(b.name)), ""]
     if study.expect:
-        lines += ["## Verdicts", "", *verdict_table(study, runs), ""]
+        lines += ["## Verdicts", "", *verdict_table(study, runs, judgement), ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -9,7 +9,15 @@ Layout of ``<name>.safetensors`` (the file is the checkpoint; it alone is read b
 - header metadata ``tokenreduce``: a JSON document with ``format``, ``version``, the caller's
   ``meta`` (``model = {'name', 'kwargs', 'stem'?, 'transforms'?}`` - see ``models.build`` -,
   ``spec``, ``task``, ``epoch``, ``step``, ...), the non-tensor part of the optimizer / scheduler
-  / RNG state, ``extra`` and a SHA-256 of every tensor.
+  / RNG state, ``extra``, ``sha256`` (a SHA-256 of every tensor: names, dtypes, shapes, bytes) and
+  ``header_sha256`` (a SHA-256 of the rest of this document, canonical JSON): one flipped bit anywhere
+  in the file, weights or metadata, is refused naming the file.
+
+Versions: ``version`` 2 files (written now) carry both digests and are refused without either.
+``version`` 1 files were written before ``header_sha256`` existed: their tensors are checked, their
+metadata is read as it is, except where a provenance record ``<name>.reference.json`` beside the file
+names it (a shipped reference, models/references.py): then the whole file is checked against the
+SHA-256 that record holds, so a reference read by path is as safe as one read by name.
 
 Loading a model (:func:`load_weights`) is strict over the model's keys and ignores ``task.*``:
 those belong to the task (:func:`task_weights` returns them). Checkpoints written before tasks
@@ -45,13 +53,17 @@ from torch import Tensor, nn
 from ..core.errors import TokenReduceError
 
 FORMAT = "tokenreduce-checkpoint"
-VERSION = 1
+VERSION = 2
+#: Versions this tokenreduce reads (1: no ``header_sha256``; see the module docstring).
+READABLE = (1, 2)
 _HEADER_KEY = "tokenreduce"
 _STATE = "_state/"
 #: Key prefix of the training task's own tensors (outside the model).
 TASK_PREFIX = "task."
 #: File names the readers look for when given a training output directory, in order.
 DIR_NAMES = ("model.safetensors", "last.safetensors")
+#: Where the shipped references live (models/references.py: SHIPPED_DIR); a name there is a checkpoint too.
+_SHIPPED = Path(__file__).resolve().parent.parent / "references"
 
 
 class CheckpointError(TokenReduceError):
@@ -90,7 +102,12 @@ def resolve(path: str | os.PathLike) -> Path:
                 return p / name
         raise CheckpointError(f"no checkpoint in directory {p} (looked for {', '.join(DIR_NAMES)})")
     if not p.is_file():
-        raise CheckpointError(f"checkpoint {p} does not exist")
+        shipped = _SHIPPED / f"{p.name}.safetensors"
+        if p.name == str(path) and (_SHIPPED / f"{p.name}.reference.json").is_file() and shipped.is_file():
+            return shipped  # a shipped reference by name (read_checkpoint checks it against its record)
+        names = sorted(q.name[: -len(".reference.json")] for q in _SHIPPED.glob("*.reference.json"))
+        raise CheckpointError(f"checkpoint {p} does not exist (a checkpoint file, a training run's folder, or a "
+                              f"shipped reference: {', '.join(names) or 'none'})")
     return p
 
 
@@ -149,6 +166,24 @@ def _decode(obj: Any, tensors: dict[str, Tensor]) -> Any:
     if isinstance(obj, list):
         return [_decode(v, tensors) for v in obj]
     return obj
+
+
+def _header_digest(header: dict[str, Any]) -> str:
+    """SHA-256 of ``header`` without its digests, as canonical JSON (sorted keys, no spaces)."""
+    rest = {k: v for k, v in header.items() if k not in ("sha256", "header_sha256")}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _reference_record(p: Path) -> dict[str, Any] | None:
+    """The provenance record ``<name>.reference.json`` beside ``p`` that names it (a shipped reference), else None."""
+    record = p.with_name(p.name[: -len(p.suffix)] + ".reference.json") if p.suffix else None
+    if record is None or not record.is_file():
+        return None
+    try:
+        doc = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("file") == p.name and doc.get("sha256") else None
 
 
 def _digest(tensors: dict[str, Tensor]) -> str:
@@ -272,9 +307,10 @@ def save_checkpoint(
         header["extra"] = _encode(extra, _STATE + "extra", state)
     tensors.update(state)
     header["sha256"] = _digest(tensors)
+    header["header_sha256"] = _header_digest(header)
     data = st_save(tensors, metadata={_HEADER_KEY: json.dumps(header)})
     atomic_write(path, data)
-    side = {k: header[k] for k in ("format", "version", "meta", "sha256")}
+    side = {k: header[k] for k in ("format", "version", "meta", "sha256", "header_sha256")}
     side["weights"] = path.name
     atomic_write(sidecar_path(path), (json.dumps(side, indent=2) + "\n").encode())
 
@@ -299,13 +335,22 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         header = json.loads(meta_raw[_HEADER_KEY])
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{p}: checkpoint metadata is not valid JSON ({e})") from e
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
-        raise CheckpointError(
-            f"{p}: unsupported checkpoint format {header.get('format')!r} v{header.get('version')} "
-            f"(this tokenreduce reads {FORMAT} v{VERSION})"
-        )
+    if not isinstance(header, dict) or header.get("format") != FORMAT \
+            or type(header.get("version")) is not int or header["version"] not in READABLE:
+        shown = header if not isinstance(header, dict) else f"{header.get('format')!r} v{header.get('version')}"
+        raise CheckpointError(f"{p}: unsupported checkpoint format {shown} (this tokenreduce reads {FORMAT} "
+                              f"v{', v'.join(map(str, READABLE))}; a flipped bit in the header reads like this too)")
     if _digest(tensors) != header.get("sha256"):
         raise CheckpointError(f"{p}: checksum mismatch, the file is corrupted; use another checkpoint")
+    if header["version"] >= 2 and _header_digest(header) != header.get("header_sha256"):
+        raise CheckpointError(f"{p}: metadata checksum mismatch (config, spec, task or model header changed), "
+                              "the file is corrupted or was edited; use another checkpoint")
+    record = _reference_record(p) if header["version"] < 2 else None
+    if record is not None and hashlib.sha256(raw).hexdigest() != record["sha256"]:
+        raise CheckpointError(f"{p}: SHA-256 differs from its record {p.name[: -len(p.suffix)]}.reference.json, "
+                              "the file is damaged or was replaced (reinstall the package)")
+    if not isinstance(header.get("meta"), dict):
+        raise CheckpointError(f"{p}: checkpoint metadata holds no 'meta' object; not a tokenreduce checkpoint")
     weights = {k: v for k, v in tensors.items() if not k.startswith(_STATE)}
     state = {k: v for k, v in tensors.items() if k.startswith(_STATE)}
     return Checkpoint(p, header["meta"], weights, state, header)

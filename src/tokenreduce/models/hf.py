@@ -43,6 +43,15 @@ MODEL_CLASSES = {
 }
 
 
+def _strict_errors() -> tuple[type[BaseException], ...]:
+    """huggingface_hub's error for a config field of the wrong type (transformers 5 checks them), if it has one."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
+
+
 def _config(source: str) -> tuple[Any, Path | None]:
     transformers = require_transformers()
     path = Path(source)
@@ -51,8 +60,9 @@ def _config(source: str) -> tuple[Any, Path | None]:
             raise TokenReduceError(f"{source} holds no config.json (save_pretrained writes one)")
         try:
             return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True), path
-        except (ValueError, KeyError, OSError) as e:
-            raise TokenReduceError(f"could not read {path / 'config.json'}: {e}") from None
+        except (ValueError, KeyError, OSError, TypeError, *_strict_errors()) as e:  # a field of the wrong type too
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TokenReduceError(f"could not read {path / 'config.json'}: {first}") from None
     if source in BUILTIN:
         name, fields = BUILTIN[source]
         return getattr(transformers, name)(**fields), None

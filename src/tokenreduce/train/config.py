@@ -19,7 +19,8 @@ from typing import Any
 from ..core.errors import TokenReduceError
 
 #: Fields that say how to run, not what to train: they may change when a run is resumed.
-RUNTIME_FIELDS = ("out", "resume", "force", "threads", "device", "num_workers", "quiet", "ckpt_every", "download")
+RUNTIME_FIELDS = ("out", "resume", "force", "allow_data_change", "threads", "device", "num_workers", "quiet",
+                  "ckpt_every", "download")
 #: Fields older runs recorded that mean nothing now (dropped when their config is read back, if empty).
 _RETIRED = ("extra",)
 
@@ -97,7 +98,10 @@ class TrainConfig:
                                "run")
     resume: bool = _setting(False, "continue the run in --out with its own settings (flags that contradict them are "
                             "refused; runtime ones such as --threads, --device, --workers may change)", "run")
-    force: bool = _setting(False, "overwrite a run in --out", "run")
+    force: bool = _setting(False, "start the run in --out over (the previous one is moved to --out/previous-run/ "
+                           "first)", "run")
+    allow_data_change: bool = _setting(False, "with --resume: go on although the training set changed since the run "
+                                       "started (it is refused otherwise, naming the difference)", "run")
     ckpt_every: int = _setting(500, "checkpoint every N optimizer steps", "run", metavar="STEPS")
     seed: int = _setting(0, "", "run")
     deterministic: bool = _setting(False, "deterministic algorithms only", "run")

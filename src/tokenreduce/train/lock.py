@@ -1,4 +1,5 @@
-"""One training run per output directory: an exclusive lock on ``<out>/.lock`` while a run works there.
+"""One writer per output directory: an exclusive lock on ``<out>/.lock`` while a run works there (a training
+run, an evaluation, a bench, a study's timing run).
 
 Two runs writing one directory would each report success while one result is lost, so the second is
 refused. The lock is ``fcntl.flock`` on an open file: the operating system drops it when its process
@@ -27,9 +28,10 @@ LOCK_NAME = ".lock"
 
 
 @contextmanager
-def hold(out: str | os.PathLike) -> Iterator[None]:
+def hold(out: str | os.PathLike, what: str = "training run") -> Iterator[None]:
     """Hold ``out``'s lock for the block (the directory is created); a TokenReduceError when another
-    process holds it or ``out`` cannot be written."""
+    process holds it or ``out`` cannot be written. ``what``: the kind of run that holds it (the file says,
+    for the message of one refused)."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -42,14 +44,14 @@ def hold(out: str | os.PathLike) -> Iterator[None]:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.seek(0)
-                holder = f.read().strip() or "another process"
-                raise TokenReduceError(f"{out} is in use by another training run ({holder}); wait for it to end "
+                holder = f.read().strip() or "process"
+                raise TokenReduceError(f"{out} is in use by another {holder}; wait for it to end "
                                        "or choose another --out") from None
             except OSError:  # a file system without locks: run unlocked rather than not at all
                 pass
         f.seek(0)
         f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.write(f"{what} (pid {os.getpid()} on {socket.gethostname()})\n")
         f.flush()
         yield
     finally:

@@ -33,11 +33,14 @@ single-process run after optimizer step K, so tests can signal it at a known sta
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import random
+import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -68,6 +71,7 @@ from ..models import (
     resolve,
     restore_training_state,
     save_checkpoint,
+    sidecar_path,
     task_weights,
     unwrap,
 )
@@ -198,15 +202,32 @@ def _resolve_resume(cfg: TrainConfig) -> tuple[TrainConfig, Any, list[str]]:
     last = out / "last.safetensors"
     if cfg.resume and last.is_file():
         ckpt = read_checkpoint(last)
+        _note_edited_sidecar(ckpt)
         saved = TrainConfig.from_dict(ckpt.meta["config"])
         if saved.identity() != cfg.identity():
             raise _contradicted(saved, cfg)
-        notes = [f"{k} {getattr(cfg, k)} (was {getattr(saved, k)})" for k in RUNTIME_FIELDS
-                 if k not in ("out", "resume", "force") and getattr(cfg, k) != getattr(saved, k)]
-        return dataclasses.replace(saved, **{k: getattr(cfg, k) for k in RUNTIME_FIELDS}), ckpt, notes
+        given = {k: getattr(cfg, k) for k in RUNTIME_FIELDS}
+        if given["threads"] is None:  # not given: the run's own thread count (another one is not bit-identical)
+            given["threads"] = saved.threads
+        notes = [f"{k} {given[k]} (was {getattr(saved, k)})" for k in RUNTIME_FIELDS
+                 if k not in ("out", "resume", "force", "allow_data_change") and given[k] != getattr(saved, k)]
+        return dataclasses.replace(saved, **given), ckpt, notes
     if last.is_file() and not cfg.force:
         raise TokenReduceError(f"{out} holds an unfinished run; pass --resume to continue it or --force to start over")
     return cfg, None, []
+
+
+def _note_edited_sidecar(ckpt: Checkpoint) -> None:
+    """Say so when a checkpoint's JSON sidecar no longer matches it (edited by hand, or left by a killed write):
+    it is a copy for people; the run reads the checkpoint's own (verified) metadata."""
+    side = sidecar_path(ckpt.path)
+    try:
+        same = json.loads(side.read_text()).get("meta") == ckpt.meta
+    except (OSError, ValueError, AttributeError):
+        same = not side.exists()
+    if not same:
+        print(f"note: {side} does not match {ckpt.path.name} (edited by hand, or left by a killed write); it is not "
+              f"read: the run continues with the settings {ckpt.path.name} holds", file=sys.stderr)
 
 
 def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
@@ -224,6 +245,85 @@ def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
         raise TokenReduceError(f"{cfg.out} holds a finished run of a different config ({_differences(saved, cfg)}); "
                                "choose another --out or pass --force to overwrite it")
     return {**meta.get("metrics", {}), "checkpoint": str(final), "reused": True}
+
+
+#: The files of a run in its output directory that ``--force`` moves aside (with the figures metrics.json lists).
+RUN_FILES = ("model.safetensors", "model.json", "last.safetensors", "last.json", "metrics.json")
+#: Where ``--force`` moves the previous run (inside the output directory; the one before it is replaced).
+PREVIOUS = "previous-run"
+
+
+def _move_aside(out: Path) -> None:
+    """``--force``: move the run in ``out`` (its checkpoints, metrics and figures) to ``out/previous-run/``
+    before anything of the new run is written, so that an interrupted forced run is the only run there and
+    resumes with the command it printed; other files in ``out`` stay."""
+    files = [out / n for n in RUN_FILES if (out / n).is_file()]
+    if not files:
+        return
+    metrics = out / "metrics.json"
+    try:
+        figures = json.loads(metrics.read_text()).get("figures", []) if metrics.is_file() else []
+    except (OSError, ValueError, AttributeError):
+        figures = []
+    files += [out / Path(f).name for f in figures if isinstance(f, str) and (out / Path(f).name).is_file()]
+    aside = out / PREVIOUS
+    if aside.exists():
+        shutil.rmtree(aside)
+    aside.mkdir()
+    for f in files:
+        os.replace(f, aside / f.name)
+    print(f"--force: moved the previous run in {out} to {aside}", file=sys.stderr)
+
+
+def _clean_temporaries(out: Path) -> None:
+    """Remove the temporary files (``.<name>.<random>.tmp``) a killed atomic write left in ``out``: the caller
+    holds ``out``'s lock, so no writer is using them."""
+    for tmp in out.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def fingerprint(ds: Any) -> dict[str, Any]:
+    """What identifies a training set: its size, its items per class and, for files (an image folder), a
+    SHA-256 over their paths (relative to the folder) and sizes; for another dataset its type."""
+    targets = getattr(ds, "targets", None)
+    classes = list(getattr(ds, "classes", []) or [])
+    counts: dict[str, int] = {}
+    if targets is not None and classes:
+        per = torch.bincount(torch.as_tensor(targets).reshape(-1).long(), minlength=len(classes)).tolist()
+        counts = {c: int(n) for c, n in zip(classes, per, strict=False)}
+    out: dict[str, Any] = {"n": len(ds), "per_class": counts, "kind": type(ds).__name__}
+    samples, root = getattr(ds, "samples", None), getattr(ds, "root", None)
+    if samples and root is not None:
+        h = hashlib.sha256()
+        for path, _ in samples:
+            p = Path(path)
+            h.update(f"{p.relative_to(root).as_posix()}|{p.stat().st_size}\n".encode())
+        out["files"] = h.hexdigest()
+    return out
+
+
+def _check_same_data(ckpt: Checkpoint, now: dict[str, Any], cfg: TrainConfig) -> None:
+    """Refuse resuming over a training set that changed since the run started (its permutation would no
+    longer be the one the run was drawing from), naming the difference; ``--allow-data-change`` goes on."""
+    was = ckpt.meta.get("data_fingerprint")
+    if not was or was == now:
+        return  # a checkpoint written before fingerprints: nothing to compare
+    diff = []
+    if was.get("n") != now.get("n"):
+        diff.append(f"{was.get('n')} items then, {now.get('n')} now")
+    per_was, per_now = was.get("per_class") or {}, now.get("per_class") or {}
+    for c in dict.fromkeys([*per_was, *per_now]):
+        if per_was.get(c) != per_now.get(c):
+            diff.append(f"class {c!r}: {per_was.get(c, 0)} -> {per_now.get(c, 0)}")
+    if not diff:
+        diff.append("the same counts, but other files or file sizes")
+    if cfg.allow_data_change:
+        print(f"resuming {cfg.out} over a changed training set ({'; '.join(diff[:6])}) (--allow-data-change)",
+              file=sys.stderr)
+        return
+    raise TokenReduceError(f"--resume: the training set of the run in {cfg.out} changed since it started "
+                           f"({'; '.join(diff[:6])}{'; ...' if len(diff) > 6 else ''}); an exact resume needs the "
+                           "same set: restore it, pass --allow-data-change to go on anyway, or --force to start over")
 
 
 def _check_finite(values: dict[str, Any], where: str) -> None:
@@ -299,6 +399,10 @@ def fit(config: TrainConfig, *, on_step: Callable[[int], None] | None = None) ->
     """Like :func:`train`, also returning the trained model (unwrapped, eval mode, on its device)."""
     main = int(os.environ.get("RANK", "0")) == 0  # the main process locks for all of a torchrun group
     with lock.hold(config.out) if config.out is not None and main else nullcontext():
+        if config.out is not None and main:
+            _clean_temporaries(Path(config.out))
+            if config.force:
+                _move_aside(Path(config.out))
         cached = _finished(config)
         if cached is not None:
             return load_model(cached["checkpoint"])[0], cached
@@ -315,9 +419,9 @@ class _Run:
     """One training session (fresh or resumed) in one process."""
 
     def __init__(self, config: TrainConfig, info: dist.DistInfo) -> None:
-        if config.threads:
-            torch.set_num_threads(config.threads)
         cfg, ckpt, self.notes = _resolve_resume(config)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         self.cfg, self.info, self.device = cfg, info, info.device
         set_deterministic(cfg.deterministic)
         seed_all(cfg.seed)  # same on every rank: identical init and RNG streams across processes
@@ -333,6 +437,9 @@ class _Run:
             dist.barrier()  # let rank 0 download first
         train_ds = self._train_split(cfg, ckpt, starts, kw)
         self.classes = list(train_ds.classes)
+        self.data_fingerprint = fingerprint(train_ds)
+        if ckpt is not None:
+            _check_same_data(ckpt, self.data_fingerprint, cfg)
         eval_ds = self.task.dataset(cfg.data, "test", train=False, classes=self.classes, **kw)
         if cfg.download and info.distributed and info.main:
             dist.barrier()
@@ -409,7 +516,8 @@ class _Run:
     def _meta(self, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         return {"model": self.model_cfg, "spec": self.spec, "task": self.task.spec(), "epoch": self.epoch,
                 "step": self.step, "config": self.cfg.to_dict(), "data": {"name": self.cfg.data, **self.data_cfg},
-                "classes": self.classes, "metrics": metrics or (self.history[-1] if self.history else {})}
+                "classes": self.classes, "data_fingerprint": self.data_fingerprint,
+                "metrics": metrics or (self.history[-1] if self.history else {})}
 
     def _global_sums(self) -> dict[str, float]:
         names = sorted(self.sums)  # the same names on every process: each step adds the same ones

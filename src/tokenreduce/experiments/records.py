@@ -1,0 +1,202 @@
+"""Run records: the one reader of a study's run JSONs, and the paths they hold.
+
+A run record (``<results>/runs/<id>.json``) is the only home of a number, so it is checked whole when it
+is read (:func:`read_record`), by the runner, ``tokenreduce study --summarize`` and ``tokenreduce report``
+alike: it must be a JSON object (not truncated, empty or conflicted), of this study (``study``, ``bed``,
+``id``, ``run`` and ``testbed`` match the folder it is in and the file's name), of a known ``kind`` (the
+plan's, for a run of the plan), a run of the study's plan, and, for a training or evaluated run, hold
+``metrics``: an object whose declared metrics (those the study's tables and claims read) are finite
+numbers (never a string, null or a boolean). A record that fails is refused with a
+:class:`RecordError` naming the file and the field; nothing is dropped or counted silently.
+
+Paths: a record holds no machine paths. A path under the study's checkpoint folder is written
+``{checkpoints}/<id>/...``, one under the cache ``{cache}/...``, one of a shipped reference
+``{references}/...`` (:func:`relative`); a reader resolves them where the study is now
+(:func:`resolve`), so a copied study folder reads its own checkpoints. Paths of older records
+(absolute, or relative to the working directory) are read as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import TokenReduceError
+
+if TYPE_CHECKING:
+    from .runner import Layout
+    from .study import Study
+
+#: The kinds of run a plan holds (runner.Unit.kind).
+KINDS = ("train", "evaluate", "measure", "probe", "bench")
+#: Kinds whose record holds the run's ``metrics`` (the arm tables and claims read them).
+WITH_METRICS = ("train", "evaluate")
+
+
+class RecordError(TokenReduceError):
+    """A run record that cannot be read or does not describe the run its path says."""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (a record is written without NaN or infinities)")
+
+
+def _load(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"cannot read the run record {path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        what = "empty" if not text.strip() else f"{e.msg} at line {e.lineno} column {e.colno}"
+        raise RecordError(f"{path} is not a valid run record (truncated, conflicted or hand-edited JSON: {what}); "
+                          "restore it, or delete it to run that run again") from None
+    except ValueError as e:
+        raise RecordError(f"{path} is not a valid run record: {e}") from None
+
+
+def declared_metrics(study: Study) -> list[str]:
+    """The metric names the study's tables and claims read from a run's ``metrics``."""
+    names = [c.metric for c in study.columns] + [e.metric for e in study.expect]
+    return list(dict.fromkeys(names))
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_record(path: str | os.PathLike, study: Study | None = None, *, units: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+    """The run record at ``path``, checked (module docstring) against ``study`` when given (else only that it
+    is a JSON object); a :class:`RecordError` naming the file and the field otherwise. ``units``: the study's
+    plan by run id, when the caller has it."""
+    path = Path(path)
+    doc = _load(path)
+    if not isinstance(doc, dict):
+        raise RecordError(f"{path} is not a run record: a JSON object was expected, it holds a {type(doc).__name__}")
+    if study is None:
+        return doc
+    from .runner import plan
+
+    run = path.stem
+    want = {"study": study.name, "bed": study.bed_name, "id": f"{study.key}/{run}", "run": run,
+            "testbed": study.bed.describe()}
+    for field, value in want.items():
+        if doc.get(field) != value:
+            raise RecordError(f"{path}: field {field!r} is {doc.get(field)!r}, not {value!r}: a record of another "
+                              f"study, test bed or run (copied here?); delete it to run {run} of {study.key} again")
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        raise RecordError(f"{path}: field 'kind' is {kind!r}; valid kinds: {', '.join(KINDS)}")
+    units = units if units is not None else {u.id: u for u in plan(study)}
+    if run not in units:
+        raise RecordError(f"{path}: {run!r} is not a run of study {study.key}{' (smoke)' if study.is_smoke else ''}; "
+                          f"its runs: {', '.join(units)}")
+    if units[run].kind != kind:
+        raise RecordError(f"{path}: field 'kind' is {kind!r}, but {run} is a {units[run].kind} run of {study.key}")
+    if kind in WITH_METRICS:
+        metrics = doc.get("metrics")
+        if not isinstance(metrics, dict):
+            raise RecordError(f"{path}: field 'metrics' must be an object of the run's metrics, it is "
+                              f"{'missing' if metrics is None else type(metrics).__name__}")
+        claimed = [e.metric for e in study.expect if doc.get("arm") in (e.arm, e.baseline)]
+        for name in declared_metrics(study):
+            if name in metrics and not _number(metrics[name]):
+                raise RecordError(f"{path}: field 'metrics.{name}' is {metrics[name]!r}, not a finite number; "
+                                  "restore the record, or delete it to run that run again")
+            if name in claimed and name not in metrics:
+                raise RecordError(f"{path}: field 'metrics.{name}' is missing; a claim of {study.key} reads it from "
+                                  f"arm {doc.get('arm')!r}; restore the record, or delete it to run that run again")
+    elif not isinstance(doc.get("result"), dict):
+        raise RecordError(f"{path}: field 'result' must be an object (the {kind}'s result), it is "
+                          f"{type(doc.get('result')).__name__ if 'result' in doc else 'missing'}")
+    return doc
+
+
+def load_records(folder: Path, study: Study | None = None) -> dict[str, dict[str, Any]]:
+    """Run id -> the checked record (:func:`read_record`) of every ``*.json`` in ``folder`` (none: {})."""
+    if not folder.is_dir():
+        return {}
+    from .runner import plan
+
+    units = {u.id: u for u in plan(study)} if study is not None else None
+    return {p.stem: read_record(p, study, units=units) for p in sorted(folder.glob("*.json"))
+            if not p.name.startswith(".")}
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def anchors(layout: Layout) -> dict[str, Path]:
+    """Token -> the folder it stands for in a record's paths, most specific first."""
+    from ..data.build import cache_dir
+    from ..models.references import SHIPPED_DIR
+
+    return {"{references}": SHIPPED_DIR, "{checkpoints}": Path(layout.checkpoints), "{study}": Path(layout.results),
+            "{cache}": cache_dir()}
+
+
+def _under(path: str, folder: Path) -> str | None:
+    """``path``'s part below ``folder`` ('' for the folder itself), or None when it is not under it."""
+    try:
+        rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
+    except ValueError:
+        return None
+    return "" if str(rel) == "." else rel.as_posix()
+
+
+#: Fields of a record that are compared as they are, never rewritten (the test bed's description).
+_AS_IS = ("testbed",)
+
+
+def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
+    """``doc`` (a record) with every path under an anchor (:func:`anchors`) written from its token: a string
+    that is such a path, and an absolute one inside a longer string (a command line)."""
+    found = [(token, folder, re.compile(re.escape(os.path.abspath(folder)) + r"(?=[/\s'\"]|$)"))
+             for token, folder in anchors(layout).items()]
+
+    def one(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: one(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [one(x) for x in v]
+        if not isinstance(v, str) or "/" not in v or v.startswith("{"):
+            return v
+        if not any(c.isspace() for c in v):
+            for token, folder, _ in found:
+                rest = _under(v, folder)
+                if rest is not None:
+                    return f"{token}/{rest}" if rest else token
+        for token, _, pattern in found:
+            v = pattern.sub(token, v)
+        return v
+
+    return {k: v if k in _AS_IS else one(v) for k, v in doc.items()}
+
+
+def resolve(path: str, layout: Layout) -> str:
+    """The path a record's ``path`` names here: its token replaced by the folder it stands for (the study's
+    checkpoints as they are now); an older record's absolute or relative path unchanged."""
+    for token, folder in anchors(layout).items():
+        if path == token or path.startswith(token + "/"):
+            return str(Path(folder) / path[len(token) + 1:]) if path != token else str(folder)
+    return path
+
+
+def resolved(doc: Any, layout: Layout) -> Any:
+    """``doc`` (a record, or a part of one) with every path written from a token (:func:`relative`) resolved
+    here (:func:`resolve`): what a run that reads another run's record hands on."""
+    if isinstance(doc, dict):
+        return {k: resolved(v, layout) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [resolved(v, layout) for v in doc]
+    return resolve(doc, layout) if isinstance(doc, str) and doc.startswith("{") else doc
+
+
+__all__ = ["KINDS", "RecordError", "anchors", "declared_metrics", "load_records", "read_record", "relative", "resolve",
+           "resolved"]

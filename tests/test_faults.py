@@ -1,0 +1,407 @@
+"""Faults and bad inputs that once ended in a silent wrong result, lost work or a traceback: each test is the
+reproduction. Records and checkpoints are checked whole when read (a record of another study, a non-numeric
+metric, a flipped bit in a checkpoint's metadata are refused, naming the file); ``--force`` moves the previous run
+aside first; ``--resume`` keeps the run's threads and refuses a changed training set or an empty folder; a NaN
+model is not scored; one writer per output; records hold no machine paths.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Interrupted, stop_at
+from PIL import Image
+from test_guards import TINY, TINY_FLAGS, data, one_line, tiny_config  # noqa: F401 - data: a fixture
+
+import tokenreduce
+from tokenreduce import TokenReduceError
+from tokenreduce.cli import main
+from tokenreduce.experiments import records
+from tokenreduce.experiments.runner import Layout, load_runs
+from tokenreduce.experiments.study import get_study
+from tokenreduce.models import CheckpointError, build_model, read_checkpoint, read_meta, resolve, save_checkpoint
+from tokenreduce.models.references import SHIPPED_DIR
+from tokenreduce.train import loop
+from tokenreduce.train.loop import train
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+
+# ----------------------------------------------------------------------------- 1. --force, --resume
+
+
+def test_an_interrupted_force_retrain_resumes_with_the_command_it_printed(data, tmp_path, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "x"
+    train(tiny_config(data, out, epochs=1))  # the finished run --force replaces
+    real = loop.train
+
+    def interrupted(cfg, **kw):  # Ctrl-C after step 5 (a checkpoint every step: it is saved there)
+        def ctrl_c(step: int) -> None:
+            if step == 5:
+                raise KeyboardInterrupt
+        return real(cfg, on_step=ctrl_c)
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    flags = [*TINY_FLAGS, "--data", data, "--lr", "3e-3", "--warmup-epochs", "0.5", "--ckpt-every", "1",
+             "--out", str(out)]
+    assert main(["train", *flags, "--epochs", "3", "--force"]) == 130
+    err = capsys.readouterr().err
+    assert f"moved the previous run in {out} to {out / 'previous-run'}" in err
+    assert read_meta(out / "previous-run" / "model.safetensors")["config"]["epochs"] == 1  # kept, not lost
+    assert not (out / "model.safetensors").exists()  # the old finished run is not read as this one
+    command = shlex.split(err.strip().splitlines()[-1].split("; continue with: ")[1])
+    monkeypatch.setattr(loop, "train", real)
+    assert main([a for a in command[1:] if a != "--quiet"]) == 0  # --quiet: no progress, nor the resume line
+    got = capsys.readouterr()
+    assert f"resuming {out} at epoch 2, step 5" in got.err and "reused" not in got.out
+    meta = read_meta(out / "model.safetensors")
+    assert meta["config"]["epochs"] == 3 and meta["step"] == 12
+
+
+def test_force_and_resume_together_are_refused(data, tmp_path, capsys):  # noqa: F811
+    one_line(capsys, ["train", *TINY_FLAGS, "--data", data, "--out", str(tmp_path / "r"), "--force", "--resume"],
+             "give one of them")
+
+
+@pytest.mark.parametrize("folder", ["empty", "missing"])
+def test_resume_of_an_empty_or_unknown_folder_is_refused(folder, data, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / folder
+    if folder == "empty":
+        out.mkdir()
+    err = one_line(capsys, ["train", "--out", str(out), "--resume"], f"--resume: {out}")
+    assert "nothing to resume" in err
+    one_line(capsys, ["train", *TINY_FLAGS, "--data", data, "--out", str(out), "--resume"], "nothing to resume")
+    assert not (out / "last.safetensors").exists()
+
+
+def test_resume_keeps_the_runs_thread_count(data, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        train(tiny_config(data, out, ckpt_every=1, threads=1), on_step=stop_at(3))
+    assert main(["train", "--out", str(out), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "resuming" in err and "threads" not in err  # nothing changed: 'threads None (was 1)' no more
+    assert read_meta(out / "model.safetensors")["config"]["threads"] == 1
+
+
+# ----------------------------------------------------------------------------- 6. a changed training set
+
+
+def _folder(root: Path, n: int = 4) -> Path:
+    g = torch.Generator().manual_seed(0)
+    for split, count in (("train", n), ("val", 2)):
+        for c in ("ant", "bee", "cat"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(count):
+                pixels = (torch.rand(16, 16, 3, generator=g) * 255).to(torch.uint8).numpy()
+                Image.fromarray(pixels).save(root / split / c / f"{i}.png")
+    return root
+
+
+def test_resume_over_a_changed_training_set_is_refused_naming_the_difference(tmp_path):
+    root = _folder(tmp_path / "imgs")
+    model = {"name": "vit_tiny_patch16_224", "kwargs": {"img_size": 16, "patch_size": 8, "embed_dim": 16, "depth": 1,
+                                                        "num_heads": 2, "in_chans": 3}}
+    cfg = dict(model=model, data=str(root), epochs=2, batch_size=4, out=str(tmp_path / "run"), threads=1,
+               quiet=True, ckpt_every=1, augment="none")
+    with pytest.raises(Interrupted):
+        train(loop.TrainConfig(**cfg), on_step=stop_at(1))
+    (root / "train" / "cat" / "3.png").unlink()  # what fixing an unreadable image does
+    with pytest.raises(TokenReduceError, match=r"training set of the run in .* changed since it started \(12 items "
+                                               r"then, 11 now; class 'cat': 4 -> 3\).*--allow-data-change"):
+        train(loop.TrainConfig(**cfg, resume=True))
+    assert "checkpoint" in train(loop.TrainConfig(**cfg, resume=True, allow_data_change=True))
+
+
+def test_an_empty_class_folder_is_refused_naming_it(tmp_path):
+    from tokenreduce.data import DataError, build_dataset
+
+    root = _folder(tmp_path / "imgs", n=1)
+    (root / "train" / "dog").mkdir()
+    with pytest.raises(DataError, match=f"class folder {root / 'train' / 'dog'} holds no images"):
+        build_dataset(str(root), "train")
+
+
+# ----------------------------------------------------------------------------- 2, 3, 9. run records
+
+
+@pytest.fixture
+def eet(tmp_path: Path) -> Path:
+    """A copy of the committed eet records, both test beds (results/eet/<bed>/runs/)."""
+    shutil.copytree(RESULTS / "eet", tmp_path / "eet")
+    return tmp_path
+
+
+def _edit(path: Path, change) -> None:
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc, indent=2))
+
+
+def _runs(root: Path, bed: str = "scenes"):
+    study = get_study("eet")(bed)
+    return load_runs(Layout(root / study.key, root / study.key), study)
+
+
+def test_the_committed_records_read_and_hold_no_machine_paths():
+    for path in sorted(RESULTS.glob("*/*/runs/*.json")):
+        text = path.read_text()
+        found = re.findall(r'"(/(?:work|home|tmp|root|Users)/[^"]*)"', text) + re.findall(r" (/(?:work|home)/\S+)",
+                                                                                             text)
+        assert not found, (path, found[:3])
+    assert len(_runs(RESULTS)) == 37  # every record of the study reads, checked
+
+
+def test_a_record_of_another_study_copied_in_is_refused_by_runner_summarize_and_report(eet, capsys):
+    target = eet / "eet" / "scenes" / "runs" / "b_ctp-b16-s0.json"
+    shutil.copy(eet / "eet" / "fmnist" / "runs" / "b_ctp-b16-s0.json", target)
+    with pytest.raises(records.RecordError, match=f"{target}: field 'bed' is 'fmnist', not 'scenes'"):
+        _runs(eet)
+    one_line(capsys, ["study", "eet", "--out", str(eet / "eet" / "scenes"), "--summarize"], f"{target}: field 'bed'")
+    one_line(capsys, ["report", "--out", str(eet), "--readme", ""], f"{target}: field 'bed'")
+
+
+@pytest.mark.parametrize(("value", "field"), [
+    ("43.0", "metrics.map_asym"), (None, "metrics.map_asym"), (True, "metrics.map_asym"),
+    ("missing", "metrics.map_asym"), ([], "metrics"), ("no metrics", "metrics"),
+])
+def test_a_non_numeric_metric_is_refused_not_dropped_or_counted(value, field, eet):
+    path = eet / "eet" / "scenes" / "runs" / "b_ctp-b16-s0.json"
+
+    def change(doc):
+        if value == "missing":
+            del doc["metrics"]["map_asym"]
+        elif value == "no metrics":
+            del doc["metrics"]
+        elif field == "metrics":
+            doc["metrics"] = value
+        else:
+            doc["metrics"]["map_asym"] = value
+
+    _edit(path, change)
+    with pytest.raises(records.RecordError, match=f"{re.escape(str(path))}: field '{re.escape(field)}'"):
+        _runs(eet)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "conflict", "nan", "list"])
+def test_a_broken_record_is_one_line_naming_the_file(damage, eet, capsys):
+    path = eet / "eet" / "scenes" / "runs" / "b_ctp-b16-s0.json"
+    text = path.read_text()
+    path.write_text({"truncated": text[: len(text) // 2], "empty": "",
+                     "conflict": "<<<<<<< HEAD\n" + text + "=======\n" + text + ">>>>>>> other\n",
+                     "nan": text.replace('"map_asym": 4', '"map_asym": NaN, "x": 4', 1),
+                     "list": "[1, 2, 3]"}[damage])
+    one_line(capsys, ["study", "eet", "--out", str(path.parent.parent), "--summarize"], str(path))
+    one_line(capsys, ["report", "--out", str(eet), "--readme", ""], str(path))
+
+
+def test_a_run_outside_the_plan_and_a_wrong_kind_are_refused(eet):
+    runs = eet / "eet" / "scenes" / "runs"
+    shutil.copy(runs / "b_ctp-b16-s0.json", runs / "zz_extra.json")
+    _edit(runs / "zz_extra.json", lambda d: d.update(id="eet/scenes/zz_extra", run="zz_extra"))
+    with pytest.raises(records.RecordError, match="'zz_extra' is not a run of study eet/scenes"):
+        _runs(eet)
+    (runs / "zz_extra.json").unlink()
+    _edit(runs / "b_ctp-b16-s0.json", lambda d: d.update(kind="nonsense"))
+    with pytest.raises(records.RecordError, match="field 'kind' is 'nonsense'; valid kinds: train, evaluate"):
+        _runs(eet)
+
+
+def test_temporary_files_of_a_killed_write_are_not_records(eet):
+    runs = eet / "eet" / "scenes" / "runs"
+    (runs / ".b_ctp-b16-s0.json.abc123.tmp").write_text('{"half": ')
+    assert len(_runs(eet)) == 37
+
+
+# ----------------------------------------------------------------------------- 7. paths in records
+
+
+def test_records_hold_paths_relative_to_the_study_and_a_copy_reads_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
+    first = Layout(tmp_path / "s1", tmp_path / "s1" / "checkpoints")
+    ckpt = first.checkpoints / "a-s0" / "model.safetensors"
+    doc = {"testbed": {"data": str(tmp_path / "s1" / "checkpoints" / "data")},
+           "metrics": {"checkpoint": str(ckpt), "figures": [str(ckpt.parent / "pr.png")]},
+           "config": {"init": str(SHIPPED_DIR / "scenes-vit.safetensors"), "teacher": str(tmp_path / "cache" / "t")},
+           "provenance": {"command": f"tokenreduce study eet --run a-s0 --out {tmp_path / 's1'} --threads 1"}}
+    rel = records.relative(doc, first)
+    assert rel["metrics"] == {"checkpoint": "{checkpoints}/a-s0/model.safetensors",
+                              "figures": ["{checkpoints}/a-s0/pr.png"]}
+    assert rel["config"] == {"init": "{references}/scenes-vit.safetensors", "teacher": "{cache}/t"}
+    assert rel["provenance"]["command"] == "tokenreduce study eet --run a-s0 --out {study} --threads 1"
+    assert rel["testbed"] == doc["testbed"]  # compared as it is, never rewritten
+    copy = Layout(tmp_path / "s2", tmp_path / "s2" / "checkpoints")  # cp -r s1 s2
+    assert records.resolve(rel["metrics"]["checkpoint"], copy) == str(copy.checkpoints / "a-s0" / "model.safetensors")
+    assert records.resolve(rel["config"]["init"], copy) == str(SHIPPED_DIR / "scenes-vit.safetensors")
+    assert records.resolve("runs/old/a-s0/model.safetensors", copy) == "runs/old/a-s0/model.safetensors"  # older
+
+
+def test_provenance_names_the_program_not_its_path():
+    from tokenreduce.bench.report import command_text
+
+    assert command_text(["/work/x/.venv/bin/tokenreduce", "study", "eet"]) == "tokenreduce study eet"
+    assert command_text(["/work/x/src/tokenreduce/cli.py", "report"]) == "tokenreduce report"
+
+
+# ----------------------------------------------------------------------------- 4. checkpoint metadata
+
+
+def _flip(path: Path, old: bytes, new: bytes) -> None:
+    raw = path.read_bytes()
+    assert raw.count(old) >= 1 and len(old) == len(new)
+    path.write_bytes(raw.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (b"tome(r=4", b"tome(r=5"),  # one bit: the stored spec
+    (b'num_heads\\": 2', b'num_heads\\": 3'),  # one bit: another model from the same weights
+    (b'lr\\": 0.003', b'lr\\": 0.002'),  # the recorded config
+])
+def test_a_flipped_bit_in_a_checkpoints_metadata_is_refused(old, new, tmp_path, capsys):
+    torch.manual_seed(0)
+    model = build_model(TINY)
+    tokenreduce.apply(model, "tome(r=4)")
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, model, meta={"model": TINY, "spec": "tome(r=4)", "config": {"lr": 0.003}})
+    assert read_checkpoint(path).meta["spec"] == "tome(r=4)"
+    _flip(path, old, new)
+    with pytest.raises(CheckpointError, match=f"{path}: metadata checksum mismatch"):
+        read_checkpoint(path)
+    one_line(capsys, ["inspect", "--checkpoint", str(path)], f"{path}: metadata checksum mismatch")
+
+
+def test_shipped_references_written_before_the_metadata_digest_still_load_and_are_checked_by_path(tmp_path):
+    for name in ("scenes-vit", "scenes-vit-seg"):
+        ckpt = read_checkpoint(SHIPPED_DIR / f"{name}.safetensors")
+        assert ckpt.header["version"] == 1 and ckpt.meta["model"]
+        assert resolve(name) == SHIPPED_DIR / f"{name}.safetensors"  # eval/inspect --checkpoint scenes-vit
+    for suffix in (".safetensors", ".reference.json"):
+        shutil.copy(SHIPPED_DIR / f"scenes-vit{suffix}", tmp_path / f"scenes-vit{suffix}")
+    copy = tmp_path / "scenes-vit.safetensors"
+    read_checkpoint(copy)
+    _flip(copy, b'num_heads\\": 3', b'num_heads\\": 2')
+    with pytest.raises(CheckpointError, match="differs from its record scenes-vit.reference.json"):
+        read_checkpoint(copy)
+
+
+# ----------------------------------------------------------------------------- 5, 8. eval
+
+
+@pytest.fixture
+def nan_ckpt(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    model = build_model(TINY)
+    with torch.no_grad():
+        model.head.weight[0, 0] = float("nan")
+    path = tmp_path / "nan.safetensors"
+    save_checkpoint(path, model, meta={"model": TINY, "spec": None, "data": {"name": "fashion_mnist"}})
+    return path
+
+
+def test_a_model_with_a_nan_weight_is_not_scored(nan_ckpt, tmp_path, capsys):
+    one_line(capsys, ["eval", "--checkpoint", str(nan_ckpt), "--spec", "tome(r=2)", "--out", str(tmp_path / "e")],
+             f"{nan_ckpt} holds non-finite weights")
+    assert not (tmp_path / "e" / "results.json").exists()
+
+
+def test_eval_never_writes_into_a_training_run_and_one_eval_per_out(data, tmp_path, capsys):  # noqa: F811
+    from tokenreduce.train import lock
+
+    run = tmp_path / "run"
+    train(tiny_config(data, run, epochs=1))
+    one_line(capsys, ["eval", "--checkpoint", str(run), "--spec", "tome(r=2)", "--out", str(run)],
+             f"--out {run} is a training run's folder")
+    out = tmp_path / "e"
+    with lock.hold(out, what="eval"):  # the first eval, working there
+        one_line(capsys, ["eval", "--checkpoint", str(run), "--spec", "tome(r=2)", "--out", str(out)],
+                 f"{out} is in use by another eval (pid ")
+
+
+def test_two_timing_runs_of_one_study_are_refused(tmp_path, capsys):
+    from tokenreduce.train import lock
+
+    with lock.hold(tmp_path / "s" / "checkpoints" / "speed", what="timing run speed"):
+        one_line(capsys, ["study", "eet", "--smoke", "--run", "speed", "--out", str(tmp_path / "s")],
+                 "is in use by another timing run speed")
+
+
+# ----------------------------------------------------------------------------- unclear ones made clear
+
+
+def test_report_and_study_outputs_that_cannot_be_written_are_one_line(eet, capsys):
+    one_line(capsys, ["report", "--out", str(eet / "nothing"), "--readme", ""], "no results folder there")
+    folder = eet / "eet" / "scenes"
+    (folder / "summary.md").unlink()
+    (folder / "summary.md").mkdir()  # in the way of the file
+    one_line(capsys, ["study", "eet", "--out", str(folder), "--summarize"], f"cannot write {folder / 'summary.md'}")
+
+
+def test_unknown_study_names_the_studies(capsys):
+    one_line(capsys, ["study", "nosuchstudy", "--smoke"], "valid studies: ")
+
+
+def test_a_forced_run_cleans_temporaries_a_killed_write_left(data, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".last.json.abc.tmp").write_text("half")
+    train(tiny_config(data, out, epochs=1))
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_a_hand_edited_sidecar_is_named_on_resume(data, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        train(tiny_config(data, out, ckpt_every=1), on_step=stop_at(3))
+    _edit(out / "last.json", lambda d: d["meta"]["config"].update(lr=0.5))
+    train(tiny_config(data, out, ckpt_every=1, resume=True))
+    err = capsys.readouterr().err
+    assert f"note: {out / 'last.json'} does not match last.safetensors (edited by hand" in err
+    assert read_meta(out / "model.safetensors")["config"]["lr"] == 0.003  # the checkpoint's, verified
+
+
+def test_an_image_folder_without_val_names_the_folders_looked_for(tmp_path):
+    from tokenreduce.data import DataError, build_dataset
+
+    root = _folder(tmp_path / "imgs", n=1)
+    shutil.rmtree(root / "val")
+    with pytest.raises(DataError, match="has no 'test' or 'val' or 'validation' directory"):
+        build_dataset(str(root), "test")
+
+
+def test_an_hf_config_with_a_field_of_the_wrong_type_is_one_line(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "vit", "hidden_size": "thirty-two"}))
+    one_line(capsys, ["inspect", "--hf-config", str(folder), "--spec", "tome(r=1)"],
+             f"could not read {folder / 'config.json'}")
+
+
+def test_summarize_of_a_folder_without_records_says_so(tmp_path, capsys):
+    one_line(capsys, ["study", "eet", "--smoke", "--out", str(tmp_path / "typo"), "--summarize"],
+             f"--summarize: {tmp_path / 'typo'} holds no run records")
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_copied_study_folder_reads_its_own_checkpoints(tmp_path):
+    from tokenreduce.experiments.runner import Runner, layout_for
+
+    study = get_study("eet")(smoke=True)
+    first = Runner(study, layout_for(study, str(tmp_path / "s1")), threads=1, log=lambda msg: None)
+    first.run_one(first.unit("a_unpruned-b8-s0"))
+    record = json.loads(first.layout.json("a_unpruned-b8-s0").read_text())
+    assert record["metrics"]["checkpoint"] == "{checkpoints}/a_unpruned-b8-s0/model.safetensors"
+    assert str(tmp_path) not in json.dumps(record)  # no machine path
+    shutil.copytree(tmp_path / "s1", tmp_path / "s2")  # cp -r s1 s2
+    copy = Runner(study, layout_for(study, str(tmp_path / "s2")), threads=1, log=lambda msg: None)
+    own = tmp_path / "s2" / "checkpoints" / "a_unpruned-b8-s0" / "model.safetensors"
+    assert copy._checkpoint("a_unpruned-b8-s0") == str(own)
+    shutil.rmtree(own.parent)  # gone in the copy: made again there, never read from s1
+    assert copy._checkpoint("a_unpruned-b8-s0") == str(own) and own.is_file()
