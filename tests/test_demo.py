@@ -25,7 +25,7 @@ def test_demo_uses_the_cores_torch_has_whatever_the_load_average(tmp_path, monke
     default = torch.get_num_threads()
     seen = {}
 
-    def stop(quick: bool, threads: int, bed):
+    def stop(quick: bool, threads: int, bed, *more):
         seen["threads"], seen["torch"] = threads, torch.get_num_threads()
         raise Interrupted
 

@@ -85,8 +85,15 @@ def test_eager_compiled_and_onnxruntime_agree(spec: str, tmp_path):
     assert tr.get_info(model).tokens_per_block[-1] < 65  # the method reduced tokens: the count check bites
 
 
+#: found when the slow tier first ran in CI: on a fresh input the exported DynamicViT keeps other tokens than
+#: eager (10 of 20 logits off by up to 0.02; the export's own check input agrees), a known bug, strict: it
+#: fails once fixed
+_ORT_KEEPS_OTHERS = pytest.mark.xfail(strict=True, reason="DynamicViT: onnxruntime's kept set differs from eager")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", exportable_examples())
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=_ORT_KEEPS_OTHERS) if s.startswith("dynamicvit") else s
+                                  for s in exportable_examples()])
 def test_every_exportable_method_agrees(spec: str, tmp_path):
     check_three_ways(spec, tmp_path, "inductor")
 

@@ -25,7 +25,7 @@ SRC = Path(tokenreduce.__file__).resolve().parent
 LAYERS = {
     "core": 0, "methods": 1, "adapters": 2, "api": 2, "__init__": 2,
     "tasks": 3, "data": 3, "models": 3,
-    "bench": 4, "train": 4, "experiments": 4, "visualize": 4,
+    "bench": 4, "train": 4, "experiments": 4, "visualize": 4, "precision": 4,
     "commands": 5, "cli": 5,
 }
 #: Above all: these never import train/, bench/, commands/ or the cli.

@@ -156,7 +156,7 @@ def test_eval_and_demo_are_requests_to_the_one_entry(ckpt, data, tmp_path, monke
         main(["eval", "--checkpoint", str(ckpt), "--spec", "tome(r=2)", "--data", data, "--threads", "1",
               "--out", str(tmp_path / "e")])
     assert seen[-1].specs == ["tome(r=2)"] and seen[-1].targets == [] and seen[-1].data == data
-    monkeypatch.setattr(demo, "reference", lambda quick, threads, bed: (ckpt, "tiny", False))
+    monkeypatch.setattr(demo, "reference", lambda quick, threads, bed, *more: (ckpt, "tiny", False))
     with pytest.raises(_Stop):
         main(["demo", "--quick", "--threads", "1", "--out", str(tmp_path / "d")])
     req = seen[-1]

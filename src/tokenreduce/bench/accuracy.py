@@ -179,8 +179,9 @@ def _evaluate_case(model: nn.Module, task: Task, case: EvalCase, data: TensorDat
     if case.kind == "fine-tuned":
         for path in case.checkpoints:
             ckpt = read_checkpoint(path)  # once: the model and the task's own tensors
-            trained, meta = load_model(ckpt)
-            metrics = _metrics(bind_task(trained, ckpt), trained, data, batch, database)
+            device = next(model.parameters()).device  # the reference's: every case runs where it does
+            trained, meta = load_model(ckpt, device)
+            metrics = _metrics(bind_task(trained, ckpt).to(device), trained, data, batch, database)
             row.runs.append({**metrics, "checkpoint": str(path), "seed": (meta.get("config") or {}).get("seed")})
             row.macs = count_macs(trained, img_size)
             if progress:

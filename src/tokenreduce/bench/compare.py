@@ -105,17 +105,21 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
 def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[str, Any], settings: dict[str, Any],
                    control: str, match_random: bool, threads: int, backend: str, device: str, dtype: str,
                    seed: int, img_size: int | None = None, argv: Sequence[str] | None = None,
-                   stem: tuple[str, nn.Module] | None = None,
+                   stem: tuple[str, nn.Module] | None = None, amp: str = "off",
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``tokenreduce bench``'s results document: :func:`bench_specs` on the unpatched ``model`` (already
-    on ``device`` and ``dtype``) with ``settings`` (batch, warmup, repeats, min_run_s), plus provenance,
-    the model (``model_info`` with its input size and parameter count) and the settings."""
-    rows = bench_specs(model, specs, control=control, match_random=match_random, img_size=img_size,
-                       speed={**settings, "threads": threads, "backend": backend}, seed=seed, stem=stem,
-                       progress=progress)
+    on ``device`` and ``dtype``; every forward autocast to ``amp``, precision.autocast) with ``settings``
+    (batch, warmup, repeats, min_run_s), plus provenance, the model (``model_info`` with its input size and
+    parameter count) and the settings."""
+    from ..precision import autocast
+
+    with autocast(device, amp):
+        rows = bench_specs(model, specs, control=control, match_random=match_random, img_size=img_size,
+                           speed={**settings, "threads": threads, "backend": backend}, seed=seed, stem=stem,
+                           progress=progress)
     h, w = input_shape(model)[1:]
     return {
-        "provenance": provenance(argv=argv, threads=threads, dtype=dtype, device=device,
+        "provenance": provenance(argv=argv, threads=threads, dtype=dtype, device=device, amp=amp,
                                  batch_sizes=[settings["batch"], 1], seed=seed, backend=backend,
                                  **get_backend(backend).versions()),
         "model": {**model_info, "img_size": [h, w], "params": sum(p.numel() for p in model.parameters())},

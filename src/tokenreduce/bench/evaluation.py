@@ -354,6 +354,8 @@ class EvalRequest:
         eval_batch: the batch size of the task's metric.
         speed: ``measure_speed`` settings (:func:`speed_settings`; the same for every case).
         data, data_dir, download, subset: the evaluation data (:func:`load_data`).
+        device: where every model runs (the metric and the timing); amp: the forward's autocast,
+            bf16, fp16 or off (precision.autocast).
     """
 
     reference: str | Path
@@ -370,6 +372,8 @@ class EvalRequest:
     data_dir: str | None = None
     download: bool = False
     subset: int | None = None
+    device: str = "cpu"
+    amp: str = "off"
 
 
 @dataclass
@@ -399,7 +403,16 @@ def evaluate(req: EvalRequest) -> EvalResult:
     Specs are checked (and fine-tuned checkpoints matched to the reference) before the data is read;
     the caller sets torch's threads (``req.speed['threads']`` is what the timing records).
     """
+    from ..precision import autocast
+
     ref = load_reference(req.reference)
+    ref.model.to(req.device)
+    ref.task.to(req.device)
+    with autocast(req.device, req.amp):
+        return _evaluate(req, ref)
+
+
+def _evaluate(req: EvalRequest, ref: Reference) -> EvalResult:
     cases = [EvalCase(spec, spec) for spec in req.specs]
     check_cases(ref.model, cases)
     picks: list[dict[str, Any]] = []

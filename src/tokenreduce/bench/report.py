@@ -67,7 +67,10 @@ def provenance(
     device: str = "cpu", batch_sizes: Sequence[int] = (), seed: int | None = None, **extra: Any,
 ) -> dict[str, Any]:
     """What a results file needs to be reproduced (:data:`PROVENANCE_KEYS`): command, revision,
-    versions, machine, settings; ``extra``: the writer's own settings."""
+    versions, machine, settings (on CUDA: the GPUs, CUDA, cuDNN and driver versions and TF32,
+    precision.device_info; None on the CPU); ``extra``: the writer's own settings."""
+    from ..precision import device_info
+
     info = {
         "command": command_text(argv if argv is not None else sys.argv),
         "git": git_revision(),
@@ -79,7 +82,8 @@ def provenance(
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
         "device": device,
-        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+        "gpu": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None,
+        **device_info(device),
         "threads": threads if threads is not None else torch.get_num_threads(),
         "dtype": dtype,
         "batch_sizes": list(batch_sizes),

@@ -44,7 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     vocab.add_timing(p, SPEED)
     vocab.add_backend(p)
     vocab.add_device(p)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    vocab.add_amp(p)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the weights' own precision (pure low precision, no autocast; default: %(default)s)")
     vocab.add_seed(p, of=" of the random weights and inputs")
     vocab.add_out_dir(p, default=None, note="writes DIR/results.json (settings, provenance, every row)")
     vocab.add_quick(p, f"batch {QUICK['batch']}, {QUICK['warmup']} warm-up round, {QUICK['repeats']} timed rounds")
@@ -122,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
     for spec in [args.control, *args.spec]:  # a malformed spec fails before the model is built
         build_reducer(spec)
     checks.threads(args.threads)
-    checks.device(args.device)
+    args.device = checks.device(args.device)
+    if args.amp != "off" and args.backend == "onnxruntime":
+        raise TokenReduceError("--amp autocasts torch's forward; the onnxruntime backend runs in float32: "
+                               "give --amp off")
     if args.out:
         checks.writable_dir(args.out)
         from ..train import lock
@@ -155,13 +160,13 @@ def _run(args: argparse.Namespace, settings: dict) -> int:
     n_cases = len(args.spec) * (2 if args.match_random else 1) + 2 + (len(args.spec) + 1 if stem else 0)
     log(f"timing {n_cases} cases, batch {settings['batch']} and 1, "
         f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {threads} threads, {args.device} "
-        f"{args.dtype}, backend {args.backend}")
+        f"{args.dtype}, amp {args.amp}, backend {args.backend}")
     info = {"name": args.model, "hf_config": args.hf_config, "pretrained": args.pretrained, "weights": args.weights,
             "reference": args.checkpoint}
     doc = bench_document(model, args.spec, model_info=info, settings=settings, control=args.control,
                          match_random=args.match_random, img_size=args.img_size, threads=threads,
                          backend=args.backend, device=args.device, dtype=args.dtype, seed=args.seed, argv=args.argv,
-                         stem=stem, progress=log)
+                         stem=stem, amp=args.amp, progress=log)
     rows, (h, w) = doc["results"], doc["model"]["img_size"]
     print(f"{args.model}  {h}x{w}  batch {settings['batch']} (latency: batch 1)  "
           f"{threads} threads  {args.device} {args.dtype}  backend {args.backend}  "

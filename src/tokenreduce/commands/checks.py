@@ -27,12 +27,13 @@ def resolve_threads(n: int | None, flag: str = "--threads") -> int:
     return torch.get_num_threads()
 
 
-def device(name: str) -> str:
-    """``name`` if torch knows it and this machine has it (train.dist.resolve_device), else a TokenReduceError."""
-    from ..train.dist import resolve_device
+def device(name: str | None) -> str:
+    """``name`` if torch knows it and this machine has it (train.dist.resolve_device), else a TokenReduceError;
+    None (``--device``'s default): cuda when torch sees one, else cpu. On CUDA, TF32 is enabled for float32
+    matmuls (precision.prepare_device)."""
+    from ..precision import prepare_device
 
-    resolve_device(name)
-    return name
+    return prepare_device(name)
 
 
 def writable_dir(path: str | os.PathLike, flag: str = "--out") -> Path:

@@ -89,6 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     vocab.renamed(p, "--data", "--testbed", "demo runs on a built-in test bed, not a dataset")
     vocab.add_quick(p, "a tiny model trained on 512 images, 200 test images, 2 budgets, short timings")
     vocab.add_threads(p)
+    vocab.add_device(p, note="a reference trained now trains there too")
+    vocab.add_amp(p)
     p.add_argument("--subset", type=int, help="test images (default: a fixed 1000 scenes; on fmnist all 10000 with "
                    "the cached reference, a fixed 5000 with the short one; 200 with --quick)")
     vocab.add_budgets(p, "default 1.5,2 on the scenes, 1.5,2,2.5 on fmnist; quick 1.5,2")
@@ -115,14 +117,14 @@ def _train(cfg_fields: dict[str, Any], note: str) -> Path:
     return Path(metrics["checkpoint"])
 
 
-def reference(quick: bool, threads: int, bed: Testbed) -> tuple[Path, str, bool]:
+def reference(quick: bool, threads: int, bed: Testbed, device: str | None = None) -> tuple[Path, str, bool]:
     """(checkpoint, how it was obtained, whether it is the full reference)."""
     from ..train.recipes import cache_dir, default_out, get_recipe, reference_checkpoint
 
     if quick:
         out = cache_dir() / f"demo-quick-{bed.data}"
         cfg = {**QUICK_TRAIN, "model": bed.quick_model, "data": bed.data, "out": str(out), "threads": threads,
-               "download": True, "quiet": True}
+               "device": device, "download": True, "quiet": True}
         note = f"quick mode: a tiny ViT trained on 512 {bed.data} images into {out} (seconds)"
         return _train(cfg, note), "tiny model (quick)", False
     try:
@@ -132,7 +134,8 @@ def reference(quick: bool, threads: int, bed: Testbed) -> tuple[Path, str, bool]
             raise
     out = cache_dir() / f"{bed.recipe}-short"
     short = bed.short
-    cfg = {**get_recipe(bed.recipe), **short, "out": str(out), "threads": threads, "download": True}
+    cfg = {**get_recipe(bed.recipe), **short, "out": str(out), "threads": threads, "device": device,
+           "download": True}
     note = (f"no trained reference model at {default_out(bed.recipe)}/model.safetensors, so the demo trains a "
             f"short version of it now: {short['epochs']} epochs on {short['subset']} training images (4-5 "
             f"minutes on 2 cores) into {out}; an interrupted run resumes there and later demos reuse it. The full "
@@ -156,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if not seeds:
         raise TokenReduceError("give at least one seed")
     checks.threads(args.threads)
+    args.device = checks.device(args.device)
     out = checks.writable_dir(args.out)
     if args.threads is None:
         args.threads = default_threads()
@@ -163,13 +167,13 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     speed = {**mode["speed"], "threads": args.threads}
 
-    ckpt, origin, full = reference(args.quick, args.threads, bed)
+    ckpt, origin, full = reference(args.quick, args.threads, bed, args.device)
     t_ref = time.perf_counter() - t0
     ev.log(f"reference: {ckpt} ({origin}), ready after {t_ref:.0f} s")
     n_test = args.subset or (mode.get("subset", bed.subset) if full else mode["short_subset"])
     # the demo: the evaluation entry with its own defaults (every training-free method at the budgets)
     res = ev.evaluate(ev.EvalRequest(ckpt, targets=targets, rule=mode["rule"], seeds=seeds, speed=speed,
-                                     download=True, subset=n_test))
+                                     download=True, subset=n_test, device=args.device, amp=args.amp))
     ref, data, data_info = res.ref, res.data, res.data.info
     wall = time.perf_counter() - t0
     print(f"tokenreduce demo: {origin}, {data_info['name']} ({data_info['which']}), batch {speed['batch']} "
@@ -184,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"not shown: {name} ({why})")
 
     info = {
-        "provenance": provenance(argv=args.argv, threads=args.threads, batch_sizes=[speed["batch"], 1],
+        "provenance": provenance(argv=args.argv, threads=args.threads, device=args.device, amp=args.amp,
+                                 batch_sizes=[speed["batch"], 1],
                                  seed=seeds[0], seeds=seeds, quick=args.quick, wall_s=round(wall, 1),
                                  reference_s=round(t_ref, 1)),
         "reference": {"checkpoint": str(ckpt), "origin": origin, "model": ref.meta.get("model"),
@@ -199,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     specs = ev.one_per_method(res.picks, sorted(targets)[len(targets) // 2])
     ev.log(f"visualising {len(titles)} test images for {', '.join(specs)}")
     outlines = data.masks[: len(titles)] if data.masks is not None else None
-    paths = draw(ref.model, specs, images, titles, out / "visualize", outlines)
+    paths = draw(ref.model.cpu(), specs, images, titles, out / "visualize", outlines)
     ev.log(f"wrote {len(paths)} visualisations under {out / 'visualize'}")
     print(f"done in {time.perf_counter() - t0:.0f} s (reference ready after {t_ref:.0f} s); results in {out}/",
           flush=True)

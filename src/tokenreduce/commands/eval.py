@@ -51,6 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     vocab.add_eval_batch_size(p, default=250)
     vocab.renamed(p, "--eval-batch", "--eval-batch-size")
     vocab.add_threads(p)
+    vocab.add_device(p)
+    vocab.add_amp(p)
     vocab.add_timing(p, SPEED)
     p.set_defaults(warmup=SPEED["warmup"], repeats=SPEED["repeats"])
     vocab.add_backend(p)
@@ -71,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         targets = [] if args.spec or args.finetuned else [1.5, 2.0]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
     args.threads = checks.resolve_threads(args.threads)
+    args.device = checks.device(args.device)
     _not_a_training_run(Path(args.out))
     checks.writable_dir(args.out)
     for spec in args.spec:  # a malformed spec fails before anything is loaded
@@ -120,15 +123,18 @@ def _run(args: argparse.Namespace, seeds: list, targets: list, methods: list | N
     res = ev.evaluate(ev.EvalRequest(
         args.checkpoint, specs=args.spec, targets=targets, methods=methods, rule=args.budget_rule,
         match_random=args.match_random, finetuned=args.finetuned, seeds=seeds, eval_batch=args.eval_batch_size,
-        speed=speed, data=args.data, data_dir=args.data_dir, download=args.download, subset=args.subset))
+        speed=speed, data=args.data, data_dir=args.data_dir, download=args.download, subset=args.subset,
+        device=args.device, amp=args.amp))
     _finite_outputs(res)
     data_info = res.data.info
     print(f"{args.checkpoint}  task {res.ref.task.spec()}  {data_info['name']} ({data_info['which']})  "
-          f"batch {args.batch_size} (latency: batch 1)  {ev.threads_text(args.threads)}  backend {args.backend}  "
+          f"batch {args.batch_size} (latency: batch 1)  {ev.threads_text(args.threads)}  {args.device} amp "
+          f"{args.amp}  backend {args.backend}  "
           f"seeds {seeds}")
     print(ev.table(res.rows), flush=True)
     info = {
-        "provenance": provenance(argv=args.argv, threads=args.threads, batch_sizes=[args.batch_size, 1],
+        "provenance": provenance(argv=args.argv, threads=args.threads, device=args.device, amp=args.amp,
+                                 batch_sizes=[args.batch_size, 1],
                                  seed=seeds[0] if seeds else None, seeds=seeds, eval_batch=args.eval_batch_size,
                                  backend=args.backend, **get_backend(args.backend).versions(),
                                  wall_s=round(time.perf_counter() - t0, 1)),
@@ -149,7 +155,7 @@ def _finite_outputs(res) -> None:
     x = res.data.test.tensors[0][:16]
     model = res.ref.model.eval()
     with torch.no_grad():
-        out = model(x.to(next(model.parameters()).device))
+        out = model(x.to(next(model.parameters()).device)).float()
     if not torch.isfinite(out).all():
         raise TokenReduceError(f"{res.ref.path}: the model's outputs are not finite (NaN or infinite) on the test "
                                "items; its metrics would mean nothing, so it is not scored")

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     exp = build_experiment(args.spec, smoke=args.smoke)
     checks.threads(args.threads)
-    checks.device(args.device)
+    args.device = checks.device(args.device)
     if args.results:
         checks.writable_file(args.results, "--results")
     threads = checks.resolve_threads(args.threads)

@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--atol", type=float, default=1e-3,
                    help="largest allowed |onnxruntime - eager| on the check inputs (default: %(default)s)")
     vocab.add_seed(p, of=" of the random check images")
+    vocab.add_device(p, note="where the model is traced (onnxruntime checks the file on the CPU)")
+    vocab.add_amp(p, note="an autocast export holds the casts in the graph")
     p.set_defaults(func=run)
 
 
@@ -48,12 +50,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise TokenReduceError(f"--batch-size must be >= 1, got {args.batch_size}")
+    from ..precision import autocast
+
     checks.writable_file(args.onnx, "--onnx")
+    args.device = checks.device(args.device)
     model, what = load_for_export(model=args.model, checkpoint=args.checkpoint, spec=args.spec,
                                   img_size=args.img_size, pretrained=args.pretrained)
-    log(f"exporting {what} to {args.onnx}")
-    res = export_onnx(model, args.onnx, batch=args.batch_size, seed=args.seed, dynamic_batch=args.dynamic_batch,
-                      exporter=args.exporter, opset=args.opset)
+    model.to(args.device)
+    log(f"exporting {what} to {args.onnx} ({args.device}, amp {args.amp})")
+    with autocast(args.device, args.amp):
+        res = export_onnx(model, args.onnx, batch=args.batch_size, seed=args.seed, dynamic_batch=args.dynamic_batch,
+                          exporter=args.exporter, opset=args.opset)
     print(f"wrote {res.path} ({res.size_bytes / 1e6:.1f} MB, ONNX opset {res.opset}, {res.exporter} exporter): {what}")
     shape = ("batch", *res.input_shape[1:]) if res.dynamic_batch else tuple(res.input_shape)
     print(f"input ({', '.join(map(str, shape))}); tokens leaving each block (static): "

@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="runs at once (N processes, threads // N each; runs that time go one at a time, last)")
     vocab.add_threads(p)
-    vocab.add_device(p)
+    vocab.add_device(p, note="every run and measure; repeated by --list's commands")
+    vocab.add_amp(p, note="every run's training and evaluation and every measure")
     vocab.add_out_dir(p, default=None, note="results/NAME/BED for a declared test bed, runs/studies/NAME-BED-<test "
                       "bed> for your own; checkpoints in DIR/checkpoints")
     g = p.add_argument_group("test bed (default: the study's own)")
@@ -73,9 +74,9 @@ def _testbed(args: argparse.Namespace):
 def _flags(args: argparse.Namespace) -> list[str]:
     """The test bed and output flags a run's command repeats."""
     out = ["--smoke"] if args.smoke else []
-    for flag in ("model", "weights", "data", "out", "device"):
+    for flag in ("model", "weights", "data", "out", "device", "amp"):
         value = getattr(args, flag)
-        if value and not (flag == "device" and value == "cpu"):
+        if value and not (flag == "device" and value == "cpu") and not (flag == "amp" and value == "off"):
             out += [f"--{flag}", str(value)]
     return out + (["--pretrained"] if args.pretrained else [])
 
@@ -97,13 +98,13 @@ def run(args: argparse.Namespace) -> int:
     from . import checks
 
     checks.threads(args.threads)
-    checks.device(args.device)
+    args.device = checks.device(args.device)
     if args.jobs < 1:
         raise TokenReduceError(f"--jobs must be >= 1, got {args.jobs}")
     study = get_study(args.name)(args.testbed, testbed=_testbed(args), smoke=args.smoke)
     layout = layout_for(study, args.out)
     threads = args.threads if args.threads is not None else torch.get_num_threads()
-    runner = Runner(study, layout, threads=threads, device=args.device, flags=_flags(args))
+    runner = Runner(study, layout, threads=threads, device=args.device, amp=args.amp, flags=_flags(args))
     if args.list:
         print("\n".join(runner.commands()))
         return 0

@@ -69,6 +69,7 @@ OWN_WAY: dict[str, Callable[[Any, dataclasses.Field], Any] | None] = {
     "out": lambda g, f: vocab.add_out_dir(g, default=None, note=f.metadata["help"]),
     "threads": lambda g, f: vocab.add_threads(g),
     "device": lambda g, f: vocab.add_device(g, default=None),
+    "amp": lambda g, f: vocab.add_amp(g, default=None, note="default: the recipe's, else off"),
 }
 
 

@@ -15,6 +15,9 @@ The meanings, the same in every command:
 - ``--batch-size N``: the batch of the command's main work (timed throughput, training, the exported
   graph); ``--eval-batch-size N`` where a second batch exists (the task's metric).
 - ``--threads N``: torch CPU threads; default torch's own (``torch.get_num_threads()``) everywhere.
+- ``--device D``: where the model runs (default: cuda when available, else cpu, resolved when the command
+  runs); ``--amp bf16|fp16|off``: autocast of the forward (default off). Every command that runs a model
+  takes both; bench's ``--dtype`` converts the weights themselves.
 - ``--out DIR``: always a folder (bench writes ``DIR/results.json``); a single results file is
   ``--results PATH``.
 
@@ -235,9 +238,26 @@ def add_seeds(p: argparse.ArgumentParser, *, default: str | None, note: str | No
                 help=f"seeds of the stochastic methods, each run once per seed{shown}")
 
 
-def add_device(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str | None = "cpu") -> argparse.Action:
+def add_device(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str | None = None,
+               note: str | None = None) -> argparse.Action:
+    """``--device``: where the model runs; None (the default) is resolved when the command runs
+    (precision.prepare_device: cuda when torch sees one, else cpu; TF32 on for float32 matmuls on CUDA)."""
     shown = default or "cuda if available, else cpu"
-    return _add(p, "--device", default=default, help=f"cpu, cuda[:i] or mps (default: {shown})")
+    return _add(p, "--device", default=default, note=note,
+                help=f"cpu, cuda[:i] or mps (default: {shown}; on CUDA float32 matmuls use TF32)")
+
+
+#: ``--amp`` choices (precision.AMP_DTYPES, said here without torch).
+AMP_CHOICES = ("bf16", "fp16", "off")
+
+
+def add_amp(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str | None = "off",
+            note: str | None = None) -> argparse.Action:
+    """``--amp``: autocast the model's forward to bf16 or fp16 (training: fp16 with a GradScaler)."""
+    shown = f" (default: {default})" if default else ""
+    return _add(p, "--amp", default=default, choices=AMP_CHOICES, note=note,
+                help=f"autocast the forward to bfloat16 or float16, weights kept in float32; training in fp16 "
+                f"scales the loss (GradScaler){shown}")
 
 
 def add_backend(p: argparse.ArgumentParser) -> argparse.Action:
@@ -266,5 +286,5 @@ def add_budgets(p: argparse.ArgumentParser, note: str) -> argparse.Action:
 ADDERS: tuple[Callable[..., Any], ...] = (
     add_spec, add_checkpoint, add_finetuned, add_model, add_model_source, add_img_size, add_pretrained, add_weights,
     add_batch_size, add_eval_batch_size, add_threads, add_out_dir, add_results, add_data, add_seed, add_seeds,
-    add_device, add_backend, add_timing, add_quick, add_budgets,
+    add_device, add_amp, add_backend, add_timing, add_quick, add_budgets,
 )

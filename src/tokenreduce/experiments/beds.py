@@ -12,6 +12,27 @@ rather than dropping arms or seeds.
 Fashion-MNIST), each study with the paper's own recipe scaled to 2 CPU cores (or, where a study trains
 from scratch, the recipe's model).
 
+The fine-tune length (:data:`LENGTH`) adds one epoch (937 steps) and ten (9 370) for the arms of the
+studies whose parts start untrained (Cropr, DynamicViT in ``baselines``, EET, BSPF) and the
+training-free control (top-k against random at its counts). Compute plan for one epoch, 2 CPU cores, 2
+threads, one run at a time, from one timed run (``cropr-t937-s0``: 0.53 s a step alone, about 9.5 min
+with its evaluation of 10 000 test scenes; 21 min while tests shared the cores) and each arm's recorded
+100-step wall time relative to Cropr's:
+
+    cropr      cropr, cropr_llf, topk, random x 3 seeds          12 runs    ~135 min
+    baselines  dynamicvit-1.5x and topk-1.5x, each with its
+               random~ pruner, x 3 seeds                         12 runs    ~170 min
+    eet        a_unpruned, b_ctp, d_eet (16 bits) x 3 seeds,
+               and the oracle on b_ctp's weights                  9 + 3      ~205 min
+    bspf       full, chunked_topk, bspf, tied_full, and the two
+               mirrored second phases x 3 seeds                  18 runs    ~105 min
+
+about 10 hours in all, run in the background across sittings (a run is resumable and its record is
+what is kept). Three seeds: at the 100-step spreads three resolve differences of a few points (Cropr
+against top-k: sd 0.7 of the paired difference); where a claim's sd says three cannot resolve the
+paper's effect its report says so (the power plan of tables.py) rather than this plan adding seeds.
+Ten epochs is the GPU's part of the curve: ten times the CPU plan.
+
 Each bed's smoke runs the same study on a tiny model of the bed's shape (same depth and patch grid, so
 every published schedule runs unchanged) on synthetic Fashion-MNIST-format images, in seconds.
 """
@@ -48,6 +69,12 @@ TEN_EPOCHS = 10 * EPOCH_STEPS
 LENGTH = Axis("steps", (STEPS, EPOCH_STEPS, TEN_EPOCHS), "t", implicit=STEPS,
               sets={EPOCH_STEPS: {"subset": None, "eval_subset": None},
                     TEN_EPOCHS: {"subset": None, "eval_subset": None, "epochs": 10}})
+
+
+#: why a longer run may have no record yet (a scene bed's ``pending``)
+LONGER_PENDING = (f"the {EPOCH_STEPS}-step runs are made in the background across sittings (about 10 hours on 2 CPU "
+                  f"cores); the {TEN_EPOCHS}-step runs are a GPU's part of the plan (tokenreduce study NAME --device "
+                  "cuda runs what is not done)")
 
 
 def lengths(arms: dict[str, Arm], longer: tuple[str, ...], **where: tuple[Any, ...]) -> dict[str, Arm]:

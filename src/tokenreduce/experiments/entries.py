@@ -21,7 +21,7 @@ def train_run(fields: dict[str, Any]) -> dict[str, Any]:
 
 def evaluate(reference: str, specs: Sequence[str], recorded: Sequence[dict[str, Any]], *, out: Path, threads: int,
              speed: dict[str, Any], seeds: Sequence[int] = (0, 1, 2), eval_batch: int = 250,
-             data_dir: str | None = None, subset: int | None = None,
+             data_dir: str | None = None, subset: int | None = None, device: str = "cpu", amp: str = "off",
              log: Callable[[str], None] = print) -> dict[str, Any]:
     """``tokenreduce eval --checkpoint REFERENCE --spec S ...`` with fine-tuned runs beside them: the
     reference checkpoint unpatched and with each training-free spec evaluated, and the ``recorded``
@@ -29,26 +29,30 @@ def evaluate(reference: str, specs: Sequence[str], recorded: Sequence[dict[str, 
     and the final metrics train() returned) grouped by model and spec, each with the evaluation it
     made of itself on the same items; the task's metric, MACs, throughput and latency in one
     interleaved run, on the checkpoint's data (read from ``data_dir`` when given) or a fixed random
-    ``subset`` of its test items (``--subset``). Writes the command's files to ``out``; returns its
-    results (data, speed settings, rows)."""
+    ``subset`` of its test items (``--subset``), on ``device`` with the forward autocast to ``amp``. Writes the
+    command's files to ``out``; returns its results (data, speed settings, rows)."""
     import torch
 
     from ..bench import evaluation as ev
     from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
+    from ..precision import autocast
     from ..train import final_evaluation
 
     defaults = {k: ev.SPEED[k] for k in ("batch", "warmup", "repeats")}  # the eval command's
     settings = ev.speed_settings(threads=threads, eval_batch=eval_batch, **{**defaults, **speed})
     torch.set_num_threads(threads)
     ref = ev.load_reference(reference)
+    ref.model.to(device)
+    ref.task.to(device)
     cases = [EvalCase(s, s) for s in specs]
     check_cases(ref.model, cases)
     runs = [ev.Recorded(r["name"], r["model"], r["metrics"].get("spec"), r["metrics"]["task"], r["seed"],
                         final_evaluation(r["metrics"])) for r in recorded]
     cases += ev.finetuned_cases([], ref, runs)
     data = ev.load_data(ref, data_dir=data_dir, subset=subset)
-    rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=list(seeds),
-                          eval_batch=eval_batch, speed=settings, progress=log)
+    with autocast(device, amp):
+        rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=list(seeds),
+                              eval_batch=eval_batch, speed=settings, progress=log)
     info = {"reference": {"checkpoint": reference, "task": ref.task.spec()}, "data": data.info, "speed": settings}
     ev.write_outputs(out, rows, info, f"{data.info['name']}, {data.info['n']} test images", task=ref.task)
     return {**info, "results": list(rows)}
@@ -73,7 +77,7 @@ def report_probe(spec: str, result: dict[str, Any]) -> str:
 
 def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None = None, control: str,
           match_random: bool, speed: dict[str, Any], threads: int, device: str, argv: Sequence[str],
-          stem: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+          stem: str | None = None, amp: str = "off", log: Callable[[str], None] = print) -> dict[str, Any]:
     """``tokenreduce bench --model NAME --spec S ...``: ``specs`` against the unpatched model and the
     ``control`` in one interleaved run, on the timm model ``model`` (``{"name", "kwargs"}``, random weights
     from ``speed['seed']``) or, with ``checkpoint`` (a trained recipe's name), on its trained weights;
@@ -102,4 +106,5 @@ def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None
             "reference": checkpoint}
     return bench_document(built.model, specs, model_info=info, settings=speed, control=control,
                           match_random=match_random, threads=threads, backend=backend, device=device, dtype=dtype,
-                          seed=seed, argv=argv, stem=with_stem(built.model, stem) if stem else None, progress=log)
+                          seed=seed, argv=argv, stem=with_stem(built.model, stem) if stem else None, amp=amp,
+                          progress=log)

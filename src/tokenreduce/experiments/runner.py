@@ -98,12 +98,13 @@ def plan(study: Study) -> list[Unit]:
 
 
 class Runner:
-    """Runs a study's plan (module docstring). ``flags``: the test bed and output flags that the
-    commands of :meth:`commands` repeat; ``log``: progress lines (stderr)."""
+    """Runs a study's plan (module docstring). ``device``, ``amp``: where every run and measure runs its
+    model and the forward's autocast (bf16, fp16, off); ``flags``: the test bed, device and output flags that
+    the commands of :meth:`commands` repeat; ``log``: progress lines (stderr)."""
 
-    def __init__(self, study: Study, layout: Layout, *, threads: int, device: str = "cpu",
+    def __init__(self, study: Study, layout: Layout, *, threads: int, device: str = "cpu", amp: str = "off",
                  flags: Sequence[str] = (), log: Callable[[str], None] | None = None) -> None:
-        self.study, self.layout, self.threads, self.device = study, layout, threads, device
+        self.study, self.layout, self.threads, self.device, self.amp = study, layout, threads, device, amp
         self.flags = list(flags)
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.units = plan(study)
@@ -182,16 +183,16 @@ class Runner:
             data_dir, subset = self.study.eval_items(self.layout.checkpoints)  # the runs' test items
             doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
                                                            speed=speed, data_dir=data_dir, subset=subset,
-                                                           log=self.log))
+                                                           device=self.device, amp=self.amp, log=self.log))
         elif isinstance(unit.step, Bench):
             b = self.study.bench_run(unit.step)
             doc["result"] = entries.bench(b.model, b.specs, checkpoint=b.checkpoint, control=b.control,
                                           match_random=b.match_random, stem=b.stem, speed=b.speed, threads=self.threads,
-                                          device=self.device, argv=self.command(unit), log=self.log)
+                                          device=self.device, amp=self.amp, argv=self.command(unit), log=self.log)
         else:
             doc.update(self._probe(unit, work))
         doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,
-                                       wall_s=round(time.perf_counter() - t0, 1))
+                                       amp=self.amp, wall_s=round(time.perf_counter() - t0, 1))
         write_json(self.layout.json(unit.id), relative(doc, self.layout))
         return doc
 
@@ -204,6 +205,8 @@ class Runner:
             fields["init"] = self._checkpoint(unit.needs[0])
         fields.update(out=str(self.layout.checkpoints / unit.id), resume=True, threads=self.threads,
                       device=self.device)
+        if self.amp != "off":  # off leaves a study's own amp (none of them sets one today) standing
+            fields["amp"] = self.amp
         return entries.train_run(fields)
 
     def _doc(self, run_id: str) -> dict[str, Any]:

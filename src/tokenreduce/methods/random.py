@@ -49,15 +49,17 @@ class RandomPrune(Reducer):
         )
         gen = torch.Generator().manual_seed(int(c.seed))
         # the whole index per block, prefix included, built once: the baseline pays for its token
-        # counts and nothing else
+        # counts and nothing else. Built (and moved, _moved) outside inference mode: a cached inference
+        # tensor would make a later training forward fail ("Inference tensors cannot be saved for backward")
         self._keep: dict[int, Tensor] = {}
-        prefix = torch.arange(host.num_prefix)
-        prev = host.num_patches
-        for block in sched.locs:
-            count = sched.counts[block]
-            kept = torch.rand(prev, generator=gen).topk(count).indices.sort().values
-            self._keep[block] = torch.cat([prefix, kept + host.num_prefix])  # (p + count,)
-            prev = count
+        with torch.inference_mode(False):
+            prefix = torch.arange(host.num_prefix)
+            prev = host.num_patches
+            for block in sched.locs:
+                count = sched.counts[block]
+                kept = torch.rand(prev, generator=gen).topk(count).indices.sort().values
+                self._keep[block] = torch.cat([prefix, kept + host.num_prefix])  # (p + count,)
+                prev = count
         return sched
 
     @classmethod
@@ -76,5 +78,12 @@ class RandomPrune(Reducer):
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         idx = self._keep[state.block]
         if idx.device != x.device:
-            idx = self._keep[state.block] = idx.to(x.device)
+            idx = self._keep[state.block] = _moved(idx, x.device)
         return state.gather(x, idx.expand(x.shape[0], -1))  # (B, p + count, C)
+
+
+def _moved(idx: Tensor, device: torch.device) -> Tensor:
+    """A copy of ``idx`` on ``device`` that is a normal tensor even when made inside ``torch.inference_mode``
+    (as ops.positions does): the cached index serves later training forwards too, whose gather saves it."""
+    with torch.inference_mode(False):
+        return idx.to(device, copy=True)

@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import random
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,7 +219,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(tuple(state["numpy"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(list(state["cuda"]))
+        _set_cuda_rng_states(list(state["cuda"]))
+
+
+def _set_cuda_rng_states(saved: list) -> None:
+    """Restore one saved CUDA RNG state per GPU visible now, as far as both go: a run saved where more
+    (or fewer) GPUs were visible resumes with the first min(saved, visible) states, said on stderr
+    (``torch.cuda.set_rng_state_all`` would raise an IndexError for a state without a GPU)."""
+    visible = torch.cuda.device_count()
+    n = min(len(saved), visible)
+    if len(saved) != visible:
+        print(f"note: the checkpoint holds {len(saved)} CUDA RNG state(s) and {visible} GPU(s) are visible; "
+              f"restoring the first {n}", file=sys.stderr)
+    for i in range(n):
+        torch.cuda.set_rng_state(saved[i], i)
 
 
 # ----------------------------------------------------------------------------- write

@@ -92,8 +92,8 @@ class TrainConfig:
     warmup_epochs: float = _setting(1.0, "epochs of linear learning-rate warm-up (may be a fraction)", "optimisation")
     label_smoothing: float = _setting(0.1, "label smoothing of the cross-entropy", "optimisation")
     grad_clip: float | None = _setting(1.0, "clip the gradient norm to this", "optimisation")
-    amp: str | None = _setting(None, "autocast to this precision (default: none, float32)", "optimisation",
-                               choices=("bf16",))
+    amp: str | None = _setting(None, "autocast to this precision: bf16, or fp16 with a GradScaler (default: off, "
+                               "float32; None in a record is off)", "optimisation", choices=("bf16", "fp16", "off"))
     out: str | None = _setting(None, "where the checkpoints go (default for a recipe: $TOKENREDUCE_CACHE/<recipe>)",
                                "run")
     resume: bool = _setting(False, "continue the run in --out with its own settings (flags that contradict them are "
@@ -116,6 +116,8 @@ class TrainConfig:
 
         _check_types(self)  # before the checks below compare numbers
         self.distill = tuple(self.distill)
+        if self.amp == "off":  # one spelling of no autocast, as records made before --amp off have it
+            self.amp = None
         checks = [
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),

@@ -25,7 +25,7 @@ from torch.utils.data import Sampler
 from ..core.errors import TokenReduceError
 from ..tasks._dist import ShardSampler, all_reduce_sum, gather_shards, shard_loader, world_size
 
-__all__ = ["DistInfo", "ShardSampler", "TrainBatchSampler", "all_reduce_sum", "barrier", "gather_shards",
+__all__ = ["DistInfo", "ShardSampler", "TrainBatchSampler", "all_finite", "all_reduce_sum", "barrier", "gather_shards",
            "resolve_device", "sample_seed", "setup", "shard_loader", "teardown", "world_size"]
 
 _MASK64 = (1 << 64) - 1
@@ -94,6 +94,16 @@ def teardown() -> None:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def all_finite(value: torch.Tensor) -> bool:
+    """Whether ``value`` is finite on every process (a collective: every rank calls it at the same step).
+    One rank that raised alone on a non-finite loss would leave the others waiting in DDP's all-reduce
+    until the backend's timeout; with the flag agreed first, every rank stops together."""
+    flag = torch.isfinite(value.detach()).all().to(torch.float32).reshape(1)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:

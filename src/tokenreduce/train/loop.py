@@ -53,7 +53,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .. import models
+from .. import models, precision
 from ..api import find_info
 from ..bench.report import provenance
 from ..core.errors import TokenReduceError
@@ -89,10 +89,8 @@ __all__ = ["RUNTIME_FIELDS", "TrainConfig", "TrainingInterrupted", "WarmupCosine
 
 
 def _autocast(device: torch.device, amp: str | None):
-    """No autocast, or ``amp`` (one of the field's choices, checked by TrainConfig: 'bf16')."""
-    if amp is None:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    """No autocast, or ``amp`` (one of the field's choices, checked by TrainConfig: 'bf16', 'fp16')."""
+    return precision.autocast(device, amp)
 
 
 def seed_all(seed: int) -> None:
@@ -423,6 +421,10 @@ class _Run:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg, self.info, self.device = cfg, info, info.device
+        if self.device.type == "cuda":
+            precision.enable_tf32()
+        #: fp16 autocast scales the loss (a no-op otherwise); its scale is not checkpointed: a resumed run re-learns it
+        self.scaler = precision.grad_scaler(self.device, cfg.amp)
         set_deterministic(cfg.deterministic)
         seed_all(cfg.seed)  # same on every rank: identical init and RNG streams across processes
         # --init is read once and handed to everyone who needs it (the model, the class list, the task's
@@ -595,14 +597,19 @@ class _Run:
             if self.batch == self._first_batch and not self.task.scores_aux_outputs:
                 self._refuse_unscored_aux()
             loss = sum(out.losses.values())
-            if not torch.isfinite(loss):
+            if not dist.all_finite(loss):  # agreed by every process, so that all of them stop (no hang in DDP)
+                where = f"at step {self.step + 1} (epoch {self.epoch + 1})"
                 _check_finite({f"{k} loss": v.item() for k, v in out.losses.items()} | {"total loss": loss.item()},
-                              f"at step {self.step + 1} (epoch {self.epoch + 1})")
+                              where)
+                raise TokenReduceError(f"training diverged: a non-finite loss on another process {where}; lower "
+                                       "--lr or check the data")
             self.opt.zero_grad(set_to_none=True)
-            loss.backward()
+            self.scaler.scale(loss).backward()
             if cfg.grad_clip:
+                self.scaler.unscale_(self.opt)
                 nn.utils.clip_grad_norm_(self.task.parameters(), cfg.grad_clip)
-            self.opt.step()
+            self.scaler.step(self.opt)
+            self.scaler.update()
             self.sched.step()
             self.step += 1
             self.batch += 1

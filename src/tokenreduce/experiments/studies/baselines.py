@@ -22,14 +22,26 @@ reference), scored on all 10 000 test images; ImagePiece's 2x pick is its 1.5x p
 1.5x pick has its ``random~`` arm, and the measures ``matched`` and ``matched-onnxruntime`` time that
 comparison again, eagerly and with onnxruntime.
 
-Compute plan (2 CPU cores): scenes 78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + two evaluation
-runs (about 3.5 h); fmnist 36 fine-tunes x ~8.5 min in two 1-thread lanes (~2.5 h) + 4 evaluations.
+Compute plan (2 CPU cores): scenes 78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + two evaluation runs
+(about 3.5 h); fmnist 36 fine-tunes x ~8.5 min in two 1-thread lanes (~2.5 h) + 4 evaluations. One epoch
+(experiments/beds.py, LENGTH): 12 runs, about 170 min.
 """
 
 from __future__ import annotations
 
 from ...train.recipes import get_recipe
-from ..beds import FMNIST, LENGTH, SCENES, SMOKE_MEASURE, at_longer, fmnist_smoke, lengths, scene_smoke, shortened
+from ..beds import (
+    FMNIST,
+    LENGTH,
+    LONGER_PENDING,
+    SCENES,
+    SMOKE_MEASURE,
+    at_longer,
+    fmnist_smoke,
+    lengths,
+    scene_smoke,
+    shortened,
+)
 from ..study import TESTBED_TEACHER, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 
 _SOURCE = "EViT, arXiv 2202.07800 (attentive against random token selection); ToMe, arXiv 2210.09461"
@@ -160,7 +172,7 @@ class Baselines(Study):
             testbed=SCENES,
             title="The scene test bed: top-1 at ~1.5x and ~2x measured speed-up, training-free and fine-tuned",
             recipe={**shortened(get_recipe("fmnist-vit-ft")), "teacher": TESTBED_TEACHER},
-            arms=lengths(_scene_arms(), LONGER), baseline="random-1.5x", grid=(LENGTH, *_GRID),
+            arms=lengths(_scene_arms(), LONGER), baseline="random-1.5x", pending=LONGER_PENDING, grid=(LENGTH, *_GRID),
             columns=(Col("top1", "top-1 % (fine-tuned)"), Col("top1", "Δ top-1 vs random 1.5x", paired=True),
                      Col("train_time_s", "wall s")),
             measures=(

@@ -20,7 +20,8 @@ reference; the speed of the untied arms in one interleaved run (a tied model has
 and the symmetry probes on the reference tied and untied and on each seed's tied checkpoint.
 
 Compute plan (2 CPU cores): scenes 30 runs x 2-3 min + 3 probes + one speed run (about 90 min); fmnist 12
-fine-tunes x 2-4 min, one speed run, five probes.
+fine-tunes x 2-4 min, one speed run, five probes. One epoch (experiments/beds.py, LENGTH): 18 runs, about
+105 min.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ...train.recipes import get_recipe
 from ..beds import (
     FMNIST,
     LENGTH,
+    LONGER_PENDING,
     SCENES,
     SMOKE_MEASURE,
     SPEED_COLUMNS,
@@ -119,7 +121,7 @@ class BSPF(Study):
             testbed=SCENES,
             title="BSPF on the scene test bed: chunking, pruning + fusion, MAC-matched pruners, W_q = W_k",
             recipe=shortened(get_recipe("fmnist-bspf")), arms=lengths(_SCENE_ARMS, LONGER), baseline="full",
-            grid=(LENGTH, *_GRID),
+            pending=LONGER_PENDING, grid=(LENGTH, *_GRID),
             columns=_COLUMNS,
             # bspf_untied2 carries bspf_mirrored's model and spec (the same cost): one row for both
             measures=(Measure("speed", reference=None, at={"seed": 0},

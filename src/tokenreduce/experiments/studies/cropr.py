@@ -17,13 +17,14 @@ control: a fixed random *linear scorer* (a frozen random query, ``cropr(frozen=T
 
 The dense task (segmentation with LLF) is the study ``cropr_seg``.
 
-Compute plan (2 CPU cores): scenes 21 runs x 2-3 min (about 55 min); fmnist 15 runs x 1.5-2 min.
+Compute plan (2 CPU cores): scenes 21 runs x 2-3 min (about 55 min); fmnist 15 runs x 1.5-2 min. One epoch
+(experiments/beds.py, LENGTH): 12 runs, about 135 min.
 """
 
 from __future__ import annotations
 
 from ...train.recipes import get_recipe
-from ..beds import FMNIST, LENGTH, SCENES, at_longer, fmnist_smoke, lengths, scene_smoke, shortened
+from ..beds import FMNIST, LENGTH, LONGER_PENDING, SCENES, at_longer, fmnist_smoke, lengths, scene_smoke, shortened
 from ..study import Arm, Axis, Bed, Col, Expect, Study, register_study
 
 SOURCE = "Token Cropr, arXiv 2412.00965"
@@ -90,7 +91,7 @@ class Cropr(Study):
                 **rivals(_AT),
                 "none": Arm("unpruned (same fine-tune)"),
             }, LONGER),
-            baseline="none", grid=(LENGTH, SEEDS), columns=_COLUMNS, smoke=scene_smoke(),
+            baseline="none", pending=LONGER_PENDING, grid=(LENGTH, SEEDS), columns=_COLUMNS, smoke=scene_smoke(),
             budget="21 training runs x 2-3 min on 2 CPU cores: about 55 min"),
         "fmnist": Bed(
             testbed=FMNIST,

@@ -29,10 +29,10 @@ the four arms:
 fixed 10 000 training images, per-image FISH targets) from the ``fmnist-vit`` reference, the speed run
 as above, and recall@kept of ``ctp()`` on the reference (experiments/recall_at_kept.py).
 
-Compute plan (2 CPU cores): scenes at 16 bits 18 training runs x 2-6 min (the arms with DKT also train
-the unpruned teacher), the oracle arm x 3 (2 min each), the speed run (3 min): about 70 minutes; at 64
-bits 12 runs + 3 oracle evaluations: about 50 minutes. fmnist: 24 training runs x 3-5 min, speed and
-recall ~2 min each.
+Compute plan (2 CPU cores): scenes at 16 bits 18 training runs x 2-6 min (the arms with DKT also train the
+unpruned teacher), the oracle arm x 3 (2 min each), the speed run (3 min): about 70 minutes; at 64 bits 12
+runs + 3 oracle evaluations: about 50 minutes. fmnist: 24 training runs x 3-5 min, speed and recall ~2 min
+each. One epoch at 16 bits (experiments/beds.py, LENGTH): 9 runs and 3 oracle evaluations, about 205 min.
 """
 
 from __future__ import annotations
@@ -40,7 +40,18 @@ from __future__ import annotations
 import dataclasses
 
 from ...train.recipes import get_recipe
-from ..beds import FMNIST, LENGTH, SCENES, SMOKE_MEASURE, at_longer, fmnist_smoke, lengths, scene_smoke, shortened
+from ..beds import (
+    FMNIST,
+    LENGTH,
+    LONGER_PENDING,
+    SCENES,
+    SMOKE_MEASURE,
+    at_longer,
+    fmnist_smoke,
+    lengths,
+    scene_smoke,
+    shortened,
+)
 from ..study import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
 
 _SOURCE = "EET, arXiv 2504.16691"
@@ -121,7 +132,8 @@ class EET(Study):
                 "a_fish_d1": Arm("(a) with FISH delta = 1", task=f"eet(dkt=False, drg=False, fish_delta=1.0, {_DB})",
                                  only={"bits": (16,)}),
             }, LONGER, bits=(16,)),
-            baseline="a_unpruned", grid=(LENGTH, *_GRID), split=("bits", "{} bits"), columns=_COLUMNS,
+            baseline="a_unpruned", pending=LONGER_PENDING, grid=(LENGTH, *_GRID), split=("bits", "{} bits"),
+            columns=_COLUMNS,
             measures=(_speed("Speed: CTP against the unpruned model, one interleaved run (batch 32; latency at 1)"),),
             smoke=scene_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE,
                               probe={"subset": 16, "batch": 8}),

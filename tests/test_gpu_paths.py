@@ -1,0 +1,164 @@
+"""GPU paths reproduced on the CPU (docs/own-gpu.md): crash paths found by reading the code for CUDA, and the
+``--device`` / ``--amp`` flags every command that runs a model takes.
+
+- C1: the random pruner's cached index made inside ``torch.inference_mode`` broke a later training forward
+  ("Inference tensors cannot be saved for backward").
+- C3: a checkpoint holds one CUDA RNG state per GPU visible when it was saved; resuming where fewer are visible
+  raised an IndexError.
+- C4: under DDP a non-finite loss raised on one rank only and the others waited in the all-reduce: the
+  finiteness is agreed first (train.dist.all_finite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+import tokenreduce
+from tokenreduce.bench.report import provenance
+from tokenreduce.cli import build_parser
+from tokenreduce.data.fashion_mnist import make_synthetic
+from tokenreduce.methods.random import _moved
+from tokenreduce.models import checkpoint
+from tokenreduce.precision import autocast, device_info, grad_scaler
+from tokenreduce.train.dist import all_finite
+from tokenreduce.train.loop import TrainConfig, train
+
+TINY = {"name": "vit_tiny_patch16_224",
+        "kwargs": {"img_size": 28, "patch_size": 7, "embed_dim": 32, "depth": 2, "num_heads": 2, "in_chans": 1,
+                   "num_classes": 10}}
+
+
+def _tiny_vit() -> torch.nn.Module:
+    return timm.create_model(TINY["name"], **TINY["kwargs"])
+
+
+# ----------------------------------------------------------------------------- C1
+
+
+def test_random_pruner_applied_in_inference_mode_then_trained() -> None:
+    """Applied and evaluated under inference_mode, then trained: the cached index must be a normal tensor."""
+    model = _tiny_vit()
+    x = torch.randn(2, 1, 28, 28)
+    with torch.inference_mode():
+        tokenreduce.apply(model, "random(keep=0.5, locs=(1,))")
+        model.eval()
+        model(x)
+    model.train()
+    model(x).sum().backward()  # raised "Inference tensors cannot be saved for backward"
+    assert model.head.weight.grad is not None
+
+
+def test_random_pruner_index_moved_inside_inference_mode_is_a_normal_tensor() -> None:
+    """The lazy move to the input's device (CUDA only in practice) made inside inference_mode: a normal tensor."""
+    idx = torch.arange(5)
+    with torch.inference_mode():
+        moved = _moved(idx, torch.device("cpu"))
+    assert not moved.is_inference() and torch.equal(moved, idx)
+    x = torch.randn(2, 5, 3, requires_grad=True)
+    x.gather(1, moved[None, :, None].expand(2, 5, 3)).sum().backward()  # gather saves the index for backward
+
+
+# ----------------------------------------------------------------------------- C3
+
+
+@pytest.mark.parametrize("visible", [1, 3])
+def test_cuda_rng_states_restore_with_another_gpu_count(monkeypatch: pytest.MonkeyPatch, capsys, visible: int) -> None:
+    """Saved on 2 GPUs, resumed with 1 (or 3) visible: min(saved, visible) states restored, and said."""
+    restored: list[tuple[int, torch.Tensor]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((device, state)))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("indexes every saved state"))
+    saved = [torch.full((4,), i, dtype=torch.uint8) for i in range(2)]
+    state = {"python": random.getstate(), "numpy": __import__("numpy").random.get_state(),
+             "torch": torch.get_rng_state(), "cuda": saved}
+    checkpoint.set_rng_state(state)
+    n = min(2, visible)
+    assert [d for d, _ in restored] == list(range(n))
+    assert all(torch.equal(s, saved[d]) for d, s in restored)
+    assert f"restoring the first {n}" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- C4
+
+
+def test_all_finite_alone() -> None:
+    assert all_finite(torch.tensor(1.0)) and not all_finite(torch.tensor(float("nan")))
+    assert not all_finite(torch.tensor([1.0, float("inf")]))
+
+
+def _finite_worker(rank: int, store: Path) -> None:
+    """Rank 1 alone holds a NaN loss; each rank writes what it agreed to store's folder."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    agreed = all_finite(torch.tensor(float("nan") if rank == 1 else 0.5))
+    torch.distributed.destroy_process_group()
+    (store.parent / f"agreed.{rank}").write_text(str(agreed))
+
+
+@pytest.mark.slow  # two gloo processes; the agreement rule alone: test_all_finite_alone
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_all_finite_agrees_across_ranks(tmp_path: Path) -> None:
+    """A NaN on rank 1 only: both ranks see False (so both raise; none waits in DDP's all-reduce)."""
+    torch.multiprocessing.spawn(_finite_worker, args=(tmp_path / "store",), nprocs=2, join=True)
+    assert [(tmp_path / f"agreed.{r}").read_text() for r in range(2)] == ["False", "False"]
+
+
+# ----------------------------------------------------------------------------- --device, --amp
+
+
+COMMANDS = ("eval", "demo", "study", "export", "bench", "train")
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    return dict(next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_commands_that_run_a_model_take_device_and_amp(name: str) -> None:
+    p = _subparsers()[name]
+    text = p.format_help()
+    assert "--device" in text and "--amp" in text, name
+    amp = next(a for a in p._actions if "--amp" in a.option_strings)
+    device = next(a for a in p._actions if "--device" in a.option_strings)
+    assert tuple(amp.choices) == ("bf16", "fp16", "off") and device.default is None  # resolved when it runs
+
+
+def test_amp_field_takes_fp16_and_off_reads_as_none() -> None:
+    assert TrainConfig(amp="off").amp is None and TrainConfig(amp="fp16").amp == "fp16"
+    assert TrainConfig.from_dict({"amp": None}).amp is None  # an old record's no-autocast
+
+
+def test_autocast_and_scaler() -> None:
+    with autocast("cpu", "bf16"):
+        assert (torch.randn(2, 3) @ torch.randn(3, 2)).dtype == torch.bfloat16
+    with autocast("cpu", "off"):
+        assert (torch.randn(2, 3) @ torch.randn(3, 2)).dtype == torch.float32
+    assert grad_scaler("cpu", "fp16").is_enabled() and not grad_scaler("cpu", "bf16").is_enabled()
+
+
+def test_provenance_records_no_gpu_on_the_cpu() -> None:
+    prov = provenance(device="cpu", argv=["tokenreduce"])
+    assert prov["gpu"] is None and all(prov[k] is None for k in device_info("cpu"))
+
+
+def test_train_fp16_autocast_with_grad_scaler(tmp_path: Path) -> None:
+    data = str(make_synthetic(tmp_path / "fmnist", n_train=32, n_test=16))
+    metrics = train(TrainConfig(model=TINY, data=data, epochs=1, batch_size=16, threads=1, quiet=True, amp="fp16",
+                                lr=1e-3, warmup_epochs=0.5))
+    assert metrics["dtype"] == "fp16" and metrics["steps"] == 2
+
+
+def test_study_commands_repeat_device_and_amp(tmp_path: Path, capsys) -> None:
+    from tokenreduce.cli import main
+
+    assert main(["study", "eet", "--smoke", "--list", "--device", "cpu", "--amp", "bf16", "--out",
+                 str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all("--amp bf16" in line for line in lines)
