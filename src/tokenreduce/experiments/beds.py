@@ -18,9 +18,10 @@ every published schedule runs unchanged) on synthetic Fashion-MNIST-format image
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from .study import Col, Smoke
+from .study import Arm, Axis, Col, Expect, Smoke
 from .testbed import Testbed
 
 #: the scene reference starts every run and names the data
@@ -35,6 +36,32 @@ STEPS = 100
 BATCH = 64
 #: test scenes every run is scored on
 EVAL_SCENES = 2000
+#: one epoch of the 60 000 training scenes at batch 64 (the loader drops the last 32)
+EPOCH_STEPS = 60_000 // BATCH
+
+#: the fine-tune length, a grid axis of the studies whose arms have learned parts: the shortened schedule
+#: (the runs made first keep their ids) and one epoch, scored on all 10 000 test scenes; the recipe is
+#: otherwise the same (its schedule is in epochs of the training items: warm-up a fraction of the run)
+LENGTH = Axis("steps", (STEPS, EPOCH_STEPS), "t", sets={EPOCH_STEPS: {"subset": None, "eval_subset": None}},
+              implicit=STEPS)
+
+
+def lengths(arms: dict[str, Arm], longer: tuple[str, ...], **where: tuple[Any, ...]) -> dict[str, Arm]:
+    """``arms`` on the :data:`LENGTH` axis: those named in ``longer`` also for one epoch (there only at
+    the grid values ``where``, e.g. ``bits=(16,)``), the rest at the shortened schedule only."""
+    def one(name: str, a: Arm) -> Arm:
+        short = {**a.only, "steps": (STEPS,)}
+        if name not in longer:
+            return dataclasses.replace(a, only=short)
+        return dataclasses.replace(a, only=(short, {**a.only, **where, "steps": (EPOCH_STEPS,)})) if where else a
+
+    return {k: one(k, a) for k, a in arms.items()}
+
+
+def at_epoch(claims: tuple[Expect, ...], arms: tuple[str, ...]) -> tuple[Expect, ...]:
+    """The ``claims`` between ``arms`` again after one epoch (:data:`LENGTH`)."""
+    return tuple(dataclasses.replace(e, at={**e.at, "steps": EPOCH_STEPS}) for e in claims
+                 if e.arm in arms and e.baseline in arms)
 
 #: the shortened schedule's fields, laid over a study's own recipe
 SHORT: dict[str, Any] = {"subset": STEPS * BATCH, "batch_size": BATCH, "epochs": 1, "eval_subset": EVAL_SCENES,

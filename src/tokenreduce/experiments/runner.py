@@ -156,7 +156,9 @@ class Runner:
                                "command": shlex.join(self.command(unit))}
         if unit.kind == "evaluate":
             arm = self.study.arms[unit.point.arm]
-            probe = self._experiment(arm.experiment, self._checkpoint(unit.needs[0]), work)
+            # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
+            spec = arm.experiment.format(**self.study.train_fields(unit.point, self.layout.checkpoints))
+            probe = self._experiment(spec, self._checkpoint(unit.needs[0]), work)
             doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=unit.needs[0], **probe,
                        metrics=probe["result"].get("metrics", {}))
         elif unit.point is not None:

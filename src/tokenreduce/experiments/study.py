@@ -49,14 +49,18 @@ class Arm:
     An *evaluated* arm trains nothing: ``evaluates`` names the arm whose checkpoint it reads at the same
     grid point, and ``experiment`` the registered experiment (experiments/base.py) run on it, whose
     result's ``metrics`` are the arm's (e.g. ``oracle_at_counts``: the oracle at a trained pruner's
-    counts, on its weights). Its runs pair with the others' by seed like any arm's.
+    counts, on its weights; its spec may name the point's training settings in braces,
+    ``subset={eval_subset}``: the test items the source run was scored on). Its runs pair with the
+    others' by seed like any arm's.
 
     ``after`` names a trained arm whose checkpoint at the same grid point this arm's training starts
     from (a second phase: its run waits for that one), in place of the test bed's.
 
     ``only`` narrows the grid for this arm: axis name -> the values it runs at (``{"bits": (16,)}``: a
     sensitivity arm at one of several code lengths); an axis not named runs at all of its values, and a
-    smoke grid without a named value runs the arm at the axis' first (:meth:`Study.resolve`)."""
+    smoke grid without a named value runs the arm at the axis' first (:meth:`Study.resolve`). A tuple of
+    such dicts: the arm runs where any of them allows (``({"steps": (100,)}, {"bits": (16,)})``: every
+    code length on the short schedule, 16 bits on the long one)."""
 
     label: str
     task: str | None = None
@@ -68,7 +72,7 @@ class Arm:
     evaluates: str | None = None
     experiment: str | None = None
     after: str | None = None
-    only: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    only: dict[str, tuple[Any, ...]] | tuple[dict[str, tuple[Any, ...]], ...] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -99,14 +103,38 @@ class Col:
 
 
 @dataclass(frozen=True)
+class Power:
+    """A power plan declared before the runs: the smallest ``effect`` (paired difference, toward the claim)
+    the claim's test must detect, at the per-seed spread ``sd`` of the ``pilot`` (named: the runs or study
+    the spread was read from), with ``power`` (80%); the report states the n of seeds that gives it
+    (experiments/stats.py, :func:`~.stats.seeds_for_power`) beside the n run."""
+
+    effect: float
+    sd: float
+    pilot: str
+    power: float = 0.8
+
+
+@dataclass(frozen=True)
 class Expect:
     """What the study expects of one paired contrast, and how it is judged (experiments/stats.py).
 
     ``arm - baseline`` on ``metric`` at the grid point ``at`` (every other axis but the seed fixed),
     paired by seed; the claim is that the difference lies above ``margin`` (``direction=+1``) or
-    below it (``-1``), by a one-sided paired t-test at ``level``. ``effect``: the difference the
-    source reports (decides "not reproduced" against "inconclusive"); ``claim``, ``source``: in
-    words, with the published values.
+    below it (``-1``), by the paired t-test at ``level`` two-sided (each side at ``level / 2``).
+    ``kind``: "superior" (beyond the margin, 0 by default), "noninferior" (a "costs nothing / at or above /
+    keeps" claim: the margin is the loss it allows, on the losing side, and ``why`` says why that size)
+    or "equivalent" (|Δ| < |margin|, by TOST). ``delta`` (optional, with ``why``): the smallest
+    difference that matters; a difference shown to lie within ±delta reads "equivalent within ±delta".
+    ``effect``: the difference the source reports ("not reproduced" only from a test rejecting it);
+    ``claim``, ``source``: in words, with the published values.
+
+    ``family``: claims of one study bed sharing this text are also tested as one family claim (per seed
+    the mean of their paired differences, one test; they must share metric, direction, margin and
+    kind). ``speed``: (measure, tolerance): the claim is "at equal measured speed" only when that
+    measure's record timed both arms within ``tolerance`` (x) of each other; the claim text's
+    ``{at_speed}`` reads so, or "at its own pick" with both speeds. ``power``: a plan declared before
+    the runs (:class:`Power`).
     """
 
     claim: str
@@ -120,6 +148,27 @@ class Expect:
     level: float = 0.05
     effect: float | None = None
     published: str = ""
+    kind: str = "superior"
+    delta: float | None = None
+    why: str = ""
+    family: str = ""
+    speed: tuple[str, float] | None = None
+    power: Power | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("superior", "noninferior", "equivalent"):
+            raise SpecError(f"claim {self.claim!r}: kind must be superior, noninferior or equivalent, "
+                            f"not {self.kind!r}")
+        if self.kind == "noninferior" and not (self.margin * self.direction < 0 and self.why):
+            raise SpecError(f"claim {self.claim!r}: a non-inferiority claim declares its margin on the losing side "
+                            f"(direction {self.direction:+d}, margin {self.margin:g}) and why that size (why=)")
+        if self.kind == "equivalent" and not (self.margin and self.why):
+            raise SpecError(f"claim {self.claim!r}: an equivalence claim declares its bound (margin=) and why=")
+        if self.delta is not None and not (self.delta > 0 and self.why):
+            raise SpecError(f"claim {self.claim!r}: delta= is a positive bound, declared with why=")
+        if ("{at_speed}" in self.claim) != (self.speed is not None):
+            raise SpecError(f"claim {self.claim!r}: speed= (measure, tolerance) and '{{at_speed}}' in its text go "
+                            "together")
 
 
 @dataclass(frozen=True)
@@ -249,7 +298,7 @@ def tests_claim(bed: Bed, e: Expect) -> bool:
     """Whether ``bed`` tests the claim ``e``: it has both its arms, and they run where ``e`` reads them."""
     axes = {a.name: a.values for a in bed.grid}
     return (e.arm in bed.arms and e.baseline in bed.arms and all(k in axes and v in axes[k] for k, v in e.at.items())
-            and not any(_outside(bed.arms[a].only, e.at) for a in (e.arm, e.baseline)))
+            and all(_allows(bed.arms[a].only, e.at) for a in (e.arm, e.baseline)))
 
 
 # ----------------------------------------------------------------------------- the study
@@ -323,8 +372,9 @@ class Study:
 
     def runs_at(self, arm: str, at: dict[str, Any]) -> bool:
         """Whether ``arm`` has runs at ``at`` (its ``only`` allows every value ``at`` fixes)."""
-        only = {k: [self.resolve({k: v})[k] for v in vs] for k, vs in self.arms[arm].only.items()}
-        return not _outside(only, self.resolve(at))
+        at = self.resolve(at)
+        return any(not _outside({k: [self.resolve({k: v})[k] for v in vs] for k, vs in o.items()}, at)
+                   for o in _alternatives(self.arms[arm].only))
 
     def complete(self, at: dict[str, Any]) -> dict[str, Any]:
         r"""``at`` (:meth:`resolve`\ d) with every axis but the seed that it leaves out fixed at that axis'
@@ -497,12 +547,14 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
                                 "and then gives no init=")
     axes = {a.name: a.values for a in cls.grid}
     for name, arm in cls.arms.items():
-        bad = {k: v for k, v in arm.only.items() if k not in axes or k == "seed" or set(v) - set(axes[k])}
+        bad = {k: v for o in _alternatives(arm.only) for k, v in o.items()
+               if k not in axes or k == "seed" or set(v) - set(axes[k])}
         if bad:
             raise SpecError(f"{where}: arm {name} runs only at {bad}, which is not a set of values of its grid's "
                             f"axes other than the seed ({ {k: v for k, v in axes.items() if k != 'seed'} })")
         source = arm.evaluates or arm.after
-        if source and any(set(arm.only.get(k, axes[k])) - set(cls.arms[source].only.get(k, axes[k])) for k in axes):
+        grid = [dict(zip(axes, v, strict=True)) for v in itertools.product(*axes.values())]
+        if source and any(_allows(arm.only, p) and not _allows(cls.arms[source].only, p) for p in grid):
             raise SpecError(f"{where}: arm {name} reads arm {source}'s runs where {source} has none (its only= "
                             f"{arm.only} reaches beyond {source}'s {cls.arms[source].only})")
     if cls.baseline not in cls.arms:
@@ -533,14 +585,24 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
 
 
 def _outside(only: dict[str, Any], at: dict[str, Any]) -> bool:
-    """Whether ``at`` fixes a value that an arm's ``only`` leaves out."""
+    """Whether ``at`` fixes a value that one alternative of an arm's ``only`` leaves out."""
     return any(k in only and v not in only[k] for k, v in at.items())
+
+
+def _alternatives(only: dict[str, Any] | tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+    """An arm's ``only`` as alternatives: the arm runs where any of them allows."""
+    return (only,) if isinstance(only, dict) else tuple(only)
+
+
+def _allows(only: dict[str, Any] | tuple[dict[str, Any], ...], at: dict[str, Any]) -> bool:
+    """Whether an arm with ``only`` has runs at ``at`` (one alternative leaves every fixed value in)."""
+    return any(not _outside(o, at) for o in _alternatives(only))
 
 
 def _runs_there(cls: type[Study], what: str, arms: tuple[str, ...], at: dict[str, Any]) -> None:
     for arm in arms:
         only = cls.arms[arm].only
-        if _outside(only, at):
+        if not _allows(only, at):
             raise SpecError(f"study {cls.name}: {what} reads arm {arm} at {at}, where it has no runs (only {only})")
 
 

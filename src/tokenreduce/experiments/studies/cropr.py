@@ -23,7 +23,7 @@ Compute plan (2 CPU cores): scenes 21 runs x 2-3 min (about 55 min); fmnist 15 r
 from __future__ import annotations
 
 from ...train.recipes import get_recipe
-from ..beds import FMNIST, SCENES, fmnist_smoke, scene_smoke, shortened
+from ..beds import FMNIST, LENGTH, SCENES, at_epoch, fmnist_smoke, lengths, scene_smoke, shortened
 from ..study import Arm, Axis, Bed, Col, Expect, Study, register_study
 
 SOURCE = "Token Cropr, arXiv 2412.00965"
@@ -36,6 +36,8 @@ _R = 16
 _COUNTS = tuple(196 - (_R + 1) - _R * i for i in range(11))
 _AT = f"counts={_COUNTS}, locs={tuple(range(11))}"
 _FMNIST_AT = "counts=(42, 36, 30, 24, 18), locs=(0, 1, 2, 3, 4)"  # what cropr(r=6) keeps on 49 patches
+#: the arms fine-tuned for one epoch too (experiments/beds.py, LENGTH): the router, with LLF, and its rivals
+LONGER = ("cropr", "cropr_llf", "topk", "random")
 _COLUMNS = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True), Col("train_time_s", "wall s"))
 
 
@@ -68,20 +70,21 @@ class Cropr(Study):
         Expect("LLF raises Cropr's top-1", f"{SOURCE}, Last Layer Fusion", arm="cropr_llf", baseline="cropr",
                metric="top1", direction=1),
     )
+    expect += at_epoch(expect, LONGER)
     beds = {
         "scenes": Bed(
             testbed=SCENES,
             title="Token Cropr on the scene test bed (classification): the learned router against fixed scorers",
             recipe=shortened(get_recipe("fmnist-cropr")),
-            arms={
+            arms=lengths({
                 "cropr": Arm("Token Cropr", spec=f"cropr(r={_R}, classes=10)"),
                 "cropr_llf": Arm("Token Cropr + LLF", spec=f"cropr(r={_R}, classes=10) + llf()"),
                 "frozen": Arm("fixed random linear scorer (frozen query)",
                               spec=f"cropr(r={_R}, classes=10, frozen=True)"),
                 **rivals(_AT),
                 "none": Arm("unpruned (same fine-tune)"),
-            },
-            baseline="none", grid=(SEEDS,), columns=_COLUMNS, smoke=scene_smoke(),
+            }, LONGER),
+            baseline="none", grid=(LENGTH, SEEDS), columns=_COLUMNS, smoke=scene_smoke(),
             budget="21 training runs x 2-3 min on 2 CPU cores: about 55 min"),
         "fmnist": Bed(
             testbed=FMNIST,

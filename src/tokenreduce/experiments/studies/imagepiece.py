@@ -41,6 +41,9 @@ from .deit_bench import DEIT_S, SMOKE_BENCH
 _SOURCE = "ImagePiece, arXiv 2412.16491"
 _GRID = (Axis("seed", (0, 1, 2), "s"),)
 _ADD_ON = "Table 3 (+0.79 on average as an add-on)"
+#: "at equal measured speed" holds only where the speed measure timed both arms, in its one interleaved run,
+#: within 0.05x of each other (about 3% at 1.5x; timings across sessions move far more, so none are mixed)
+_SPEED = ("speed", 0.05)
 
 # the scene bed
 _IP = "imagepiece(locs=(2, 5, 8), keep=0.7"
@@ -111,8 +114,8 @@ class ImagePiece(Study):
     source = f"{_SOURCE}, Tables 1-3 (DeiT on ImageNet)"
     expect = (
         # at equal cost
-        _claim("ImagePiece beats EViT at equal measured speed", "imagepiece", "evit_speed", "Table 1"),
-        _claim("ImagePiece beats ToMe at equal measured speed", "imagepiece", "tome_speed", "Table 1"),
+        _claim("ImagePiece beats EViT {at_speed}", "imagepiece", "evit_speed", "Table 1", speed=_SPEED),
+        _claim("ImagePiece beats ToMe {at_speed}", "imagepiece", "tome_speed", "Table 1", speed=_SPEED),
         _claim("ImagePiece beats EViT at equal MACs", "imagepiece", "evit_macs", "Table 1"),
         _claim("ImagePiece beats ToMe at equal MACs", "imagepiece", "tome_macs", "Table 1"),
         _claim("ImagePiece beats EViT at the same stem and MACs (conv stem)", "conv_imagepiece", "conv_evit",
@@ -122,10 +125,10 @@ class ImagePiece(Study):
         _claim("hyper-speed: ImagePiece beats EViT", "conv_imagepiece_hyper", "conv_evit_hyper", "Table 2"),
         _claim("hyper-speed: ImagePiece beats ToMe", "conv_imagepiece_hyper", "conv_tome_hyper", "Table 2"),
         # as an add-on
-        _claim("re-tokenization in front of EViT beats EViT alone (equal speed)", "imagepiece_evit", "evit_speed",
-               _ADD_ON, effect=0.79, published="+0.79 top-1 on average"),
-        _claim("re-tokenization in front of ToMe beats ToMe alone (equal speed)", "imagepiece_tome", "tome_speed",
-               _ADD_ON, effect=0.79, published="+0.79 top-1 on average"),
+        _claim("re-tokenization in front of EViT beats EViT alone, {at_speed}", "imagepiece_evit", "evit_speed",
+               _ADD_ON, effect=0.79, published="+0.79 top-1 on average", speed=_SPEED),
+        _claim("re-tokenization in front of ToMe beats ToMe alone, {at_speed}", "imagepiece_tome", "tome_speed",
+               _ADD_ON, effect=0.79, published="+0.79 top-1 on average", speed=_SPEED),
         _claim("re-tokenization in front of EViT beats EViT alone (conv stem, equal MACs)", "conv_imagepiece_evit",
                "conv_evit", _ADD_ON, effect=0.79, published="+0.79 top-1 on average"),
         _claim("re-tokenization in front of ToMe beats ToMe alone (conv stem, equal MACs)", "conv_imagepiece_tome",

@@ -1,0 +1,96 @@
+"""The fine-tune length (experiments/beds.py, ``LENGTH``): every claim of a study bed tested at more than
+one length, side by side, its verdict stated at the longest, and one figure per bed: the paired
+difference of each claim against fine-tune steps.
+
+A claim at several lengths is declared once and repeated at each (``beds.at_epoch``): the repeats are the
+claims with the same words and the same grid point but for ``steps``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .figures import pyplot, write_png
+from .stats import summarize
+from .study import Study
+from .tables import NOT_RUN, Judged, ci_text, measured, verdicts
+
+AXIS = "steps"
+
+
+def _grouped(study: Study, runs: dict[str, dict]) -> list[list[tuple[Any, Judged]]]:
+    """Each claim tested at more than one length: its (steps, judged) in increasing steps."""
+    axes = {a.name: a for a in study.axes()}
+    if AXIS not in axes:
+        return []
+    implicit = axes[AXIS].implicit if axes[AXIS].implicit is not None else axes[AXIS].values[0]
+    groups: dict[tuple, list[tuple[Any, Judged]]] = {}
+    for j in verdicts(study, runs):
+        e = j.expect
+        key = (e.claim, e.arm, e.baseline, tuple(sorted((k, v) for k, v in e.at.items() if k != AXIS)))
+        groups.setdefault(key, []).append((e.at.get(AXIS, implicit), j))
+    return [sorted(g, key=lambda sj: sj[0]) for g in groups.values() if len(g) > 1]
+
+
+def _word(j: Judged) -> str:
+    return j.verdict.word if j.verdict else NOT_RUN
+
+
+def stated(group: list[tuple[Any, Judged]]) -> str:
+    """The claim's verdict at the longest length, and in words whether it changes with length."""
+    (first, short), (last, long) = group[0], group[-1]
+    if long.verdict is None:
+        return f"{NOT_RUN} at {last} steps (at {first}: {_word(short)})"
+    if short.verdict is None or _word(short) == _word(long):
+        return f"**{_word(long)}** at {last} steps" + ("" if short.verdict is None else ", as at " + str(first))
+    return f"**{_word(long)}** at {last} steps; it changes with length ({_word(short)} at {first})"
+
+
+def section(study: Study, runs: dict[str, dict], root: Path, slug: str) -> list[str]:
+    """The report's lines for ``study``'s claims at several lengths (none if it has none), with the figure
+    ``root``/figures/``slug``-lengths.png."""
+    groups = _grouped(study, runs)
+    if not groups:
+        return []
+    lengths = sorted({s for g in groups for s, _ in g})
+    head = ["claim", "where", *(c for s in lengths for c in (f"Δ at {s} steps", f"interval at {s}", f"verdict at {s}")),
+            "stated"]
+    lines = ["### Over the fine-tune length", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in groups:
+        e = g[0][1].expect
+        at = {s: j for s, j in g}
+        where = ", ".join(f"{k} {v}" for k, v in e.at.items() if k != AXIS) or "-"
+        cells = [c for s in lengths for c in ((measured(at[s]), ci_text(at[s]), _word(at[s])) if s in at
+                                              else ("-", "-", "-"))]
+        lines.append(f"| {e.claim} | {where} | " + " | ".join(cells) + f" | {stated(g)} |")
+    fig = _figure(study, groups, root / "figures" / f"{slug}-lengths.png")
+    if fig is not None:
+        lines += ["", f"![{slug} over the fine-tune length](figures/{fig.name})"]
+    return [*lines, ""]
+
+
+def _figure(study: Study, groups: list[list[tuple[Any, Judged]]], path: Path) -> Path | None:
+    """Each claim's paired difference (mean ± std over seeds) against fine-tune steps; None before any run."""
+    if not any(j.diffs for g in groups for _, j in g):
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for g in groups:
+        steps = [s for s, _ in g]
+        means = [summarize(j.diffs).mean for _, j in g]
+        stds = [summarize(j.diffs).std or 0.0 for _, j in g]
+        e = g[0][1].expect
+        ax.errorbar(steps, [m if m is not None else math.nan for m in means], yerr=stds, marker="o", capsize=3,
+                    label=f"{e.arm} - {e.baseline}" + "".join(f", {k} {v}" for k, v in e.at.items() if k != AXIS))
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xticks(sorted({s for g in groups for s, _ in g}))
+    ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("fine-tune steps (batch 64)")
+    ax.set_ylabel(f"paired difference, {g[0][1].expect.metric}")
+    ax.set_title(f"{study.title or study.name}: each claim's difference over the fine-tune length")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return write_png(fig, path)
