@@ -15,7 +15,7 @@ from typing import Any
 from .figures import pyplot, write_png
 from .stats import summarize
 from .study import Study
-from .tables import NOT_RUN, Judged, ci_text, measured
+from .tables import NOT_RUN, Judged, ci_text, measured, word
 
 AXIS = "steps"
 
@@ -34,20 +34,16 @@ def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]
     return [sorted(g, key=lambda sj: sj[0]) for g in groups.values() if len(g) > 1]
 
 
-def _word(j: Judged) -> str:
-    return j.verdict.word if j.verdict else NOT_RUN
-
-
 def stated(group: list[tuple[Any, Judged]]) -> str:
     """The claim's verdict at the longest length it was run at, and in words whether it changes with length."""
     run = [(s, j) for s, j in group if j.verdict is not None]
     if not run:
         return NOT_RUN
     last, long = run[-1]
-    before = [f"{_word(j)} at {s}" for s, j in run[:-1] if _word(j) != _word(long)]
+    before = [f"{word(j)} at {s}" for s, j in run[:-1] if word(j) != word(long)]
     if before:
-        return f"**{_word(long)}** at {last} steps; it changes with length ({'; '.join(before)})"
-    return f"**{_word(long)}** at {last} steps" + (f", as at {', '.join(str(s) for s, _ in run[:-1])}"
+        return f"**{word(long)}** at {last} steps; it changes with length ({'; '.join(before)})"
+    return f"**{word(long)}** at {last} steps" + (f", as at {', '.join(str(s) for s, _ in run[:-1])}"
                                                    if len(run) > 1 else "")
 
 
@@ -65,7 +61,7 @@ def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Pat
         e = g[0][1].expect
         at = {s: j for s, j in g}
         where = ", ".join(f"{k} {v}" for k, v in e.at.items() if k != AXIS) or "-"
-        cells = [c for s in lengths for c in ((measured(at[s]), ci_text(at[s]), _word(at[s])) if s in at
+        cells = [c for s in lengths for c in ((measured(at[s]), ci_text(at[s]), word(at[s])) if s in at
                                               else ("-", "-", "-"))]
         lines.append(f"| {e.claim} | {where} | " + " | ".join(cells) + f" | {stated(g)} |")
     fig = _figure(study, groups, root / "figures" / f"{slug}-lengths.png")

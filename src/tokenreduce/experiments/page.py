@@ -31,6 +31,7 @@ from .tables import (
     measured,
     p_text,
     paired,
+    planned_seeds,
     summary,
     values,
     verdicts,
@@ -170,7 +171,7 @@ def headline(root: Path) -> list[str]:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
     prov = final["provenance"]
     lines = [f"Each method's spec nearest 1.5x and 2x measured speed-up on the scene test bed, fine-tuned "
-             f"({recipe_steps(study)}; seeds {', '.join(map(str, values_of_seed(study)))}; mean ± std), against the "
+             f"({recipe_steps(study)}; seeds {', '.join(map(str, planned_seeds(study)))}; mean ± std), against the "
              f"random pruner at the same per-block token counts (Δ, paired by seed); speed measured in one "
              f"interleaved run on {prov.get('cpu')}, {prov.get('threads')} threads "
              f"([`tokenreduce study baselines`](results/REPORT.md)):", "",
@@ -205,10 +206,6 @@ def recipe_steps(study: Study) -> str:
     """The fine-tune's length in words (steps of a batch)."""
     steps = study.recipe["subset"] // study.recipe["batch_size"] * study.recipe["epochs"]
     return f"{steps} steps of {study.recipe['batch_size']}"
-
-
-def values_of_seed(study: Study) -> tuple[Any, ...]:
-    return next(a.values for a in study.axes() if a.name == "seed")
 
 
 def write_headline(readme: Path, lines: list[str]) -> Path:

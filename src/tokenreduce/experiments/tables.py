@@ -28,7 +28,7 @@ def _metric(doc: dict[str, Any], metric: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def _seeds(study: Study) -> tuple[Any, ...]:
+def planned_seeds(study: Study) -> tuple[Any, ...]:
     return next(a.values for a in study.axes() if a.name == "seed")
 
 
@@ -60,7 +60,7 @@ def paired_by_seed(study: Study, runs: dict[str, dict], arm: str, base: str, met
     """Seed -> ``arm`` minus ``base`` on ``metric`` at ``at``, for each seed with both runs, in seed order."""
     mine, theirs = _runs_of(study, runs, arm, at), _runs_of(study, runs, base, at)
     out = {}
-    for seed in _seeds(study):
+    for seed in planned_seeds(study):
         if seed in mine and seed in theirs:
             a, b = _metric(mine[seed], metric), _metric(theirs[seed], metric)
             if a is not None and b is not None:
@@ -72,7 +72,7 @@ def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[s
     """One row per arm at ``at``: each column's mean ± std over the seeds run (Δ columns paired by seed)."""
     headers = ["arm", "seeds", *(c.header for c in study.columns)]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    planned = _seeds(study)
+    planned = planned_seeds(study)
     split = study.split[0] if study.split else None
     extra = [a for a in study.axes() if a.name not in ("seed", split)]  # one row per arm and value of each
     for name, arm in study.arms.items():
@@ -263,7 +263,7 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
             raise SpecError(f"study {study.name}: the family {first.family!r} mixes metrics, directions, margins, "
                             "kinds or levels")
         per = [paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at) for e in members]
-        seeds = [s for s in _seeds(study) if all(s in p for p in per)]
+        seeds = [s for s in planned_seeds(study) if all(s in p for p in per)]
         fam = Expect(first.family, first.source, arm=f"the mean over {len(members)} claims' arms",
                      baseline="their baselines", metric=first.metric, direction=first.direction, at=first.at,
                      margin=first.margin, level=first.level, kind=first.kind, delta=first.delta, why=first.why)
