@@ -23,6 +23,11 @@ HOSTS = {
 }
 
 
+#: Where the contract runs: the CPU, and CUDA (marked ``gpu``: the device script's tier) where torch sees one.
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
 def make_host(name: str, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return HOSTS[name]().eval()

@@ -15,7 +15,7 @@ from torch import nn
 import tokenreduce as tr
 from tokenreduce.bench import count_macs, flop_counter_macs
 from tokenreduce.core import ops
-from tokenreduce.core.attention import attend, attention_macs
+from tokenreduce.core.attention import ChunkedProbs, attend, attention_macs
 from tokenreduce.core.method import Reducer, build_reducer
 from tokenreduce.core.schedule import compile_schedule
 
@@ -146,9 +146,31 @@ def test_chunks_equal_a_masked_dense_reference(p, chunk, bias_kind, with_policy)
     assert probs is None
     o, probs = attend(q, k, v, scale=SCALE, bias=bias, policy=policy, chunk=chunk, num_prefix=p, need_probs=True)
     torch.testing.assert_close(o, ref_o, rtol=0, atol=1e-6)
-    torch.testing.assert_close(probs, ref_probs, rtol=0, atol=1e-6)
-    assert (probs[..., ~allowed(n, p, chunk)] == 0).all(), "zeros outside the chunk pattern"
-    torch.testing.assert_close(probs.sum(-1), torch.ones(B, H, n))
+    check_chunked_probs(probs, ref_probs, p, chunk)
+    dense = probs.dense()
+    torch.testing.assert_close(dense, ref_probs, rtol=0, atol=1e-6)
+    assert (dense[..., ~allowed(n, p, chunk)] == 0).all(), "zeros outside the chunk pattern"
+    torch.testing.assert_close(dense.sum(-1), torch.ones(B, H, n))
+
+
+def check_chunked_probs(probs: ChunkedProbs, ref: torch.Tensor, p: int, chunk: int) -> None:
+    """Chunked probabilities stay per chunk: the prefix rows (B, H, p, N) and (B, H, n_g, c_g, p + c_g) per
+    group of equal chunks, equal to the reference's prefix and own-chunk columns; no (N, N) tensor."""
+    n = ref.shape[-1]
+    assert isinstance(probs, ChunkedProbs) and probs.num_prefix == p
+    full, rest = divmod(n - p, chunk)
+    assert list(probs.groups) == [(p, full, chunk)] + ([(p + full * chunk, 1, rest)] if rest else [])
+    if p:
+        torch.testing.assert_close(probs.prefix, ref[:, :, :p], rtol=0, atol=1e-6)
+    else:
+        assert probs.prefix is None
+    for (start, count, size), a, diag in zip(probs.groups, probs.chunks, probs.diagonal(), strict=True):
+        assert a.shape == (B, H, count, size, p + size) and diag.shape == (B, H, count, size, size)
+        for m in range(count):
+            rows = ref[:, :, start + m * size:start + (m + 1) * size]  # (B, H, size, n)
+            own = rows[..., start + m * size:start + (m + 1) * size]
+            torch.testing.assert_close(a[:, :, m], torch.cat([rows[..., :p], own], -1), rtol=0, atol=1e-6)
+            torch.testing.assert_close(diag[:, :, m], own, rtol=0, atol=1e-6)
 
 
 def test_chunked_gradients_match_the_reference():
@@ -230,7 +252,8 @@ class Probe(Reducer):
 
     def reduce(self, x, state, info, count):
         self.seen[state.block] = info
-        keep, _ = ops.keep_topk(info.probs[:, :, 0, state.num_prefix:].mean(1), count, state.num_prefix)
+        rows = info.probs.prefix if isinstance(info.probs, ChunkedProbs) else info.probs  # prefix rows: every key
+        keep, _ = ops.keep_topk(rows[:, :, 0, state.num_prefix:].mean(1), count, state.num_prefix)
         return state.gather(x, keep)
 
 
@@ -245,6 +268,10 @@ def test_probabilities_and_declared_contributions_reach_the_method(chunk, images
         model(images)
     probs = probe.seen[1].probs
     n = 65
+    if chunk is not None:  # per chunk as computed; the dense layout only on request
+        assert isinstance(probs, ChunkedProbs)
+        assert [a.shape for a in probs.chunks] == [(3, 2, 2, 24, 25), (3, 2, 1, 16, 17)]
+        probs = probs.dense()
     assert probs.shape == (3, 2, n, n)
     torch.testing.assert_close(probs.sum(-1), torch.ones(3, 2, n))
     # the same probabilities computed densely from the block's input, the declared bias and chunks

@@ -11,15 +11,18 @@ import pytest
 import torch
 from conftest import TINY, make_host
 from timm.models.vision_transformer import VisionTransformer
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tokenreduce as tr
 from tokenreduce.bench import count_macs, flop_counter_macs
+from tokenreduce.core.attention import ChunkedProbs
 from tokenreduce.core.state import TokenState
 from tokenreduce.methods.bspf import (
     BSPF,
     ChunkDecision,
     Decision,
     chunk_groups,
+    diagonal_blocks,
     entry_mask,
     entry_scores,
     fusion_plan,
@@ -178,6 +181,73 @@ def test_chunks_that_do_not_divide_the_patches(size, counts, images):
         for row in source[b]:
             assert len(set((torch.arange(49) // size)[row > 0].tolist())) == 1
     assert chunk_groups(49, 24) == [(0, 2, 24), (48, 1, 1)] and chunk_groups(49, 100) == [(0, 1, 49)]
+
+
+# ----- no (N, N) tensor --------------------------------------------------------------------------------
+
+
+class _Shapes(TorchDispatchMode):
+    """The shape of every tensor an operator returns while the mode is on (forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+@pytest.mark.parametrize("host", ["deit", "registers"])
+def test_chunked_probabilities_never_make_an_n_by_n_tensor(host, images):
+    """A training step of bspf on chunked attention (64 patches: chunks 24, 24, 16, then 12, 12, 8):
+    no operator, forward or backward, returns a tensor whose last two dims are (N, N) for a token count
+    N of any block; the probabilities reach the method per chunk, (B, H, chunks, c, p + c)."""
+    model = tr.apply(make_host(host).train(), "bspf(size=24, keep=0.5, locs=(1, 2))")
+    p = model.num_prefix_tokens
+    seen = {}
+    reduce = model.tokenreduce.reduce
+
+    def spy(x, state, info, count):
+        seen[state.block] = info.probs
+        return reduce(x, state, info, count)
+
+    model.tokenreduce.reduce = spy
+    with _Shapes() as mode:
+        model(images).logsumexp(-1).mean().backward()
+    counts = {64 + p, *tr.get_info(model).tokens_per_block}
+    square = [s for s in mode.shapes if len(s) >= 2 and s[-1] == s[-2] and s[-1] in counts]
+    assert not square, f"(N, N) tensors made: {sorted(set(square))}"
+    assert sorted(seen) == [1, 2] and all(isinstance(a, ChunkedProbs) for a in seen.values())
+    assert [a.shape for a in seen[1].chunks] == [(3, 2, 2, 24, p + 24), (3, 2, 1, 16, p + 16)]
+    assert [a.shape for a in seen[2].chunks] == [(3, 2, 2, 12, p + 12), (3, 2, 1, 8, p + 8)]
+    assert seen[1].prefix.shape == (3, 2, p, 64 + p) and seen[2].prefix.shape == (3, 2, p, 32 + p)
+
+
+def test_chunked_probabilities_give_the_decisions_of_dense_ones(images):
+    """BSPF decides the same from the per-chunk probabilities as from their dense (B, H, N, N) layout."""
+    model = tr.apply(make_host("deit"), "bspf(size=24, keep=0.5, locs=(1,))")
+    seen = {}
+    reduce = model.tokenreduce.reduce
+
+    def spy(x, state, info, count):
+        seen["probs"] = info.probs
+        return reduce(x, state, info, count)
+
+    model.tokenreduce.reduce = spy
+    with torch.no_grad():
+        model(images)
+    probs = seen["probs"]
+    groups = chunk_groups(64, 24)
+    per_chunk, dense = diagonal_blocks(probs, 1, groups), diagonal_blocks(probs.dense(), 1, groups)
+    assert all(torch.equal(a, b) for a, b in zip(per_chunk, dense, strict=True))
+    decide = model.tokenreduce.decide
+    assert torch.equal(decide(per_chunk).token_keep(), decide(dense).token_keep())
+    with pytest.raises(tr.TokenReduceError, match="computed in chunks"):
+        diagonal_blocks(probs, 1, chunk_groups(64, 16))
 
 
 # ----- learning, MACs, errors -------------------------------------------------------------------------

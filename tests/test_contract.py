@@ -15,7 +15,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import HOSTS, make_host, supplied
+from conftest import DEVICES, HOSTS, make_host, supplied
 
 import tokenreduce as tr
 from tokenreduce.adapters.timm_vit import check_host
@@ -206,3 +206,27 @@ def test_budget_family_is_valid_and_mildest_first(method):
     assert ordered == sorted(ordered), "budget_family must list the mildest spec first"
     assert not family or ordered[-1] > 1.0
 
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", METHODS)
+def test_runs_on_each_device_and_precision(method, device, amp, images):
+    """The example on ``device`` under ``--amp``'s autocast: the compiled counts, finite logits near the
+    float32 ones; the zero spec equal to the unpatched model run the same way."""
+    from tokenreduce.precision import autocast
+
+    cls = tr.get_method(method)
+    model, x = make_host("deit").to(device), images.to(device)
+    with torch.no_grad(), autocast(device, amp):
+        ref = model(x)
+        tr.apply(model, spec_of(method, cls.zero))
+        torch.testing.assert_close(model(x), ref, rtol=1e-2 if amp == "bf16" else 1e-5,
+                                   atol=5e-2 if amp == "bf16" else 1e-5)
+        tr.remove(model)
+        tr.apply(model, spec_of(method, cls.example))
+        with supplied(model):
+            out = model(x)
+    assert out.shape == ref.shape and out.device.type == device and bool(torch.isfinite(out).all())
+    info = tr.get_info(model)
+    assert info.tokens_per_block == info.schedule.tokens_per_block(info.host.num_prefix)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import Interrupted
 
+import tokenreduce as tr
 from tokenreduce.cli import main
 from tokenreduce.commands import demo
 from tokenreduce.data.fashion_mnist import SYSTEM_DIR
@@ -49,8 +50,10 @@ def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsy
     rows = data["results"]
     assert rows[0]["kind"] == "unpatched" and rows[0]["top1_drop"] == 0.0
     methods = {r["method"] for r in rows[1:]}
-    assert methods == {"ctp", "evit", "imagepiece", "random", "tome", "topk"}  # every training-free one, no learned
+    assert {"ctp", "evit", "imagepiece", "pitome", "random", "tome", "topk"} <= methods  # the training-free ones
+    assert not any(tr.get_method(m).learned for m in methods)  # no learned one, each skipped with its reason:
     assert "dynamicvit" in data["budgets"]["skipped"] and "dynamicvit" in err
+    assert set(tr.list_methods()) <= methods | set(data["budgets"]["skipped"])
     for name in methods:
         assert sorted(r["budget"] for r in rows if r["method"] == name) == [1.5, 2.0], name
     assert all(r["spec"] in printed for r in rows[1:])
@@ -77,4 +80,5 @@ def test_demo_quick_on_the_scenes_draws_the_object(tmp_path, monkeypatch, capsys
     assert data["data"]["name"] == "fmnist_scenes" and data["data"]["n"] == 200
     assert data["reference"]["model"]["kwargs"]["img_size"] == 56
     assert not list((tmp_path / "cache").rglob("scenes-*.npz"))  # a few hundred scenes: made on demand only
-    assert len(list((out / "visualize").rglob("image000.png"))) == 6
+    drawn = {p.parent.name.split("_")[0] for p in (out / "visualize").rglob("image000.png")}
+    assert drawn == {r["method"] for r in data["results"][1:]}  # one picture per method in the table

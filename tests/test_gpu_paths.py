@@ -6,12 +6,13 @@
 - C3: a checkpoint holds one CUDA RNG state per GPU visible when it was saved; resuming where fewer are visible
   raised an IndexError.
 - C4: under DDP a non-finite loss raised on one rank only and the others waited in the all-reduce: the
-  finiteness is agreed first (train.dist.all_finite).
+  first non-finite step is agreed over the ranks at the same checks (train.dist.FiniteWatch).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from tokenreduce.data.fashion_mnist import make_synthetic
 from tokenreduce.methods.random import _moved
 from tokenreduce.models import checkpoint
 from tokenreduce.precision import autocast, device_info, grad_scaler
-from tokenreduce.train.dist import all_finite
+from tokenreduce.train.dist import FiniteWatch
 from tokenreduce.train.loop import TrainConfig, train
 
 TINY = {"name": "vit_tiny_patch16_224",
@@ -88,25 +89,79 @@ def test_cuda_rng_states_restore_with_another_gpu_count(monkeypatch: pytest.Monk
 # ----------------------------------------------------------------------------- C4
 
 
-def test_all_finite_alone() -> None:
-    assert all_finite(torch.tensor(1.0)) and not all_finite(torch.tensor(float("nan")))
-    assert not all_finite(torch.tensor([1.0, float("inf")]))
+def _watched(values: list[float]) -> FiniteWatch:
+    watch = FiniteWatch("cpu")
+    for step, v in enumerate(values, 1):
+        watch.observe(step, {"ce": torch.tensor(v)}, torch.tensor(v))
+    return watch
+
+
+def test_finite_watch_notes_the_first_non_finite_step_and_its_losses() -> None:
+    assert _watched([1.0, 0.5]).first() is None
+    step, losses = _watched([1.0, float("nan"), float("inf")]).first()
+    assert step == 2 and math.isnan(losses["ce"]) and math.isnan(losses["total"])
 
 
 def _finite_worker(rank: int, store: Path) -> None:
-    """Rank 1 alone holds a NaN loss; each rank writes what it agreed to store's folder."""
+    """Rank 1 alone holds a NaN loss at step 3; each rank writes what it agreed to store's folder."""
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    agreed = all_finite(torch.tensor(float("nan") if rank == 1 else 0.5))
+    agreed = _watched([0.5, 0.5, float("nan") if rank == 1 else 0.5]).first()
     torch.distributed.destroy_process_group()
-    (store.parent / f"agreed.{rank}").write_text(str(agreed))
+    (store.parent / f"agreed.{rank}").write_text(repr(None if agreed is None else (agreed[0], agreed[1] is None)))
 
 
-@pytest.mark.slow  # two gloo processes; the agreement rule alone: test_all_finite_alone
+@pytest.mark.slow  # two gloo processes; the watch alone: test_finite_watch_notes_the_first_non_finite_step_...
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-def test_all_finite_agrees_across_ranks(tmp_path: Path) -> None:
-    """A NaN on rank 1 only: both ranks see False (so both raise; none waits in DDP's all-reduce)."""
+def test_the_first_non_finite_step_is_agreed_across_ranks(tmp_path: Path) -> None:
+    """A NaN on rank 1 only: both ranks agree on step 3 (so both raise; none waits in DDP's all-reduce); rank 0
+    knows the step is another process's."""
     torch.multiprocessing.spawn(_finite_worker, args=(tmp_path / "store",), nprocs=2, join=True)
-    assert [(tmp_path / f"agreed.{r}").read_text() for r in range(2)] == ["False", "False"]
+    assert [(tmp_path / f"agreed.{r}").read_text() for r in range(2)] == ["(3, True)", "(3, False)"]
+
+
+# ----------------------------------------------------------------------------- C5
+
+
+def test_get_info_holds_copies_a_later_forward_cannot_change() -> None:
+    """Under CUDA graphs the record's tensors live in the graph's pool, overwritten by the next replay: an
+    Info holds copies (checked here as aliasing: writing into one Info leaves the record as it was)."""
+    model = tokenreduce.apply(_tiny_vit().eval(), "tome(r=2)")
+    model(torch.randn(2, 1, 28, 28))
+    first = tokenreduce.get_info(model)
+    first.index.zero_()
+    first.sizes.zero_()
+    again = tokenreduce.get_info(model)
+    assert again.index.any() and bool((again.sizes > 0).all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_get_info_under_cuda_graphs_survives_the_next_replay() -> None:
+    model = tokenreduce.apply(_tiny_vit().cuda().eval(), "tome(r=2)")
+    fast = torch.compile(model, mode="reduce-overhead")
+    x, y = torch.randn(2, 1, 28, 28, device="cuda"), torch.randn(2, 1, 28, 28, device="cuda")
+    with torch.inference_mode():
+        for _ in range(3):  # warm-up, record, replay
+            fast(x)
+        kept = tokenreduce.get_info(model).sizes
+        want = kept.clone()
+        fast(y)
+    assert torch.equal(kept, want)
+
+
+# ----------------------------------------------------------------------------- C6
+
+
+def test_an_attention_without_attn_dim_is_refused_naming_the_timm_minimum() -> None:
+    """The adapter reads Attention.attn_dim (timm 1.0.23 on): an older timm's attention is refused with the
+    metadata's requirement, not an AttributeError mid-forward."""
+    from importlib.metadata import requires
+
+    model = _tiny_vit()
+    del model.blocks[1].attn.attn_dim
+    wanted = next(r for r in requires("tokenreduce") if r.startswith("timm"))
+    with pytest.raises(tokenreduce.UnsupportedModelError, match=f"block 1's Attention has no attn_dim.*{wanted}"):
+        tokenreduce.apply(model, "tome(r=2)")
+    assert wanted.replace(" ", "").startswith("timm>=1.0.23")
 
 
 # ----------------------------------------------------------------------------- --device, --amp
@@ -151,8 +206,11 @@ def test_provenance_records_no_gpu_on_the_cpu() -> None:
 def test_train_fp16_autocast_with_grad_scaler(tmp_path: Path) -> None:
     data = str(make_synthetic(tmp_path / "fmnist", n_train=32, n_test=16))
     metrics = train(TrainConfig(model=TINY, data=data, epochs=1, batch_size=16, threads=1, quiet=True, amp="fp16",
-                                lr=1e-3, warmup_epochs=0.5))
+                                lr=1e-3, warmup_epochs=0.5, out=str(tmp_path / "run")))
     assert metrics["dtype"] == "fp16" and metrics["steps"] == 2
+    # the loss scale is part of the resumable state: a resumed fp16 run goes on with it, not from 2**16 again
+    extra = checkpoint.read_checkpoint(tmp_path / "run" / "last.safetensors").header["extra"]
+    assert extra["scaler"]["scale"] == grad_scaler("cpu", "fp16").get_scale() and "_growth_tracker" in extra["scaler"]
 
 
 def test_study_commands_repeat_device_and_amp(tmp_path: Path, capsys) -> None:

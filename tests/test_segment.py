@@ -190,3 +190,19 @@ def test_segment_refuses_what_it_cannot_do() -> None:
     task = _bound(_tiny())
     with pytest.raises(TokenReduceError, match=r"per-pixel masks \(B, H, W\)"):
         task(torch.randn(2, 1, 56, 56), torch.tensor([1, 2]))
+
+
+def test_the_deterministic_cuda_forms_equal_the_default_ones() -> None:
+    """On CUDA under --deterministic the upsampling and the pixel CE take forms with deterministic kernels
+    (products, 1-D NLL): the same numbers as F.interpolate and the 2-D CE, checked here on the CPU."""
+    from tokenreduce.tasks.segment import pixel_cross_entropy, separable_bilinear
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 4, 3, generator=g, dtype=torch.float64)
+    ref = torch.nn.functional.interpolate(x, size=(16, 12), mode="bilinear", align_corners=False)
+    assert torch.allclose(separable_bilinear(x, (16, 12)), ref, atol=1e-12)
+    masks = torch.randint(0, 5, (2, 16, 12), generator=g)
+    masks[0, 0, :4] = -100
+    flat = ref.movedim(1, -1).reshape(-1, 5)
+    rows = torch.nn.functional.cross_entropy(flat, masks.reshape(-1), ignore_index=-100)
+    assert torch.allclose(pixel_cross_entropy(ref, masks, -100), rows, atol=1e-12)

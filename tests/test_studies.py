@@ -18,10 +18,12 @@ import pytest
 from tokenreduce.cli import main
 from tokenreduce.core.errors import SpecError, TokenReduceError
 from tokenreduce.experiments import (
+    REFERENCE,
     Arm,
     Axis,
     Bed,
     Bench,
+    Col,
     Expect,
     Study,
     entries,
@@ -29,7 +31,7 @@ from tokenreduce.experiments import (
     list_studies,
     register_study,
 )
-from tokenreduce.experiments.beds import TINY_FMNIST
+from tokenreduce.experiments.beds import SCENES, TINY_FMNIST, scene_smoke
 from tokenreduce.experiments.page import build_report
 from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.tables import summary, verdicts
@@ -305,6 +307,41 @@ def test_an_arm_runs_only_where_it_says():
             expect = (Expect("c below a", "test", arm="c", baseline="a", metric="map_asym", direction=-1,
                              at={"bits": 8}),)
 
+
+
+@register_study("_off_the_shelf_test")
+class _OffTheShelf(Study):
+    """Two training-free arms evaluated on the bed's reference (a smoke: the model at its initialisation)."""
+
+    claim, source = "test", "test"
+    expect = (Expect("tome above random", "test", arm="tome", baseline="random", metric="top1", direction=1,
+                     unit="item"),)
+    beds = {"scenes": Bed(
+        testbed=SCENES, recipe={"eval_subset": 2000}, baseline="tome", grid=(Axis("seed", (0, 1), "s"),),
+        arms={"tome": Arm("(tome)", spec="tome(r=8)", evaluates=REFERENCE),
+              "random": Arm("(random)", spec="random(keep=0.5, locs=(3,), seed={seed})", evaluates=REFERENCE)},
+        columns=(Col("top1", "top-1 %"),), smoke=scene_smoke())}
+
+
+def test_arms_evaluated_off_the_shelf_are_scored_per_item_on_disjoint_folds(tmp_path: Path):
+    """An off-the-shelf arm trains nothing: its seeds score disjoint folds of the test items, and its claims
+    are tested over the per-item differences (n = the test items, not the seeds)."""
+    study = get_study("_off_the_shelf_test")(smoke=True)
+    runner = _runner(study, tmp_path)
+    runner.run()
+    runs = load_runs(runner.layout, study)
+    folds = [runs[f"tome-s{s}"]["fold"] for s in (0, 1)]
+    assert folds == [[0, 2], [1, 2]] and all(runs[i]["kind"] == "evaluate" for i in runs)
+    items = [decode(runs[f"tome-s{s}"]["metrics"]["items"]["top1"]) for s in (0, 1)]
+    assert [len(x) for x in items] == [8, 8]  # 16 smoke test items, two folds
+    judged = verdicts(study, runs)[0]
+    assert judged.verdict is not None and judged.verdict.n == 16 and judged.items_why == "the test items are the unit"
+    with pytest.raises(SpecError, match="evaluated on the test bed's reference"):
+        @register_study("_bad_off_the_shelf_test")
+        class _Bad(_OffTheShelf):
+            beds = {"scenes": dataclasses.replace(_OffTheShelf.beds["scenes"],
+                                                  arms={**_OffTheShelf.beds["scenes"].arms,
+                                                        "x": Arm("(x)", evaluates=REFERENCE)})}
 
 
 def test_a_whole_run_writes_its_summary(tmp_path: Path, capsys):

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..core.attention import attend
+from ..core.attention import ChunkedProbs, attend
 from ..core.errors import SpecError, TokenReduceError, UnsupportedModelError
 from ..core.method import AttnInfo, Host, Reducer, build_reducer
 from ..core.onnx import check_onnx, classic_export_opset
@@ -552,12 +552,13 @@ def attend_view(attn: AttentionView, x: Tensor, needs: frozenset[str], *, bias: 
         dropout_p=attn.dropout_p(),
         # the CLS row under a keep policy is the first row of the explicit probabilities
         need_probs="probs" in needs or ("cls_attn" in needs and policy is not None),
-    )  # o (B, H, N, d), probs (B, H, N, N) or None
+    )  # o (B, H, N, d), probs (B, H, N, N), ChunkedProbs (with chunks) or None
     info = AttnInfo()
     if "cls_attn" in needs:
         # prefix tokens attend to every token, with chunks too: this is the full row
         row_bias = bias if bias is None or bias.shape[-2] == 1 else bias[:, :, :1]  # a key bias is already a row
-        info.cls_attn = cls_attention(q, k, attn.scale, row_bias) if probs is None else probs[:, :, 0]
+        rows = probs.prefix if isinstance(probs, ChunkedProbs) else probs  # (B, H, p|N, N)
+        info.cls_attn = cls_attention(q, k, attn.scale, row_bias) if rows is None else rows[:, :, 0]
     if "keys" in needs:
         info.keys = k
     if "head_norms" in needs:

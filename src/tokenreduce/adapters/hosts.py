@@ -171,19 +171,29 @@ def _sizes(last: Forward | None) -> Tensor | None:
     return last.sizes if last.sizes is not None else torch.ones_like(last.index, dtype=torch.float)
 
 
+def _own(t: Tensor | None) -> Tensor | None:
+    """A copy of a record's tensor: under CUDA graphs (``torch.compile(mode="reduce-overhead")``) the
+    forward's outputs live in the graph's memory pool, which the next replay overwrites; an Info read
+    after its forward holds copies, so a later call cannot change it."""
+    return None if t is None else t.clone()
+
+
 def info(model: nn.Module) -> Info:
-    """Schedule, options and last-forward record of a patched model (``tokenreduce.get_info``);
-    raises TokenReduceError if the model is not patched."""
+    """Schedule, options and last-forward record of a patched model (``tokenreduce.get_info``), its
+    tensors copies of the record's (:func:`_own`); raises TokenReduceError if the model is not patched."""
     patch = get_patch(model)
     last: Forward | None = patch.last
     compiled = patch.schedule.tokens_per_block(patch.host.num_prefix)
+    if last is None:
+        return Info(spec=patch.reducer.spec(), host=patch.host, schedule=patch.schedule, tokens_per_block=compiled,
+                    sizes=None, index=None, snapshots={}, aux_losses={}, keep_mask=None, aux_outputs={},
+                    trace=patch.trace, dense=patch.dense)
     return Info(
         spec=patch.reducer.spec(), host=patch.host, schedule=patch.schedule,
-        tokens_per_block=list(last.tokens_per_block) if last else compiled,
-        sizes=_sizes(last), index=last.index if last else None,
-        snapshots=dict(last.snapshots) if last else {}, aux_losses=dict(last.aux_losses) if last else {},
-        keep_mask=last.keep_mask if last else None, aux_outputs=dict(last.aux_outputs) if last else {},
-        trace=patch.trace, dense=patch.dense,
+        tokens_per_block=list(last.tokens_per_block), sizes=_own(_sizes(last)), index=_own(last.index),
+        snapshots={k: _own(v) for k, v in last.snapshots.items()},
+        aux_losses={k: _own(v) for k, v in last.aux_losses.items()}, keep_mask=_own(last.keep_mask),
+        aux_outputs={k: _own(v) for k, v in last.aux_outputs.items()}, trace=patch.trace, dense=patch.dense,
     )
 
 

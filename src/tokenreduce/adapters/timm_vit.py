@@ -79,6 +79,13 @@ from .common import get_patch as get_patch
 #: What the host registry (adapters/hosts.py) says this adapter patches.
 DESCRIPTION = "timm VisionTransformer models (vit_*, deit_*, ...)"
 #: The instance attributes ``apply`` sets, beside the Patch, and ``remove`` deletes.
+def _timm_requirement() -> str:
+    """The package metadata's timm requirement (pyproject.toml is its one home), e.g. 'timm>=1.0.23'."""
+    from importlib.metadata import requires
+
+    return next((r for r in requires("tokenreduce") or [] if r.replace(" ", "").startswith("timm")), "a newer timm")
+
+
 _PATCHED_ATTRS = ("forward_features", "forward_intermediates", "__prepare_scriptable__")
 
 
@@ -109,6 +116,10 @@ def check_host(model: nn.Module) -> Host:
         if type(blk.attn) is not Attention:
             raise UnsupportedModelError(
                 f"block {i} uses {type(blk.attn).__name__}; supported: timm's Attention"
+            )
+        if not hasattr(blk.attn, "attn_dim"):  # the attention's width, a separate attribute since timm 1.0.23
+            raise UnsupportedModelError(
+                f"block {i}'s Attention has no attn_dim: tokenreduce needs {_timm_requirement()} (pip install -U timm)"
             )
     if not isinstance(model.patch_drop, nn.Identity):
         raise UnsupportedModelError("patch dropout changes the token count; build the model with patch_drop_rate=0")

@@ -3,7 +3,9 @@
     eager        the model itself, patched in place for the case's turn in a round and unpatched
                  after it (every case on the very same weights in the same memory)
     compile      torch.compile of a patched copy of the model (dynamic=False: one graph per batch
-                 size, both compiled before the first round, so compilation is never timed)
+                 size, both compiled before the first round, so compilation is never timed), in
+                 one of torch.compile's modes (``settings.COMPILE_MODES``; reduce-overhead: CUDA
+                 graphs, each call begun as a new step so a replay may reuse the last one's memory)
     onnxruntime  an ONNX export of a patched copy (bench/export.py; static token counts, one file
                  per batch size) run by an onnxruntime CPU session with the run's thread count
 
@@ -62,8 +64,11 @@ def _one_per_shape(inputs: Sequence[Tensor]) -> list[Tensor]:
 class Backend:
     """A way to run the cases of one timing run; subclasses register in ``BACKENDS``."""
 
-    def __init__(self, threads: int | None = None) -> None:
-        self.threads = threads
+    def __init__(self, threads: int | None = None, compile_mode: str = "default") -> None:
+        if compile_mode not in settings.COMPILE_MODES:
+            raise TokenReduceError(f"unknown compile mode {compile_mode!r}; choose one of "
+                                   f"{', '.join(settings.COMPILE_MODES)}")
+        self.threads, self.compile_mode = threads, compile_mode
 
     def __enter__(self) -> Backend:
         return self
@@ -108,13 +113,17 @@ class Eager(Backend):
 
 
 class _CompiledRunner(Runner):
-    def __init__(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor]) -> None:
-        self.fn = torch.compile(_patched_copy(model, reducer), dynamic=False)
+    def __init__(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor], mode: str) -> None:
+        self.fn = torch.compile(_patched_copy(model, reducer), dynamic=False, mode=mode)
+        self.graphs = mode == "reduce-overhead"
         with torch.inference_mode():  # the mode of the timed rounds: the same guards, no recompile there
             for x in _one_per_shape(inputs):
-                self.fn(x)
+                for _ in range(3 if self.graphs else 1):  # CUDA graphs: warm-up, record, first replay
+                    self(x)
 
     def __call__(self, x: Tensor) -> Any:
+        if self.graphs:  # the previous output is not read again: its memory may be reused
+            torch.compiler.cudagraph_mark_step_begin()
         return self.fn(x)
 
 
@@ -135,7 +144,7 @@ class Compiled(Backend):
         self._patch.__exit__(*exc)
 
     def runner(self, model: nn.Module, reducer: Reducer | None, inputs: Sequence[Tensor], label: str) -> Runner:
-        return _CompiledRunner(model, reducer, inputs)
+        return _CompiledRunner(model, reducer, inputs, self.compile_mode)
 
 
 class _OnnxRunner(Runner):
@@ -187,8 +196,11 @@ class OnnxRuntime(Backend):
 BACKENDS: dict[str, type[Backend]] = dict(zip(settings.BACKENDS, (Eager, Compiled, OnnxRuntime), strict=True))
 
 
-def get_backend(name: str, threads: int | None = None) -> Backend:
-    """The backend ``name`` (one of ``BACKENDS``) for a run with ``threads`` threads."""
+def get_backend(name: str, threads: int | None = None, compile_mode: str = "default") -> Backend:
+    """The backend ``name`` (one of ``BACKENDS``) for a run with ``threads`` threads (``compile_mode``: the
+    'compile' backend's torch.compile mode)."""
     if name not in BACKENDS:
         raise TokenReduceError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    return BACKENDS[name](threads)
+    if compile_mode != "default" and name != "compile":
+        raise TokenReduceError(f"--compile-mode {compile_mode} needs --backend compile (got {name})")
+    return BACKENDS[name](threads, compile_mode)

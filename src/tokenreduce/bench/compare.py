@@ -39,6 +39,14 @@ COLUMNS = [
     ("latency_ms", "lat ms"), ("latency_ms_iqr", "iqr"), ("speedup", "speedup"),
     ("latency_speedup", "lat speedup"), ("ratio_vs_random", "vs random"), ("latency_vs_random", "lat vs random"),
 ]
+#: the column a run on CUDA adds (bench/speed.py's peak allocated memory at batch B)
+MEMORY_COLUMN = ("peak_mem_mib", "peak MiB")
+
+
+def columns_for(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    """``columns`` (default :data:`COLUMNS`) and, where any row measured it (CUDA), the peak memory."""
+    out = list(columns) or list(COLUMNS)
+    return out + [MEMORY_COLUMN] if any(r.get("peak_mem_mib") is not None for r in rows) else out
 
 
 def with_stem(model: nn.Module, stem: str) -> tuple[str, nn.Module]:
@@ -105,7 +113,7 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
 def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[str, Any], settings: dict[str, Any],
                    control: str, match_random: bool, threads: int, backend: str, device: str, dtype: str,
                    seed: int, img_size: int | None = None, argv: Sequence[str] | None = None,
-                   stem: tuple[str, nn.Module] | None = None, amp: str = "off",
+                   stem: tuple[str, nn.Module] | None = None, amp: str = "off", compile_mode: str = "default",
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``tokenreduce bench``'s results document: :func:`bench_specs` on the unpatched ``model`` (already
     on ``device`` and ``dtype``; every forward autocast to ``amp``, precision.autocast) with ``settings``
@@ -115,15 +123,18 @@ def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[s
 
     with autocast(device, amp):
         rows = bench_specs(model, specs, control=control, match_random=match_random, img_size=img_size,
-                           speed={**settings, "threads": threads, "backend": backend}, seed=seed, stem=stem,
+                           speed={**settings, "threads": threads, "backend": backend, "compile_mode": compile_mode},
+                           seed=seed, stem=stem,
                            progress=progress)
     h, w = input_shape(model)[1:]
     return {
         "provenance": provenance(argv=argv, threads=threads, dtype=dtype, device=device, amp=amp,
                                  batch_sizes=[settings["batch"], 1], seed=seed, backend=backend,
+                                 **({"compile_mode": compile_mode} if backend == "compile" else {}),
                                  **get_backend(backend).versions()),
         "model": {**model_info, "img_size": [h, w], "params": sum(p.numel() for p in model.parameters())},
         "settings": {**settings, "control": control, "match_random": match_random, "backend": backend,
+                     **({"compile_mode": compile_mode} if backend == "compile" else {}),
                      **({"stem": stem[0]} if stem else {})},
         "results": rows,
     }

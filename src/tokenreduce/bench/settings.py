@@ -13,5 +13,8 @@ QUICK = {"batch": 4, "warmup": 1, "repeats": 3, "min_run_s": 0.0}
 BUDGET_ROUNDS = {"warmup": 1, "repeats": 3}
 #: How a timed case runs (``--backend``; bench/backends.py holds one class per name), in this order.
 BACKENDS = ("eager", "compile", "onnxruntime")
+#: torch.compile's modes for the 'compile' backend (``--compile-mode``): reduce-overhead adds CUDA graphs (one
+#: replay per forward: the launch-bound batch-1 latency's answer on a GPU), max-autotune searches kernels too.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 #: The ONNX exporters (``--exporter``; bench/export.py holds one function per name), the default first.
 EXPORTERS = ("dynamo", "classic")

@@ -11,6 +11,9 @@ same round (a paired estimate, so drift between rounds cancels):
     speedup         = img_per_s(spec) / img_per_s(unpatched)
     latency_speedup = latency_ms(unpatched) / latency_ms(spec)
 Both are > 1 when the spec is faster. Everything runs under ``torch.inference_mode()`` in eval mode.
+On CUDA each case also gets ``peak_mem_mib``: the most memory torch allocated during any of its timed
+batch-B measurements (``torch.cuda.max_memory_allocated`` after a reset: weights, activations and the
+method's own tensors).
 ``backend`` (bench/backends.py) runs every case, the unpatched model included, the same way:
 eager, torch.compile'd, or exported to ONNX and run by onnxruntime; compiling and exporting happen
 before the first round, so they are never timed.
@@ -64,6 +67,8 @@ class SpeedResult:
     latency_ms_iqr: float = math.nan
     speedup: float = math.nan
     latency_speedup: float = math.nan
+    #: CUDA only (None elsewhere): peak allocated MiB over the timed batch-B measurements
+    peak_mem_mib: float | None = None
     img_per_s_runs: list[float] = field(default_factory=list)
     latency_ms_runs: list[float] = field(default_factory=list)
 
@@ -111,7 +116,7 @@ def measure_speed(
     model: nn.Module, cases: Sequence[Case], *, batch: int = SPEED["batch"], img_size: int | None = None,
     warmup: int = SPEED["warmup"], repeats: int = SPEED["repeats"], min_run_s: float = SPEED["min_run_s"],
     threads: int | None = None,
-    seed: int = 0, backend: str = "eager", progress: Callable[[str], None] | None = None,
+    seed: int = 0, backend: str = "eager", compile_mode: str = "default", progress: Callable[[str], None] | None = None,
 ) -> list[SpeedResult]:
     """Time every case (plus the unpatched model, added first if absent) in one interleaved run.
 
@@ -127,6 +132,7 @@ def measure_speed(
         threads: torch.set_num_threads for the run (restored afterwards; also onnxruntime's
             intra-op threads); None leaves it.
         backend: how every case runs (``backends.BACKENDS``): 'eager', 'compile', 'onnxruntime'.
+        compile_mode: the 'compile' backend's torch.compile mode (``settings.COMPILE_MODES``).
         progress: called with one line per timed round.
     Returns:
         one SpeedResult per case, the unpatched model first, with ratios filled in.
@@ -135,7 +141,7 @@ def measure_speed(
         raise TokenReduceError("measure_speed takes an unpatched model; pass the methods as specs")
     if batch < 1 or repeats < 1 or warmup < 0:
         raise TokenReduceError(f"need batch >= 1, repeats >= 1, warmup >= 0; got {batch}, {repeats}, {warmup}")
-    runs_on = get_backend(backend, threads)
+    runs_on = get_backend(backend, threads, compile_mode)
     cases = list(cases)
     if not any(c.is_baseline for c in cases):
         cases.insert(0, Case("unpatched", None))
@@ -207,7 +213,11 @@ def _round(rnd: int, warmup: int, runners: Sequence[Runner], results: Sequence[S
     for j in _round_order(len(runners), rnd):
         runners[j].enter()
         try:
+            cuda = x_big.device.type == "cuda"
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(x_big.device)
             t_big = _time(runners[j], x_big, iters[j][0])
+            peak = torch.cuda.max_memory_allocated(x_big.device) / 2**20 if cuda else None
             t_one = _time(runners[j], x_one, iters[j][1])
         finally:
             runners[j].exit()
@@ -217,6 +227,8 @@ def _round(rnd: int, warmup: int, runners: Sequence[Runner], results: Sequence[S
                             for n, t in zip(iters[j], (t_big, t_one), strict=True)]
             continue
         results[j].img_per_s_runs.append(x_big.shape[0] * iters[j][0] / t_big)
+        if peak is not None:
+            results[j].peak_mem_mib = max(peak, results[j].peak_mem_mib or 0.0)
         results[j].latency_ms_runs.append(1000.0 * t_one / iters[j][1])
 
 

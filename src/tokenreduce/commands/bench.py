@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..bench.settings import QUICK, SPEED
+from ..bench.settings import COMPILE_MODES, QUICK, SPEED
 from ..core.errors import TokenReduceError
 from . import checks, vocab
 from .vocab import DEFAULT_MODEL
@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     vocab.add_threads(p)
     vocab.add_timing(p, SPEED)
     vocab.add_backend(p)
+    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
+                   help="with --backend compile: torch.compile's mode; reduce-overhead adds CUDA graphs (batch-1 "
+                   "latency on a GPU, where launches dominate), max-autotune searches kernels (default: %(default)s)")
     vocab.add_device(p)
     vocab.add_amp(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
@@ -118,6 +121,7 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..bench.backends import get_backend
     from ..core.method import build_reducer
 
     settings = _settings(args)
@@ -125,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         build_reducer(spec)
     checks.threads(args.threads)
     args.device = checks.device(args.device)
+    get_backend(args.backend, compile_mode=args.compile_mode)  # a mode without --backend compile fails here
     if args.amp != "off" and args.backend == "onnxruntime":
         raise TokenReduceError("--amp autocasts torch's forward; the onnxruntime backend runs in float32: "
                                "give --amp off")
@@ -140,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, settings: dict) -> int:
     import torch
 
-    from ..bench.compare import COLUMNS, bench_document, with_stem
+    from ..bench.compare import bench_document, columns_for, with_stem
     from ..bench.evaluation import log
     from ..bench.report import format_table, write_json
 
@@ -166,12 +171,12 @@ def _run(args: argparse.Namespace, settings: dict) -> int:
     doc = bench_document(model, args.spec, model_info=info, settings=settings, control=args.control,
                          match_random=args.match_random, img_size=args.img_size, threads=threads,
                          backend=args.backend, device=args.device, dtype=args.dtype, seed=args.seed, argv=args.argv,
-                         stem=stem, amp=args.amp, progress=log)
+                         stem=stem, amp=args.amp, compile_mode=args.compile_mode, progress=log)
     rows, (h, w) = doc["results"], doc["model"]["img_size"]
     print(f"{args.model}  {h}x{w}  batch {settings['batch']} (latency: batch 1)  "
           f"{threads} threads  {args.device} {args.dtype}  backend {args.backend}  "
           f"{'trained weights' if args.checkpoint else 'pretrained' if args.pretrained else 'random weights'}")
-    print(format_table(rows, COLUMNS))
+    print(format_table(rows, columns_for(rows)))
     print("\ntokens per block (prefix included, leaving each block):")
     for row in rows:
         print(f"  {row['label']}: {' '.join(map(str, row['tokens_per_block']))}")

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .attention import ChunkedProbs
 from .errors import SpecError, TokenReduceError
 from .method import AttnInfo, Host, Reducer, matched_spec, needs_macs, register_composite
 from .ops import positions
@@ -321,4 +322,8 @@ def _realign(info: AttnInfo, before: Tensor, after: Tensor, n0: int, reads: froz
     if wanted("keys"):
         info.keys = take(info.keys, 2)  # (B, H, K, d)
     if wanted("probs"):
-        info.probs = take(take(info.probs, 2), 3)  # (B, H, K, K)
+        # chunked attention's per-chunk probabilities describe the chunks of the tokens before this stage;
+        # the tokens after it are chunked otherwise, so a later stage reads them laid out in full, as computed
+        # (zeros outside each chunk), a (B, H, N, N) tensor only in this case
+        probs = info.probs.dense() if isinstance(info.probs, ChunkedProbs) else info.probs
+        info.probs = take(take(probs, 2), 3)  # (B, H, K, K)

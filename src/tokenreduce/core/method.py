@@ -35,7 +35,8 @@ class AttnInfo:
     cls_attn: Tensor | None = None
     keys: Tensor | None = None
     head_norms: Tensor | None = None
-    probs: Tensor | None = None
+    #: (B, H, N, N); under chunked attention a ``core.attention.ChunkedProbs`` (per chunk, as computed)
+    probs: Any = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class Host:
 #:   head_norms  0  ||A_h V_h||_2 of the output the attention computes anyway: a norm, not a product
 #:   probs       0  the explicit Q K^T, softmax and A V are the 2 N^2 A MACs of the attention itself
 #:                  (counted there, as for fused SDPA); the softmax is not a MAC. Their price is the
-#:                  lost fused kernel: time and memory, which bench/speed.py measures, not MACs.
+#:                  lost fused kernel: time and memory, which bench/speed.py measures, not MACs. Under chunked
+#:                  attention they come per chunk (core.attention.ChunkedProbs), never as (B, H, N, N).
 NEED_MACS: dict[str, int] = {"cls_attn": 1, "keys": 0, "head_norms": 0, "probs": 0}
 #: Side products a method may ask of the attention (``Reducer.needs``; ``AttnInfo`` carries them): the
 #: CLS attention row (B, H, N), the keys (B, H, N, d), the per-head output norms ||A_h V_h||_2 (B, H, N),

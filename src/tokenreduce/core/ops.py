@@ -1,5 +1,5 @@
 """Shared tensor primitives, written once: gather by index, top-k keep, bipartite soft matching
-(over all patch tokens or inside a subset), weighted merge, CLS-row attention.
+(over all patch tokens, inside a subset, or between two given sets), weighted merge, CLS-row attention.
 Shapes: B batch, N tokens, C channels, H heads."""
 
 from __future__ import annotations
@@ -315,3 +315,39 @@ def policy_softmax(logits: Tensor, policy: Tensor, eps: float = 1e-6, offset: in
     s = logits.float()
     e = (s - s.amax(dim=-1, keepdim=True)).exp() * gate
     return ((e + eps / N) / (e.sum(dim=-1, keepdim=True) + eps)).to(logits.dtype)
+
+
+def set_matching(scores: Tensor, a: Tensor, b: Tensor, r: int, first: Tensor) -> MergePlan:
+    """Bipartite soft matching between two sets of tokens the caller chose, from similarities it already
+    holds (ToMe's matching, arXiv 2210.09461, without its fixed alternation: PiToMe, arXiv 2405.16148,
+    splits the tokens by an energy score and reads the scores off the similarity matrix it scored with).
+
+    Each A token i links to its most similar B token, j_i = argmax_j scores[i, j]; the r links with the
+    largest scores[i, j_i] merge, A into B (every A token when r = |A|). The tokens in ``first`` are kept
+    untouched, in front; a token in none of ``first``, ``a``, ``b`` is dropped by the same plan.
+    Output order: ``first``, the unmerged A tokens (most similar link first), then B.
+
+    Args:
+        scores: (B, |A|, |B|) similarity of each A token to each B token.
+        a, b: (B, |A|), (B, |B|) long, distinct positions into the current sequence.
+        r: tokens merged away, 0 <= r <= |A| (and B not empty when r > 0).
+        first: (B, K) positions kept first (prefix tokens, protected tokens).
+    Returns:
+        MergePlan with keep (B, K + |A| - r + |B|), src / dst / dst_pos (B, r).
+    """
+    n_a, n_b = a.shape[1], b.shape[1]
+    if not 0 <= r <= (n_a if n_b else 0):
+        raise TokenReduceError(f"set matching cannot merge r={r} of {n_a} A tokens into {n_b} B tokens: at most "
+                               f"{n_a if n_b else 0}, one per A token")
+    if r == 0:
+        none = a[:, :0]
+        return MergePlan(torch.cat([first, a, b], dim=1), none, none, none)
+    best, best_idx = scores.max(dim=-1)  # (B, |A|)
+    if r == n_a:  # every A token merges: the links need no ranking
+        src, dst, kept_a = a, best_idx, a[:, :0]
+    else:
+        order = best.argsort(dim=-1, descending=True)  # (B, |A|) most similar link first
+        src, dst = a.gather(1, order[:, :r]), best_idx.gather(1, order[:, :r])  # (B, r), dst indexes B
+        kept_a = a.gather(1, order[:, r:])  # (B, |A| - r)
+    keep = torch.cat([first, kept_a, b], dim=1)  # (B, K + |A| - r + |B|)
+    return MergePlan(keep, src, dst + (first.shape[1] + kept_a.shape[1]), b.gather(1, dst))

@@ -22,6 +22,7 @@ from .base import (
     register_experiment,
 )
 from .study import (
+    REFERENCE,
     Arm,
     Axis,
     Bed,
@@ -39,6 +40,6 @@ from .study import (
 )
 from .testbed import Testbed
 
-__all__ = ["Arm", "Axis", "Bed", "Bench", "BenchTable", "Col", "Expect", "Experiment", "Measure", "Probe", "RunContext",
-           "Smoke", "Study", "Testbed", "build_experiment", "get_experiment", "get_study", "list_experiments",
-           "list_studies", "register_experiment", "register_study"]
+__all__ = ["REFERENCE", "Arm", "Axis", "Bed", "Bench", "BenchTable", "Col", "Expect", "Experiment", "Measure", "Probe",
+           "RunContext", "Smoke", "Study", "Testbed", "build_experiment", "get_experiment", "get_study",
+           "list_experiments", "list_studies", "register_experiment", "register_study"]

@@ -58,6 +58,33 @@ def evaluate(reference: str, specs: Sequence[str], recorded: Sequence[dict[str, 
     return {**info, "results": list(rows)}
 
 
+def off_the_shelf(spec: str, *, checkpoint: str, data_dir: str | None, subset: int | None, fold: tuple[int, int],
+                  threads: int, device: str = "cpu", amp: str = "off", eval_batch: int = 250) -> dict[str, Any]:
+    """``tokenreduce eval --checkpoint CHECKPOINT --spec SPEC`` on one fold of the test items, per item: ``spec``
+    applied to the reference off the shelf and scored on items i, i + k, i + 2k, ... of the ``subset`` (``fold``
+    = (i, k)), with the per-item results the study's item-level tests read."""
+    import torch
+    from torch.utils.data import Subset
+
+    from ..api import apply
+    from ..bench import evaluation as ev
+    from ..precision import autocast
+
+    torch.set_num_threads(threads)
+    ref = ev.load_reference(checkpoint)
+    ref.model.to(device)
+    ref.task.to(device)
+    test = ev.load_data(ref, data_dir=data_dir, subset=subset)
+    i, k = fold
+    items = Subset(test.test, range(i, len(test.test), k))
+    apply(ref.model, spec)
+    with autocast(device, amp):
+        metrics = ref.task.evaluate(ref.model, items, batch_size=eval_batch, device=device, database=test.database,
+                                    items=True)
+    return {"spec": spec, "checkpoint": checkpoint, "data": test.info, "fold": [i, k],
+            "items": len(items), "metrics": metrics}
+
+
 def probe(spec: str, *, out: Path, threads: int, device: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the registered experiment ``spec`` as ``tokenreduce experiment SPEC`` does; returns its
     spec and results."""
@@ -82,7 +109,7 @@ def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None
     ``control`` in one interleaved run, on the timm model ``model`` (``{"name", "kwargs"}``, random weights
     from ``speed['seed']``) or, with ``checkpoint`` (a trained recipe's name), on its trained weights;
     ``speed``: the command's timing flags (batch, warmup, repeats, min_run_s; the rest as the command's
-    defaults, which are eval's ``SPEED``), backend, dtype, seed. Returns the command's results document
+    defaults, which are eval's ``SPEED``), backend, compile_mode, dtype, seed. Returns the command's results document
     (bench/compare.py)."""
     import torch
 
@@ -90,8 +117,9 @@ def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None
     from ..bench.evaluation import SPEED
     from ..models import ModelSource, make_model
 
-    speed = {"backend": "eager", "dtype": "float32", "seed": 0, **SPEED, **speed}
-    backend, dtype, seed = speed.pop("backend"), speed.pop("dtype"), speed.pop("seed")
+    speed = {"backend": "eager", "compile_mode": "default", "dtype": "float32", "seed": 0, **SPEED, **speed}
+    backend, compile_mode = speed.pop("backend"), speed.pop("compile_mode")
+    dtype, seed = speed.pop("dtype"), speed.pop("seed")
     torch.manual_seed(seed)
     if checkpoint:
         from ..train.recipes import reference_checkpoint
@@ -107,4 +135,4 @@ def bench(model: dict[str, Any], specs: Sequence[str], *, checkpoint: str | None
     return bench_document(built.model, specs, model_info=info, settings=speed, control=control,
                           match_random=match_random, threads=threads, backend=backend, device=device, dtype=dtype,
                           seed=seed, argv=argv, stem=with_stem(built.model, stem) if stem else None, amp=amp,
-                          progress=log)
+                          compile_mode=compile_mode, progress=log)

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from .records import load_records, read_record, relative, resolved
-from .study import Bench, Measure, Point, Probe, Study
+from .study import REFERENCE, Bench, Measure, Point, Probe, Study
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def plan(study: Study) -> list[Unit]:
     units = []
     for p in study.points():
         arm = study.arms[p.arm]
-        source = arm.evaluates or arm.after
+        source = arm.after or (arm.evaluates if arm.evaluates != REFERENCE else None)
         units.append(Unit(p.id, point=p, needs=(study.point(source, p.values).id,) if source else (),
                           evaluated=arm.evaluates is not None))
     for m in study.measures:
@@ -164,7 +164,9 @@ class Runner:
                                "bed": self.study.bed_name, "run": unit.id, "kind": unit.kind,
                                "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
                                "command": shlex.join(self.command(unit))}
-        if unit.kind == "evaluate":
+        if unit.kind == "evaluate" and self.study.arms[unit.point.arm].evaluates == REFERENCE:
+            doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=REFERENCE, **self._off_the_shelf(unit))
+        elif unit.kind == "evaluate":
             arm = self.study.arms[unit.point.arm]
             # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
             spec = arm.experiment.format(**self.study.train_fields(unit.point, self.layout.checkpoints))
@@ -176,7 +178,7 @@ class Runner:
         elif isinstance(unit.step, Measure):
             m = unit.step
             ref_id, tuned_ids = self.study.measure_runs(m)
-            ref = self._checkpoint(ref_id) if ref_id else self.study.bed.checkpoint()
+            ref = self._checkpoint(ref_id) if ref_id else self._reference()
             tuned = [{"name": n, "model": self._model(n), "seed": self._doc(n)["config"].get("seed"),
                       "metrics": self._doc(n)["metrics"]} for n in tuned_ids]
             speed = {**m.speed, **(self.study.smoke.measure if self.study.is_smoke else {})}
@@ -195,6 +197,38 @@ class Runner:
                                        amp=self.amp, wall_s=round(time.perf_counter() - t0, 1))
         write_json(self.layout.json(unit.id), relative(doc, self.layout))
         return doc
+
+    def _off_the_shelf(self, unit: Unit) -> dict[str, Any]:
+        """An arm evaluated on the test bed's reference (study.REFERENCE): its spec off the shelf on the fold
+        of the test items its seed names (the seed's place among the planned seeds)."""
+        from . import entries
+
+        p = unit.point
+        spec = self.study.arms[p.arm].spec.format(**p.values)
+        seeds = list(next(a.values for a in self.study.axes() if a.name == "seed"))
+        data_dir, subset = self.study.eval_items(self.layout.checkpoints)
+        return entries.off_the_shelf(spec, checkpoint=self._reference(), data_dir=data_dir, subset=subset,
+                                     fold=(seeds.index(p.values["seed"]), len(seeds)), threads=self.threads,
+                                     device=self.device, amp=self.amp)
+
+    def _reference(self) -> str:
+        """The test bed's reference checkpoint; on a bed without one (a smoke's), its model at the seed-0
+        initialisation, saved once under the checkpoints folder (what off-the-shelf arms and measures read)."""
+        shipped = self.study.bed.checkpoint()
+        if shipped:
+            return shipped
+        path = self.layout.checkpoints / "initialised" / "model.safetensors"
+        if not path.is_file():
+            import torch
+
+            from ..models import build_model, save_checkpoint
+
+            bed, fields = self.study.bed, self.study.bed.train_fields(self.layout.checkpoints)
+            config = {"name": bed.model, "kwargs": dict(bed.kwargs)}
+            torch.manual_seed(0)
+            save_checkpoint(path, build_model(config), meta={"model": config, "spec": None, "task": "classify",
+                                                             "data": {"name": fields.get("data")}, "complete": True})
+        return str(path)
 
     def _train(self, unit: Unit) -> dict[str, Any]:
         """Train (or resume) the training run ``unit``; returns its config and final metrics."""

@@ -53,6 +53,13 @@ class Arm:
     ``subset={eval_subset}``: the test items the source run was scored on). Its runs pair with the
     others' by seed like any arm's.
 
+    An arm evaluated on the *test bed's reference* (``evaluates=REFERENCE``, no experiment) trains nothing
+    either: it is ``spec`` applied to the reference off the shelf (a training-free method as its paper
+    measures it), scored per item; its run at the n-th planned seed is scored on the n-th of as many
+    disjoint folds of the test items (items n, n + S, n + 2S, ... of the runs' items, S seeds), so the
+    seeds of two such arms pair item for item and together cover every test item once. Its claims take
+    the test item as their unit (``Expect.unit='item'``).
+
     ``after`` names a trained arm whose checkpoint at the same grid point this arm's training starts
     from (a second phase: its run waits for that one), in place of the test bed's.
 
@@ -73,6 +80,10 @@ class Arm:
     experiment: str | None = None
     after: str | None = None
     only: dict[str, tuple[Any, ...]] | tuple[dict[str, tuple[Any, ...]], ...] = field(default_factory=dict)
+
+
+#: ``Arm.evaluates`` of an arm that applies its spec to the test bed's reference, off the shelf
+REFERENCE = "@reference"
 
 
 @dataclass(frozen=True)
@@ -134,7 +145,10 @@ class Expect:
     kind). ``speed``: (measure, tolerance): the claim is "at equal measured speed" only when that
     measure's record timed both arms within ``tolerance`` (x) of each other; the claim text's
     ``{at_speed}`` reads so, or "at its own pick" with both speeds. ``power``: a plan declared before
-    the runs (:class:`Power`).
+    the runs (:class:`Power`). ``unit``: what the test pairs: "seed" (each seed's difference of the two
+    runs), or "item" (each test item's difference, pooled over the paired seeds: the unit of arms evaluated
+    off the shelf on the reference, whose seeds are disjoint folds of the test items, not replications of a
+    training run; a metric kept per item, in percent: a correct item is 100, a wrong one 0).
     """
 
     claim: str
@@ -154,8 +168,11 @@ class Expect:
     family: str = ""
     speed: tuple[str, float] | None = None
     power: Power | None = None
+    unit: str = "seed"
 
     def __post_init__(self) -> None:
+        if self.unit not in ("seed", "item"):
+            raise SpecError(f"claim {self.claim!r}: unit must be seed or item, not {self.unit!r}")
         if self.kind not in ("superior", "noninferior", "equivalent"):
             raise SpecError(f"claim {self.claim!r}: kind must be superior, noninferior or equivalent, "
                             f"not {self.kind!r}")
@@ -398,9 +415,11 @@ class Study:
         raise TokenReduceError(f"study {self.name}: no run of arm {arm!r} at {at}")
 
     def measure_runs(self, m: Measure) -> tuple[str | None, list[str]]:
-        """The run ids measure ``m`` reads: its reference's (None: the test bed's reference checkpoint)
+        """The run ids measure ``m`` reads: its reference's (None: the test bed's reference checkpoint, or
+        where it has none and the baseline is evaluated off the shelf, the model at its initialisation)
         and its fine-tuned runs' (every run of each arm at ``m.at``, in plan order)."""
-        ref = m.reference or (None if self.bed.reference else self.baseline)
+        off_the_shelf = self.arms[self.baseline].evaluates == REFERENCE
+        ref = m.reference or (None if self.bed.reference or off_the_shelf else self.baseline)
         at = self.complete(m.at)
         tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
         return (self.point(ref, m.at).id if ref else None), tuned
@@ -475,7 +494,7 @@ def _with_param(spec: str, key: str, value: Any) -> str:
 
 
 #: What a bench's ``speed`` may set: the ``bench`` command's timing flags, backend, dtype and seed.
-_BENCH_SETTINGS = {"batch", "warmup", "repeats", "min_run_s", "backend", "dtype", "seed"}
+_BENCH_SETTINGS = {"batch", "warmup", "repeats", "min_run_s", "backend", "compile_mode", "dtype", "seed"}
 
 
 def check_study(cls: type[Study]) -> None:
@@ -529,6 +548,12 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
         if bad:
             raise SpecError(f"{where}: its {what} names unknown training settings {bad}")
     for name, arm in cls.arms.items():
+        if arm.evaluates == REFERENCE:
+            if not arm.spec or arm.experiment or any(getattr(arm, k) for k in (
+                    "task", "stem", "transforms", "init", "teacher", "after")):
+                raise SpecError(f"{where}: arm {name} is evaluated on the test bed's reference; it takes a label, "
+                                "evaluates=REFERENCE and the spec applied off the shelf, nothing else")
+            continue
         if (arm.evaluates is None) != (arm.experiment is None):
             raise SpecError(f"{where}: arm {name} gives one of evaluates= and experiment=; an evaluated arm needs both")
         if arm.evaluates is not None:
@@ -552,7 +577,7 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
         if bad:
             raise SpecError(f"{where}: arm {name} runs only at {bad}, which is not a set of values of its grid's "
                             f"axes other than the seed ({ {k: v for k, v in axes.items() if k != 'seed'} })")
-        source = arm.evaluates or arm.after
+        source = arm.after or (arm.evaluates if arm.evaluates != REFERENCE else None)
         grid = [dict(zip(axes, v, strict=True)) for v in itertools.product(*axes.values())]
         if source and any(_allows(arm.only, p) and not _allows(cls.arms[source].only, p) for p in grid):
             raise SpecError(f"{where}: arm {name} reads arm {source}'s runs where {source} has none (its only= "

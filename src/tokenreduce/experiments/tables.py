@@ -18,7 +18,7 @@ from typing import Any
 
 from ..core.errors import SpecError
 from . import stats
-from .study import Expect, Study
+from .study import REFERENCE, Expect, Study
 
 NOT_RUN = "not run"
 
@@ -116,7 +116,7 @@ def measure_table(decl, doc: dict[str, Any] | None) -> list[str]:
 def bench_table(decl, doc: dict[str, Any] | None) -> list[str]:
     """A bench's table as the ``bench`` command prints it (the same columns, the same cells), under the
     line that says what was timed how."""
-    from ..bench.compare import COLUMNS
+    from ..bench.compare import columns_for
     from ..bench.report import format_table
 
     if doc is None:
@@ -128,7 +128,7 @@ def bench_table(decl, doc: dict[str, Any] | None) -> list[str]:
     said = (f"{model['name']} ({h}x{w}, {weights}), batch {settings['batch']} (latency: batch 1), "
             f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
             f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
-    return [said, "", "```", format_table(result["results"], list(decl.columns) or COLUMNS), "```"]
+    return [said, "", "```", format_table(result["results"], columns_for(result["results"], decl.columns)), "```"]
 
 
 def bench_comparison(decl, runs: dict[str, dict]) -> list[str]:
@@ -207,6 +207,20 @@ def _items(doc: dict[str, Any], metric: str) -> Any:
     return decode(entry) if isinstance(entry, dict) else None
 
 
+def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
+    """The per-item differences ``e.arm`` minus ``e.baseline`` on ``e.metric``, in percent (100 x the item
+    values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (for
+    arms evaluated off the shelf each seed is a fold of the test items: every item once)."""
+    mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
+    out: list[float] = []
+    for seed in planned_seeds(study):
+        if seed in mine and seed in theirs:
+            a, b = _items(mine[seed], e.metric), _items(theirs[seed], e.metric)
+            if a is not None and b is not None and len(a) == len(b):
+                out += (100.0 * (a - b)).tolist()
+    return out
+
+
 def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
     """The paired bootstrap over seeds and test items of ``e`` (stats.paired_item_bootstrap) where every
     paired seed's two records hold ``e.metric``'s per-item results; else None and why not."""
@@ -220,14 +234,18 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
 
 
 def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:
-    """Arm -> the measured speed-up (batch 32) of its fine-tuned runs in the record of ``measure`` (the
-    median over its rows when several)."""
+    """Arm -> the measured speed-up (batch 32) in the record of ``measure``: of its fine-tuned runs, or, for an
+    arm evaluated off the shelf (study.REFERENCE), of the training-free row of its spec (at seed 0's
+    pattern); the median over its rows when several."""
     doc, arm_of = runs.get(measure), {p.id: p.arm for p in study.points()}
+    free = {a.spec.format(seed=0): name for name, a in study.arms.items() if a.evaluates == REFERENCE}
     found: dict[str, list[float]] = {}
     for row in (doc or {}).get("result", {}).get("results", []):
         arms = {arm_of.get(r.get("run")) for r in row.get("runs", [])}
         if row.get("kind") == "fine-tuned" and len(arms) == 1 and None not in arms and row.get("speedup"):
             found.setdefault(arms.pop(), []).append(float(row["speedup"]))
+        elif row.get("kind") == "training-free" and row.get("spec") in free and row.get("speedup"):
+            found.setdefault(free[row["spec"]], []).append(float(row["speedup"]))
     return {a: statistics.median(v) for a, v in found.items()}
 
 
@@ -283,8 +301,9 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     rows: list[tuple[str, str, Expect, list[float], int, str]] = []  # key, study name, claim, diffs, members, text
     for study, runs in studies:
         for e in study.expect:
-            rows.append((study.key, study.name, e, paired(study, runs, e.arm, e.baseline, e.metric, e.at), 0,
-                         claim_text(study, runs, e)))
+            diffs = paired_items(study, runs, e) if e.unit == "item" else \
+                paired(study, runs, e.arm, e.baseline, e.metric, e.at)
+            rows.append((study.key, study.name, e, diffs, 0, claim_text(study, runs, e)))
         for fam, diffs, k in _family_claims(study, runs):
             rows.append((study.key, study.name, fam, list(diffs.values()), k, fam.claim))
     tests = [_test(e, diffs) for _, _, e, diffs, _, _ in rows]
@@ -303,13 +322,14 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     for (key, _, e, diffs, members, text), t in zip(rows, tests, strict=True):
         adj, k = adjusted[k:k + len(t)], k + len(t)
         if not diffs:
-            judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}",
+            what = "'s per-item results" if e.unit == "item" else ""
+            judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}{what}",
                                       text, members=members))
             continue
         v = stats.verdict(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
                           effect=e.effect, delta=e.delta, adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
-            item_interval(*runs_of[key], e)
+            (None, "the test items are the unit") if e.unit == "item" else item_interval(*runs_of[key], e)
         judged[key].append(Judged(e, diffs, v, v.why + _power_text(e, v), text, items, items_why, members))
     return Judgement(judged, holm_sizes, len(ps), scope)
 
@@ -403,7 +423,13 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
             if j.members else ""
         lines.append(f"- {j.claim} ({_where(e) or 'all'}){pooled}: {j.why}.{why}")
     lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
-    without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members})
+    per_item = [j for j in judged if j.verdict and j.expect.unit == "item"]
+    without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members
+                      and j.expect.unit != "item"})
+    if per_item:
+        lines += ["", f"Per-item claims ({len(per_item)}): arms evaluated off the shelf, where the seeds are disjoint "
+                      "folds of the test items; their test and t-interval are over the per-item differences of all "
+                      "folds (n = the test items), which is the sampling such a claim has."]
     if without:
         lines += ["", f"Intervals: {'; '.join(without)} (runs made from now on store them), so the t-interval "
                       "over seeds is the only interval; it leaves out test-item sampling (every seed is scored "

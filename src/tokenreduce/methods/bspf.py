@@ -7,8 +7,11 @@ coherent reading; every choice is listed under "Decisions" and "Deviations".
 
 Attention runs in chunks of c patch tokens (as ``chunked(size=c)``, core.attention.attend): the patch
 part of the softmaxed attention A (B, H, N, N) is the C diagonal blocks A_m = A[chunk m, chunk m],
-each (c, c), softmaxed over the prefix keys and the chunk's own. At each block in ``locs``, after
-attention + residual and before the MLP, per chunk m (head mean a_m = mean_h A_m, (B, c, c)):
+each (c, c), softmaxed over the prefix keys and the chunk's own. The attention hands them over per
+chunk (core.attention.ChunkedProbs, (B, H, chunks, c, p + c) per group), so A is never built as an
+(N, N) tensor; with one chunk (c >= M) the attention is full and A is (B, H, N, N). At each block in
+``locs``, after attention + residual and before the MLP, per chunk m (head mean a_m = mean_h A_m,
+(B, c, c)):
 
     1. entry scores     E_m = K * a_m                  3x3 cross-correlation, zero padding   (B, c, c)
                         K (3, 3) learned, initialised as a local average (1/9 everywhere)
@@ -95,7 +98,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core import ops
-from ..core.errors import SpecError
+from ..core.attention import ChunkedProbs
+from ..core.errors import SpecError, TokenReduceError
 from ..core.method import AttnInfo, Host, Reducer, register_method
 from ..core.schedule import Schedule, check_keep, check_locs, compile_schedule
 from ..core.state import TokenState
@@ -116,8 +120,16 @@ def chunk_groups(m: int, size: int) -> list[tuple[int, int, int]]:
     return [(0, full, size)] + ([(full * size, 1, rest)] if rest else [])
 
 
-def diagonal_blocks(probs: Tensor, num_prefix: int, groups: Sequence[tuple[int, int, int]]) -> list[Tensor]:
-    """The diagonal chunk blocks of attention probabilities (B, H, N, N): one (B, H, chunks, c, c) per group."""
+def diagonal_blocks(probs: Tensor | ChunkedProbs, num_prefix: int,
+                    groups: Sequence[tuple[int, int, int]]) -> list[Tensor]:
+    """The diagonal chunk blocks of attention probabilities, one (B, H, chunks, c, c) per group of
+    ``groups`` (:func:`chunk_groups`): read off chunked attention's per-chunk probabilities
+    (:class:`ChunkedProbs`, which must be cut into the same chunks), or cut out of full ones (B, H, N, N)."""
+    if isinstance(probs, ChunkedProbs):
+        if list(probs.groups) != [(num_prefix + start, count, size) for start, count, size in groups]:
+            raise TokenReduceError(f"bspf: the attention was computed in chunks {list(probs.groups)}, not in the "
+                                   f"chunks {list(groups)} after the {num_prefix} prefix tokens that bspf scores")
+        return probs.diagonal()
     out = []
     for start, count, size in groups:
         lo = num_prefix + start

@@ -57,12 +57,13 @@ class TaskOutput(NamedTuple):
     ``losses``: name -> scalar, already weighted (the loop minimises their sum); ``logits``: the
     model's (B, K) output when it has one; ``stats``: name -> batch mean of a number the progress
     line shows and the history records as ``train_<name>`` (e.g. ``acc`` in percent), weighted
-    by batch size across batches and processes.
+    by batch size across batches and processes; a 0-dim tensor stays on the device until the loop
+    reads its sums (a float would have made the step wait for it).
     """
 
     losses: dict[str, Tensor]
     logits: Tensor | None = None
-    stats: dict[str, float] | None = None
+    stats: dict[str, float | Tensor] | None = None
 
 
 class Task(nn.Module):

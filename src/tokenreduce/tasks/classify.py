@@ -146,7 +146,7 @@ class Classify(Task):
                 losses["distill_logits"] = self.ctx.distill_weight * self._kl(logits, t_logits)
             if want_tokens:
                 losses["distill_tokens"] = self.ctx.distill_weight * self._token_mse(tokens, t_tokens)
-        acc = 100.0 * (logits.detach().argmax(-1) == labels).float().mean().item()
+        acc = 100.0 * (logits.detach().argmax(-1) == labels).float().mean()
         return TaskOutput(losses, logits, {"acc": acc})
 
     def _aux_ce(self, name: str, pred: Tensor, logits: Tensor, labels: Tensor) -> Tensor:
@@ -197,15 +197,15 @@ class Classify(Task):
         was_training = model.training
         model.eval()
         device = torch.device(device)
-        sums = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, images
+        sums = _dist.counters(3, device)  # loss sum, correct, images: read once, after the last batch
         hits = []
         try:
-            for images, labels in _dist.shard_loader(data, batch_size):
-                images, labels = images.to(device), labels.to(device)
+            for images, labels in _dist.shard_loader(data, batch_size, device):
+                images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
                 logits = model(images)
                 hit = logits.argmax(-1) == labels
-                sums[0] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
-                sums[1] += hit.sum().item()
+                sums[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
+                sums[1] += hit.sum()
                 sums[2] += labels.numel()
                 hits.append(hit.float())  # float: every backend gathers it
         finally:

@@ -299,10 +299,10 @@ class EET(Hash):
                 masked = mask_patches(images, idx, self._probe.grid, cfg.mask)
                 losses["ce_masked"] = cfg.ce_weight * F.cross_entropy(self.model(masked), labels, label_smoothing=ls)
             if t_logits is not None:
-                stats["teacher_acc"] = 100.0 * (t_logits.detach().argmax(-1) == labels).float().mean().item()
+                stats["teacher_acc"] = 100.0 * (t_logits.detach().argmax(-1) == labels).float().mean()
         with torch.no_grad():
-            stats.update({"acc": 100.0 * (logits.argmax(-1) == labels).float().mean().item(),
-                          "bit_acc": 100.0 * (binarize(h) == t).float().mean().item()})
+            stats.update({"acc": 100.0 * (logits.argmax(-1) == labels).float().mean(),
+                          "bit_acc": 100.0 * (binarize(h) == t).float().mean()})
         return TaskOutput(losses, logits, stats)
 
     def _teacher_forward(self, images: Tensor, labels: Tensor, t: Tensor, losses: dict[str, Tensor]

@@ -255,8 +255,8 @@ class Hash(Task):
         if info is not None:
             losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
         with torch.no_grad():
-            stats = {"acc": 100.0 * (logits.argmax(-1) == labels).float().mean().item(),
-                     "bit_acc": 100.0 * (binarize(h) == t).float().mean().item()}
+            stats = {"acc": 100.0 * (logits.argmax(-1) == labels).float().mean(),
+                     "bit_acc": 100.0 * (binarize(h) == t).float().mean()}
         return TaskOutput(losses, logits, stats)
 
     # -- evaluation
@@ -267,8 +267,8 @@ class Hash(Task):
         head, in dataset order (each process encodes its shard; gathered in a process group)."""
         weight, bias = self.head.weight.to(device), self.head.bias.to(device)
         codes, labels, correct = [], [], []
-        for images, targets in _dist.shard_loader(data, batch_size):
-            logits = model(images.to(device))
+        for images, targets in _dist.shard_loader(data, batch_size, device):
+            logits = model(images.to(device, non_blocking=True))
             if logits.shape[-1] != weight.shape[1]:
                 raise TokenReduceError(f"hash: the model gives {logits.shape[-1]} outputs, the hash head reads "
                                        f"{weight.shape[1]}")

@@ -48,6 +48,36 @@ Upsample = Literal["bilinear", "nearest"]
 UPSAMPLE: tuple[str, ...] = get_args(Upsample)
 
 
+# ----------------------------------------------------------------------------- deterministic forms on CUDA
+
+
+def _deterministic_cuda(t: Tensor) -> bool:
+    return t.is_cuda and torch.are_deterministic_algorithms_enabled()
+
+
+def separable_bilinear(x: Tensor, size: tuple[int, int]) -> Tensor:
+    """Bilinear upsampling (align_corners=False) as two products, x (B, K, h, w) -> R_H x R_W^T (B, K, H, W),
+    with R_H (H, h) and R_W (W, w) F.interpolate's weights (read off interpolating the identity along one
+    axis). Equal to ``F.interpolate`` up to rounding; used on CUDA under ``--deterministic``, where
+    interpolate's backward has no deterministic kernel and a matmul's has."""
+    (H, W), (h, w) = size, x.shape[-2:]
+    rows = F.interpolate(torch.eye(h, dtype=x.dtype, device=x.device)[None, None], size=(H, h), mode="bilinear",
+                         align_corners=False)[0, 0]  # (H, h)
+    cols = F.interpolate(torch.eye(w, dtype=x.dtype, device=x.device)[None, None], size=(W, w), mode="bilinear",
+                         align_corners=False)[0, 0]  # (W, w)
+    return torch.einsum("Hh,bkhw,Ww->bkHW", rows, x, cols)
+
+
+def pixel_cross_entropy(logits: Tensor, masks: Tensor, ignore_index: int) -> Tensor:
+    """Mean CE over the counted pixels, logits (B, K, H, W), masks (B, H, W). On CUDA under
+    ``--deterministic`` computed over the pixels as rows, (B H W, K): the 2-D NLL kernel has no
+    deterministic CUDA implementation, the 1-D one has (the same mean, summed in another order)."""
+    if _deterministic_cuda(logits):
+        k = logits.shape[1]
+        return F.cross_entropy(logits.movedim(1, -1).reshape(-1, k), masks.reshape(-1), ignore_index=ignore_index)
+    return F.cross_entropy(logits, masks, ignore_index=ignore_index)
+
+
 # ----------------------------------------------------------------------------- metrics (pure)
 
 
@@ -88,6 +118,8 @@ def miou_from_confusion(cm: Tensor) -> tuple[float, Tensor]:
 
 
 @dataclass(frozen=True)
+
+
 class SegmentConfig:
     """``background``: background is a class (head output, loss, metric); else its pixels are
     ignored. ``upsample``: how token-grid logits reach pixels, 'bilinear' or 'nearest'."""
@@ -173,6 +205,8 @@ class Segment(Task):
         patches = getattr(model, "fc_norm", nn.Identity())(tokens[:, p:])  # (B, N0, D)
         logits = self.head(patches)  # (B, N0, K)
         logits = logits.transpose(1, 2).reshape(B, -1, gh, gw)  # (B, K, gh, gw), timm's row-major grid
+        if self.cfg.upsample == "bilinear" and _deterministic_cuda(logits):
+            return separable_bilinear(logits, images.shape[-2:])
         kw = {"align_corners": False} if self.cfg.upsample == "bilinear" else {}
         return F.interpolate(logits, size=images.shape[-2:], mode=self.cfg.upsample, **kw)  # (B, K, H, W)
 
@@ -187,7 +221,7 @@ class Segment(Task):
 
         with capture(self.model) as seen:
             logits = self.pixel_logits(self.model, images)
-        losses = {"ce": F.cross_entropy(logits, masks, ignore_index=self.ignore_index)}
+        losses = {"ce": pixel_cross_entropy(logits, masks, self.ignore_index)}
         info = seen.last  # the live record; None for an unpatched model: it emits none
         if info is not None:
             losses.update({f"aux/{k}": v for k, v in info.aux_losses.items()})
@@ -195,7 +229,7 @@ class Segment(Task):
         with torch.no_grad():
             counted = masks != self.ignore_index
             hits = (logits.argmax(1) == masks) & counted
-            acc = 100.0 * hits.sum().item() / max(1, counted.sum().item())
+            acc = 100.0 * hits.sum() / counted.sum().clamp(min=1)  # a tensor: the loop reads it when it logs
         return TaskOutput(losses, None, {"pixel_acc": acc})
 
     def _aux_ce(self, name: str, pred: Tensor, masks: Tensor) -> Tensor:
@@ -231,8 +265,8 @@ class Segment(Task):
         cm = torch.zeros(K, K, dtype=torch.int64)
         n = torch.zeros(1, dtype=torch.int64)
         try:
-            for images, masks in _dist.shard_loader(data, batch_size):
-                images, masks = images.to(device), masks.to(device)
+            for images, masks in _dist.shard_loader(data, batch_size, device):
+                images, masks = images.to(device, non_blocking=True), masks.to(device, non_blocking=True)
                 self._check_masks(images, masks)
                 pred = self.pixel_logits(model, images).float().argmax(1)  # (B, H, W)
                 target = masks if self.cfg.background else masks.masked_fill(masks == self.background, -1)

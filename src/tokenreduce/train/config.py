@@ -108,7 +108,9 @@ class TrainConfig:
     eval_every: int = _setting(1, "evaluate every N epochs", "run", metavar="EPOCHS")
     threads: int | None = _setting(None, "", "run")
     device: str | None = _setting(None, "", "run")
-    num_workers: int = _setting(0, "data loader workers", "run", flag="--workers", metavar="N")
+    num_workers: int | None = _setting(None, "data loader worker processes (default: on CUDA up to 8, with pinned "
+                                       "memory; on the CPU none, the model has the cores)", "run", flag="--workers",
+                                       metavar="N")
     quiet: bool = _setting(False, "no progress output", "run")
 
     def __post_init__(self) -> None:
@@ -128,7 +130,7 @@ class TrainConfig:
             (self.subset is None or self.subset >= 1, f"subset must be >= 1 images, got {self.subset}"),
             (0 <= self.momentum < 1, f"momentum must lie in [0, 1), got {self.momentum}"),
             (self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
-            (self.num_workers >= 0, f"--workers must be >= 0, got {self.num_workers}"),
+            (self.num_workers is None or self.num_workers >= 0, f"--workers must be >= 0, got {self.num_workers}"),
         ]
         for ok, message in checks:
             if not ok:

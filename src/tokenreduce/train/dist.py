@@ -23,10 +23,20 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from ..core.errors import TokenReduceError
-from ..tasks._dist import ShardSampler, all_reduce_sum, gather_shards, shard_loader, world_size
+from ..tasks._dist import (
+    ShardSampler,
+    all_reduce_sum,
+    comm_device,
+    counters,
+    gather_shards,
+    loader_options,
+    shard_loader,
+    world_size,
+)
 
-__all__ = ["DistInfo", "ShardSampler", "TrainBatchSampler", "all_finite", "all_reduce_sum", "barrier", "gather_shards",
-           "resolve_device", "sample_seed", "setup", "shard_loader", "teardown", "world_size"]
+__all__ = ["DistInfo", "FiniteWatch", "ShardSampler", "TrainBatchSampler", "all_reduce_sum", "barrier", "counters",
+           "gather_shards", "loader_options", "resolve_device", "sample_seed", "setup", "shard_loader", "teardown",
+           "world_size"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -96,14 +106,48 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_finite(value: torch.Tensor) -> bool:
-    """Whether ``value`` is finite on every process (a collective: every rank calls it at the same step).
-    One rank that raised alone on a non-finite loss would leave the others waiting in DDP's all-reduce
-    until the backend's timeout; with the flag agreed first, every rank stops together."""
-    flag = torch.isfinite(value.detach()).all().to(torch.float32).reshape(1)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+class FiniteWatch:
+    """The first optimizer step whose losses were not finite, noted on the device so that no step waits
+    for the host; :meth:`first` reads it (a sync and a collective: every rank calls it at the same step,
+    the loop does so where it logs and before every checkpoint).
+
+    Per step, with l the losses of the step and t their total: ``first <- step`` and ``values <- (l, t)``
+    where ``first`` is unset and any of them is NaN or inf. Agreed over ranks: the smallest step any rank
+    noted, so every rank stops at the same check (one rank raising alone would leave the others waiting
+    in DDP's all-reduce until the backend's timeout). A non-finite loss reaches the weights before the
+    check, so the loop checks before it writes any checkpoint: no checkpoint holds its update.
+    """
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.names: list[str] = []
+        self.step = torch.full((), -1, dtype=torch.int64, device=self.device)
+        self.values: torch.Tensor | None = None
+
+    def observe(self, step: int, losses: dict[str, torch.Tensor], total: torch.Tensor) -> None:
+        """Note ``step``'s ``losses`` and their ``total`` (queued on the device; no sync)."""
+        row = torch.stack([v.detach().float().reshape(()) for v in (*losses.values(), total)])
+        if self.values is None:
+            self.names, self.values = [*losses, "total"], torch.zeros_like(row)
+        new = (self.step < 0) & ~torch.isfinite(row).all()
+        self.step = torch.where(new, step, self.step)
+        self.values = torch.where(new, row, self.values)
+
+    def first(self) -> tuple[int, dict[str, float] | None] | None:
+        """None while every step so far was finite on every process; else the first such step of any
+        process, with this process's losses at it (None where another process's step is the first)."""
+        mine = int(self.step.item())
+        step = mine
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([mine if mine >= 0 else torch.iinfo(torch.int64).max], dtype=torch.int64)
+            flag = flag.to(comm_device(flag))
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            step = int(flag.item())
+            step = -1 if step == torch.iinfo(torch.int64).max else step
+        if step < 0:
+            return None
+        own = dict(zip(self.names, self.values.tolist(), strict=True)) if mine == step else None
+        return step, own
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from .. import models, precision
@@ -423,7 +423,7 @@ class _Run:
         self.cfg, self.info, self.device = cfg, info, info.device
         if self.device.type == "cuda":
             precision.enable_tf32()
-        #: fp16 autocast scales the loss (a no-op otherwise); its scale is not checkpointed: a resumed run re-learns it
+        #: fp16 autocast scales the loss (a no-op otherwise); its scale and growth tracker are checkpointed
         self.scaler = precision.grad_scaler(self.device, cfg.amp)
         set_deterministic(cfg.deterministic)
         seed_all(cfg.seed)  # same on every rank: identical init and RNG streams across processes
@@ -473,7 +473,9 @@ class _Run:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, WarmupCosine(warmup, total, cfg.min_lr / cfg.lr))
         self.epoch = self.batch = self.step = 0
         #: this epoch's sums, weighted by images: 'n', 'loss', 'loss/<name>', 'stat/<name>'
-        self.sums: dict[str, float] = {}
+        self.sums: dict[str, float | Tensor] = {}
+        self.watch = dist.FiniteWatch(self.device)
+        self._train_loader: DataLoader | None = None
         self.history: list[dict[str, Any]] = []
         self.last_eval: dict[str, Any] = {}
         self.elapsed = 0.0
@@ -509,6 +511,8 @@ class _Run:
         self.epoch, self.batch, self.step = extra["epoch"], extra["batch"], extra["step"]
         self.history, self.elapsed = extra["history"], extra["elapsed"]
         self.last_eval = extra.get("last_eval", {})
+        if extra.get("scaler"):
+            self.scaler.load_state_dict(extra["scaler"])
         sums = extra["sums"]
         # the saved sums are over all processes already: the main process carries them on
         self.sums = {k: (v if self.info.main else 0.0) for k, v in sums.items()}
@@ -522,9 +526,14 @@ class _Run:
                 "metrics": metrics or (self.history[-1] if self.history else {})}
 
     def _global_sums(self) -> dict[str, float]:
+        """The epoch's sums over every process (a collective), after the finite check of the losses so
+        far: every checkpoint and epoch line goes through here, so none records a diverged step."""
+        self._check_losses()
         names = sorted(self.sums)  # the same names on every process: each step adds the same ones
-        packed = dist.all_reduce_sum(torch.tensor([self.sums[k] for k in names], dtype=torch.float64))
-        return dict(zip(names, packed.tolist(), strict=True))
+        packed = dist.counters(len(names), self.device)
+        for i, k in enumerate(names):
+            packed[i] += self.sums[k]
+        return dict(zip(names, dist.all_reduce_sum(packed).tolist(), strict=True))
 
     def _save(self, name: str, meta: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
         """Model, the task's own tensors and, with ``extra`` (resumable), optimizer/scheduler/RNG."""
@@ -537,7 +546,8 @@ class _Run:
         if self.cfg.out is None or not self.info.main:
             return
         extra = {"epoch": self.epoch, "batch": self.batch, "step": self.step, "sums": sums, "history": self.history,
-                 "last_eval": self.last_eval, "elapsed": self.elapsed + time.perf_counter() - self.t0}
+                 "last_eval": self.last_eval, "elapsed": self.elapsed + time.perf_counter() - self.t0,
+                 "scaler": self.scaler.state_dict()}
         self._save("last.safetensors", self._meta(), extra)
 
     # -- training
@@ -580,29 +590,56 @@ class _Run:
                 f"that does ({', '.join(scoring)}) and apply the trained reducer afterwards"
             )
 
-    def _add(self, key: str, value: float) -> None:
+    def _add(self, key: str, value: float | Tensor) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value
 
+    def _loader(self) -> DataLoader:
+        """The training loader, built once (its workers persist across epochs on CUDA); each epoch
+        re-seeds its sampler (``set_epoch``) before iterating it."""
+        if self._train_loader is None:
+            self._train_loader = DataLoader(
+                self.train_ds, batch_sampler=self.sampler, **dist.loader_options(self.device, self.cfg.num_workers),
+                generator=torch.Generator().manual_seed(self.cfg.seed))  # keeps the global RNG untouched
+        return self._train_loader
+
+    def _check_losses(self) -> None:
+        """Raise on the first non-finite loss any process saw (:class:`dist.FiniteWatch`, a collective)."""
+        seen = self.watch.first()
+        if seen is None:
+            return
+        step, losses = seen
+        where = f"at step {step} (epoch {(step - 1) // self.spe + 1})"
+        if losses is None:
+            raise TokenReduceError(f"training diverged: a non-finite loss on another process {where}; lower "
+                                   "--lr or check the data")
+        _check_finite({f"{k} loss": v for k, v in losses.items()}, where)
+
+    def _postfix(self) -> dict[str, str]:
+        """The running means the progress line shows (read from the device: only when it is shown)."""
+        sums = {k: float(v) for k, v in self.sums.items()}
+        running = {k[5:]: f"{v / sums['n']:.2f}" for k, v in sums.items() if k.startswith("stat/")}
+        return {"epoch": f"{self.epoch + 1}/{self.cfg.epochs}", "loss": f"{sums['loss'] / sums['n']:.4f}", **running,
+                "lr": f"{max(self.sched.get_last_lr()):.2e}"}
+
     def _train_epoch(self, bar: Progress, on_step: Callable[[int], None] | None) -> None:
+        """One epoch's steps. Nothing here waits for the device: the sums, and the finite check of the
+        losses, stay on it until the progress line, a checkpoint or the epoch's end reads them (fp16's
+        GradScaler alone reads its inf check every step, as torch's GradScaler does)."""
         cfg = self.cfg
         self.sampler.set_epoch(self.epoch, skip=self.batch)
         self._first_batch = self.batch
-        loader = DataLoader(self.train_ds, batch_sampler=self.sampler, num_workers=cfg.num_workers,
-                            generator=torch.Generator().manual_seed(cfg.seed))  # keeps the global RNG untouched
         self.ddp.train()
-        for images, targets in loader:
-            images, targets = images.to(self.device), targets.to(self.device)
+        for images, targets in self._loader():
+            images = images.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
             with _autocast(self.device, cfg.amp):
                 out = self.ddp(images, targets)
             if self.batch == self._first_batch and not self.task.scores_aux_outputs:
                 self._refuse_unscored_aux()
             loss = sum(out.losses.values())
-            if not dist.all_finite(loss):  # agreed by every process, so that all of them stop (no hang in DDP)
-                where = f"at step {self.step + 1} (epoch {self.epoch + 1})"
-                _check_finite({f"{k} loss": v.item() for k, v in out.losses.items()} | {"total loss": loss.item()},
-                              where)
-                raise TokenReduceError(f"training diverged: a non-finite loss on another process {where}; lower "
-                                       "--lr or check the data")
+            self.step += 1
+            self.batch += 1
+            self.watch.observe(self.step, out.losses, loss)
             self.opt.zero_grad(set_to_none=True)
             self.scaler.scale(loss).backward()
             if cfg.grad_clip:
@@ -611,18 +648,16 @@ class _Run:
             self.scaler.step(self.opt)
             self.scaler.update()
             self.sched.step()
-            self.step += 1
-            self.batch += 1
             n = len(images)
             self._add("n", n)
-            self._add("loss", loss.item() * n)
+            self._add("loss", loss.detach().double() * n)
             for k, v in out.losses.items():
-                self._add(f"loss/{k}", v.item() * n)
+                self._add(f"loss/{k}", v.detach().double() * n)
             for k, v in (out.stats or {}).items():
-                self._add(f"stat/{k}", float(v) * n)
-            running = {k[5:]: f"{v / self.sums['n']:.2f}" for k, v in self.sums.items() if k.startswith("stat/")}
-            bar.step(epoch=f"{self.epoch + 1}/{cfg.epochs}", loss=f"{self.sums['loss'] / self.sums['n']:.4f}",
-                     **running, lr=f"{max(self.sched.get_last_lr()):.2e}")
+                self._add(f"stat/{k}", (v.detach().double() if torch.is_tensor(v) else float(v)) * n)
+            if bar.due():
+                self._check_losses()
+            bar.step(self._postfix)
             if cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and self.batch < self.spe:
                 self.save_last()
             if on_step is not None:

@@ -1,7 +1,7 @@
 """The registered studies, one module each, named as registered (and as their results folder,
-results/<name>/<bed>/): one per paper (``eet``, ``imagepiece``, ``cropr`` and ``cropr_seg``, ``bspf``), the
-baselines' benchmark (``baselines``), and the project's own records (``reference``, ``platform``,
-``deit_bench``, ``backends``). Importing this package registers them."""
+results/<name>/<bed>/): one per paper (``eet``, ``imagepiece``, ``cropr`` and ``cropr_seg``, ``bspf``,
+``pitome``, ``diffrate``), the baselines' benchmark (``baselines``), and the project's own records (``reference``,
+``platform``, ``deit_bench``, ``backends``). Importing this package registers them."""
 
 from . import (  # noqa: F401
     backends,
@@ -10,8 +10,10 @@ from . import (  # noqa: F401
     cropr,
     cropr_seg,
     deit_bench,
+    diffrate,
     eet,
     imagepiece,
+    pitome,
     platform,
     reference,
 )

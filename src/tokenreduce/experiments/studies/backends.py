@@ -14,6 +14,14 @@ from a snapshot of ``src/``, so without a git revision) and converted once to ru
 numbers are those measurements (a timing is never reproduced exactly), their commands the ones that
 made them. The smoke times every bench eagerly: inductor's code generation takes tens of seconds a
 graph on 2 cores (the compiled and exported paths have their own tests).
+
+The ``gpu`` bed is the GPU preset (``tokenreduce study backends --testbed gpu``, on CUDA by default where
+torch sees it): DeiT-S shapes in bfloat16 weights at batch 256 (and batch 1 latency) for every method
+at its published DeiT-S schedule (:data:`GPU_SPECS`), each with its matched random pruner, against the
+unpatched model, eagerly; and a compiled subset, CUDA graphs (``reduce-overhead``): ToMe, the case
+launch-bound at batch 1. Peak memory per case is in its table. Budget: about 1 min eager and 3-4 min
+compiling on one H100-class GPU (written before any run there: the device script's log holds the
+measured time).
 """
 
 from __future__ import annotations
@@ -45,6 +53,24 @@ def _benches() -> tuple[Bench, ...]:
     return (*deit, *fmnist)
 
 
+#: every method at its published DeiT-S schedule (the methods' docstrings): EViT, ToMe and CTP as deit_bench,
+#: top-k at EViT's placement, DynamicViT's keep 0.7 at blocks (2, 5, 8), ImagePiece's and BSPF's, Cropr's
+#: (deployed: its summed query, random like every weight here) and PiToMe's defaults, DiffRate's deit_s-2.9
+GPU_SPECS = (*_DEIT_SPECS, "dynamicvit()", "imagepiece()", "bspf()", "cropr(inference=True)", "pitome()", "diffrate()")
+#: the preset's timing: bfloat16 weights, batch 256 (throughput) and 1 (latency), 2 warm-up and 10 timed rounds
+GPU_SPEED = {"batch": 256, "warmup": 2, "repeats": 10, "dtype": "bfloat16"}
+
+
+def _gpu_benches() -> tuple[Bench, ...]:
+    eager = Bench("deit_small-gpu-eager", model=DEIT_S, specs=GPU_SPECS, match_random=True,
+                  speed={**GPU_SPEED, "backend": "eager"},
+                  title="DeiT-S (random weights), bfloat16, batch 256 / 1, eager")
+    graphs = Bench("deit_small-gpu-graphs", model=DEIT_S, specs=("tome(r=13)",), match_random=True,
+                   speed={**GPU_SPEED, "backend": "compile", "compile_mode": "reduce-overhead"},
+                   title="DeiT-S (random weights), bfloat16, batch 256 / 1, torch.compile with CUDA graphs")
+    return eager, graphs
+
+
 @register_study("backends")
 class Backends(Study):
     title = "Backends: every method against the unreduced model and its matched random pruner"
@@ -60,4 +86,16 @@ class Backends(Study):
             for model, what in (("deit_small", "DeiT-S (4.6 GMACs)"),
                                 ("fmnist", "Fashion-MNIST reference, 1.5x picks"))),
         smoke=Smoke(testbed=Testbed(), bench={**SMOKE_BENCH, "backend": "eager"}),
-        budget="6 runs of 3-15 min on 2 idle CPU threads (compiling and exporting every case included)")}
+        budget="6 runs of 3-15 min on 2 idle CPU threads (compiling and exporting every case included)"),
+        "gpu": Bed(
+            title="The GPU preset: DeiT-S in bfloat16 on one GPU",
+            benches=_gpu_benches(),
+            bench_tables=(BenchTable("DeiT-S, bfloat16: speed-ups eager and with CUDA graphs",
+                                     ("deit_small-gpu-eager", "deit_small-gpu-graphs"),
+                                     ("DeiT-S (4.6 GMACs)", "eager b256 / b1", "vs random b256 / b1",
+                                      "CUDA graphs b256 / b1", "vs random")),),
+            smoke=Smoke(testbed=Testbed(), bench={**SMOKE_BENCH, "backend": "eager", "compile_mode": "default",
+                                                 "dtype": "float32"}),
+            budget="2 runs, about 5 min together on one H100-class GPU (planned; scripts/device-check.sh)",
+            pending="made on a GPU only: scripts/device-check.sh (or tokenreduce study backends --testbed gpu "
+                    "--device cuda) runs it where one is lent")}
