@@ -329,7 +329,8 @@ def set_matching(scores: Tensor, a: Tensor, b: Tensor, r: int, first: Tensor) ->
 
     Args:
         scores: (B, |A|, |B|) similarity of each A token to each B token.
-        a, b: (B, |A|), (B, |B|) long, distinct positions into the current sequence.
+        a: (B, |A|) long, positions into the current sequence, distinct from ``b``'s.
+        b: (B, |B|) long, positions into the current sequence.
         r: tokens merged away, 0 <= r <= |A| (and B not empty when r > 0).
         first: (B, K) positions kept first (prefix tokens, protected tokens).
     Returns:
