@@ -310,6 +310,7 @@ def _train_step(model, images, seed):
     "tome(r=(8, 0, 8, 0))",  # log-size bias passed into the checkpointed blocks
     "chunked(size=24)",
     "dynamicvit(keep=0.5, locs=(1,))",  # keep policy passed into the checkpointed blocks
+    "diffrate(prune=(60, 50, 40, 30), merge=(52, 52, 36, 20))",  # the similarity-weighted mass passed along
 ])
 def test_grad_checkpointing_gives_equal_outputs_and_gradients(spec, images):
     torch.manual_seed(0)

@@ -156,6 +156,30 @@ def test_weighted_merge_equals_the_hand_computation_and_sums_sizes():
         state.merge(out, plan(keep=[0, 1], src=[2], dst=[1], dst_pos=[1]), weight=torch.ones(1, 5))
 
 
+def test_a_reducers_mass_is_carried_summed_by_later_merges_and_drives_proportional_attention():
+    x = tokens([9.0, 2.0, 4.0, 7.0, 3.0])  # cls + 4 patches
+    state = TokenState.start(x, 1, prop_attn=True, keep_pruned=True)
+    x = state.merge(x, plan(keep=[0, 2, 3, 4], src=[1], dst=[1], dst_pos=[2]))  # a plain merge: mass is the size
+    assert state.mass is None and state.attn_bias()[0, 0, 0].exp().tolist() == pytest.approx([1.0, 2.0, 1.0, 1.0])
+    weighed = torch.tensor([[1.0, 1.75, 1.25]])  # as a reducer weighs them (DiffRate: by similarity)
+    x = state.merge(x, plan(keep=[0, 1, 3], src=[2], dst=[2], dst_pos=[4]), mass=weighed)
+    assert state.mass.tolist() == [[1.0, 1.75, 1.25]] and state.size.tolist() == [[1.0, 2.0, 2.0]]
+    assert state.attn_bias()[0, 0, 0].exp().tolist() == pytest.approx([1.0, 1.75, 1.25])
+    x = state.merge(x, plan(keep=[0, 1], src=[2], dst=[1], dst_pos=[2]))  # another stage's merge sums it
+    assert state.mass.tolist() == [[1.0, 3.0]] and state.size.tolist() == [[1.0, 4.0]]
+
+
+def test_restore_stands_in_the_size_for_a_mass_untracked_when_a_token_was_pruned():
+    x = tokens([9.0, 2.0, 4.0, 7.0, 3.0])
+    state = TokenState.start(x, 1, keep_pruned=True)
+    x = state.merge(x, plan(keep=[0, 2, 3, 4], src=[1], dst=[1], dst_pos=[2]))  # sizes 1, 2, 1, 1
+    x = state.gather(x, torch.tensor([[0, 1, 2]]))  # prune position 4 (size 1), no mass yet
+    x = state.merge(x, plan(keep=[0, 1], src=[2], dst=[1], dst_pos=[2]), mass=torch.tensor([[1.0, 2.5]]))
+    x = state.restore(x)
+    assert state.index.tolist() == [[0, 2, 4]]
+    assert state.mass.tolist() == [[1.0, 2.5, 1.0]] and state.size.tolist() == [[1.0, 3.0, 1.0]]
+
+
 def test_subset_matching_never_touches_tokens_outside_the_subset():
     torch.manual_seed(3)
     B, p, n = 2, 1, 12

@@ -32,6 +32,7 @@ from tokenreduce.experiments import (
     register_study,
 )
 from tokenreduce.experiments.beds import SCENES, TINY_FMNIST, scene_smoke
+from tokenreduce.experiments.figures import pyplot, set_title
 from tokenreduce.experiments.page import build_report
 from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.tables import summary, verdicts
@@ -394,6 +395,17 @@ def test_a_study_on_a_timm_model_with_local_weights_and_an_image_folder(tmp_path
     assert torch.equal(start["pos_embed"], load_file(str(weights))["pos_embed"])
     assert verdicts(study, runs)[0].verdict is not None
     assert "tiny.safetensors" in summary(study, runs)
+
+
+def test_a_long_figure_title_wraps_inside_the_figure():
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    set_title(ax, "Token Cropr on the scene test bed (classification): the learned router against fixed scorers: "
+                  "each claim's difference over the fine-tune length")
+    fig.canvas.draw()
+    box = ax.title.get_window_extent()
+    assert "\n" in ax.title.get_text() and box.x0 >= 0 and box.x1 <= fig.bbox.width
+    plt.close(fig)
 
 
 def _copy_results(tmp_path: Path) -> Path:

@@ -125,7 +125,8 @@ class Reducer(nn.Module):
     - Attention needs: ``needs`` (side products in ``NEEDS``, at every active block; ``needs_at(block)``
       narrows it per block), ``needs_class_token``, ``where`` ('attn' after attention + residual,
       or 'block' after the MLP; a config field ``where`` is the user's choice), ``proportional``
-      (log-size attention bias), ``attn_bias(state, block)``, ``attention_chunk(block)``,
+      (log-mass attention bias: the size, or a mass the reducer passes to ``TokenState.merge``),
+      ``attn_bias(state, block)``, ``attention_chunk(block)``,
       ``observes(block)`` / ``observe(state, info)`` (side products read without reducing).
     - Token bookkeeping: ``keep_pruned`` (pruned tokens kept aside), ``conserves_patches`` (sizes always
       sum to the patch count), ``restores`` / ``stage_only`` (Last Layer Fusion inside a composite),

@@ -1,7 +1,7 @@
 """TokenState: what travels with the tokens through the blocks of one forward.
 
 Built fresh at the start of every forward and never stored on the model between calls.
-Every token-aligned tensor (``index``, ``size``, ``source``, ``keep_mask``) is kept in the same
+Every token-aligned tensor (``index``, ``size``, ``source``, ``keep_mask``, ``mass``) is kept in the same
 order as the tokens ``x`` (B, N, C), prefix tokens first, and ``members`` maps every original
 position to the token holding it. All of them change in ONE place, :meth:`TokenState._reduce`,
 which :meth:`gather` (prune), :meth:`merge` (merge plans, any positive weight) and
@@ -24,10 +24,11 @@ from .errors import TokenReduceError
 #: destination token's value (a merged token keeps the original position of the token merged
 #: into), "sum" adds the values (sizes, source memberships), "max" takes the largest (a merged token
 #: is kept by the keep policy as much as its most-kept member). Adding a field = one entry here.
-ALIGNED: dict[str, str] = {"index": "first", "size": "sum", "source": "sum", "keep_mask": "max"}
+ALIGNED: dict[str, str] = {"index": "first", "size": "sum", "source": "sum", "keep_mask": "max", "mass": "sum"}
 
-#: Fields that may be None, meaning "all ones" (a token of size 1, a fully kept token).
-_ONES_WHEN_NONE = ("size", "keep_mask")
+#: Fields that may be None, and what None stands for: all ones (a token of size 1, a fully kept token),
+#: or another field's values (a mass nobody weighs otherwise is the size).
+_WHEN_NONE: dict[str, str | None] = {"size": None, "keep_mask": None, "mass": "size"}
 
 
 @dataclass
@@ -66,7 +67,12 @@ class TokenState:
             ``index`` value of the present token that holds j (itself, or the token it was merged
             or fused into), -1 while that token is pruned (kept aside in ``pruned``; restore
             gives the positions back). Not token-aligned but updated by the same path.
-        prop_attn: add log(size) to the attention logits (proportional attention).
+        mass: (B, N) float, the weight of each token in proportional attention where a reducer weighs a
+            merged token otherwise than by the patches it holds (DiffRate: each merged-in token by its
+            similarity to its destination), or None: the size. Merges sum it unless the merging
+            reducer passes the new values (:meth:`merge`).
+        prop_attn: add log(mass) (the size unless a reducer set a mass) to the attention logits
+            (proportional attention).
         keep_pruned: keep pruned tokens aside in ``pruned`` (Last Layer Fusion, unmerge).
         pruned: the tokens set aside since the start, one entry per pruning reduction; read and
             emptied by :meth:`restore`, read by :meth:`unmerge`.
@@ -89,6 +95,7 @@ class TokenState:
     keep_pruned: bool = False
     keep_mask: Tensor | None = None
     members: Tensor | None = None
+    mass: Tensor | None = None
     pruned: list[Pruned] = field(default_factory=list)
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
     aux_outputs: dict[str, Tensor] = field(default_factory=dict)
@@ -125,10 +132,12 @@ class TokenState:
         return self.size
 
     def attn_bias(self) -> Tensor | None:
-        """Proportional attention bias log(size) as an additive SDPA mask, (B, 1, 1, N)."""
-        if not self.prop_attn or self.size is None:
+        """Proportional attention bias log(mass), the mass being the size unless a reducer set one, as an
+        additive SDPA mask, (B, 1, 1, N); None without proportional attention or while every token weighs 1."""
+        weight = self.mass if self.mass is not None else self.size
+        if not self.prop_attn or weight is None:
             return None
-        return self.size.log().reshape(self.size.shape[0], 1, 1, -1)  # one view, not two unsqueezes
+        return weight.log().reshape(weight.shape[0], 1, 1, -1)  # one view, not two unsqueezes
 
     # ----- reductions: every one goes through _reduce -------------------------------------------
 
@@ -138,20 +147,23 @@ class TokenState:
         self._reduce(x, idx)
         return ops.gather_tokens(x, idx)
 
-    def merge(self, x: Tensor, plan: ops.MergePlan, weight: Tensor | None = None) -> Tensor:
+    def merge(self, x: Tensor, plan: ops.MergePlan, weight: Tensor | None = None,
+              mass: Tensor | None = None) -> Tensor:
         """Apply a merge plan to x and every aligned field; returns merged x (B, N - r, C).
 
         x_d <- (w_d x_d + sum_i w_i x_i) / (w_d + sum_i w_i) over the tokens i merged into d, with
         w = ``weight`` (B, N) > 0 if given (e.g. BSPF's similarity weights), else the sizes
         (ToMe's size-weighted mean). The sizes are always summed, s_d <- s_d + sum_i s_i,
-        whatever the weight; the other fields combine as ALIGNED says.
+        whatever the weight; ``mass`` (B, N - r), if given, is the merged tokens' new mass, weighed by
+        the reducer itself (DiffRate); the other fields combine as ALIGNED says.
         """
+        given = {} if mass is None else {"mass": mass}
         if weight is None:
             x_new, size = plan.mean(x, self.size)  # size None (no merge yet): all ones, not materialised
-            self._reduce(x, plan.keep, plan.src, plan.dst, size=size)
+            given["size"] = size
         else:
             x_new, _ = plan.mean(x, weight)
-            self._reduce(x, plan.keep, plan.src, plan.dst)
+        self._reduce(x, plan.keep, plan.src, plan.dst, given)
         return x_new
 
     def gather_and_fuse(self, x: Tensor, keep: Tensor, drop: Tensor, weights: Tensor) -> Tensor:
@@ -171,15 +183,16 @@ class TokenState:
         return torch.cat([ops.gather_tokens(x, keep), token], 1)
 
     def _reduce(self, x: Tensor, keep: Tensor, src: Tensor | None = None, dst: Tensor | None = None,
-                size: Tensor | None = None) -> None:
+                given: dict[str, Tensor] | None = None) -> None:
         """THE update path of every aligned field, for old tokens (B, N) -> new tokens (B, K):
 
             new[k] = old[keep[k]]  combined (as ALIGNED says) with  old[src[i]] for every dst[i] == k
 
         keep (B, K) and src (B, r) are positions into the old tokens, dst (B, r) slots into the new.
         Old tokens in neither keep nor src are pruned: set aside in ``pruned`` with their values
-        now when ``keep_pruned``. ``size``, if given, is the new size already computed (the
-        size-weighted mean sums them anyway). ``x`` (B, N, C) is read only to set tokens aside.
+        now when ``keep_pruned``. ``given`` holds new values already computed (the sizes a
+        size-weighted mean sums anyway, a reducer's own mass). ``x`` (B, N, C) is read only to set
+        tokens aside.
         """
         n = x.shape[1]
         r = 0 if src is None else src.shape[1]
@@ -188,8 +201,8 @@ class TokenState:
             self._set_aside(x, ops.complement_index(taken, n))
         src_values = self.index.gather(1, src) if r and self.members is not None else None
         for name, rule in ALIGNED.items():
-            if name == "size" and size is not None:
-                self.size = size
+            if given and given.get(name) is not None:
+                setattr(self, name, given[name])
                 continue
             t = getattr(self, name)
             if t is None:
@@ -240,14 +253,16 @@ class TokenState:
             )
         self._check_tokens(x)
         xs = torch.cat([x, *(p.x for p in self.pruned)], 1)  # (B, N + D, C)
-        for name in ALIGNED:
-            parts = [getattr(self, name), *(p.fields.get(name) for p in self.pruned)]
+        counts = [x.shape[1], *(p.x.shape[1] for p in self.pruned)]
+        raw = {name: [getattr(self, name), *(p.fields.get(name) for p in self.pruned)] for name in ALIGNED}
+        for name, parts in raw.items():
             if all(t is None for t in parts):
                 continue
-            if name in _ONES_WHEN_NONE:  # untracked then = all ones, in the dtype tracked now
+            if name in _WHEN_NONE:  # untracked then = what None stands for, in the dtype tracked now
                 ref = next(t for t in parts if t is not None)
-                counts = [x.shape[1], *(p.x.shape[1] for p in self.pruned)]
-                parts = [ref.new_ones(x.shape[0], k) if t is None else t for t, k in zip(parts, counts, strict=True)]
+                stand_in = raw.get(_WHEN_NONE[name] or "", [None] * len(parts))
+                parts = [t if t is not None else s if s is not None else ref.new_ones(x.shape[0], k)
+                         for t, s, k in zip(parts, stand_in, counts, strict=True)]
             setattr(self, name, torch.cat(parts, 1))
         order = self.index.argsort(dim=1)  # (B, N + D): index values are distinct
         for name in ALIGNED:

@@ -4,6 +4,7 @@ bytes (no software or date metadata)."""
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,13 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def set_title(ax: Any, text: str, size: float = 9.0) -> None:
+    """Title ``ax`` with ``text`` wrapped to the figure's width (a long study title is never clipped)."""
+    width_in = ax.figure.get_figwidth()
+    columns = max(20, int(width_in * 72 / (0.55 * size)))  # an average glyph is about 0.55 em wide
+    ax.set_title("\n".join(textwrap.wrap(text, columns)), fontsize=size)
 
 
 def write_png(fig: Any, path: Path) -> Path:

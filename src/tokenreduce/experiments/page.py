@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from . import lengths
-from .figures import pyplot, write_png
+from .figures import pyplot, set_title, write_png
 from .runner import Layout, load_runs, plan
 from .stats import summarize
 from .study import Study, get_study, list_studies
@@ -92,7 +92,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
     ax.set_xticks([j + width * (len(study.arms) - 1) / 2 for j in range(len(splits))])
     ax.set_xticklabels([study.split[1].format(v) if study.split else "" for v in splits])
     ax.set_ylabel(header)
-    ax.set_title(f"{study.title or study.name}: mean ± std over seeds")
+    set_title(ax, f"{study.title or study.name}: mean ± std over seeds")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return write_png(fig, path)

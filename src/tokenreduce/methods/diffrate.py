@@ -24,7 +24,8 @@ after merging at block b (the published numbers less the class token), n1 = min(
                 m_k <- m_k + sum_{s -> k} m_s * (u_s . u_j(s))         mass weighted by the similarity
     output      (B, p + n2, C); m of the output tokens drives the next blocks' attention bias
 m starts at 1 (log m = 0). The official code calls m the token size; here the TokenState's ``size`` keeps
-counting patches (what ``get_info`` reports and the merge invariants hold) and m travels beside it.
+counting patches (what ``get_info`` reports and the merge invariants hold) and m is its ``mass``, which
+every reduction carries and proportional attention reads (DiffRate is proportional: ``proportional``).
 
 The schedule, as the official code reads compression_rate.json: ``prune_kept_num`` and
 ``merge_kept_num`` are, per block, the tokens kept (class token included, 197 = everything) after
@@ -50,10 +51,9 @@ Deviations:
   class token) and the CLS row is the first prefix token's.
 - the attention mass is clamped at the smallest positive float: a merge whose best similarity is
   negative can drive it to 0 or below, where the official code's log gives -inf or NaN.
-- the mass lives beside the TokenState (its patch-count ``size`` is the project's invariant). Where
-  another reducer changes the tokens after DiffRate (a later stage of ``'A + B'``) or a block runs under
-  gradient checkpointing (the state is copied), the bias falls back to log(patch count), ToMe's
-  proportional attention.
+- the mass is the TokenState's ``mass`` beside its patch-count ``size`` (the project's invariant). A
+  later stage of ``'A + B'`` that merges sums the masses of what it merges (the official code has no
+  such stage).
 - on a host with average pooling the official MAE head weights the pooled tokens by the mass; here the
   host's own head runs unchanged.
 """
@@ -154,7 +154,6 @@ SCHEDULES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 #: the default schedule (``diffrate()``): DeiT-S at 2.9 G MACs, 79.54 top-1 off the shelf (the official README)
 DEFAULT = "deit_s-2.9"
 #: where the attention mass travels in a forward: an attribute of that forward's TokenState
-_MASS = "diffrate_mass"
 
 
 def published(name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -203,6 +202,7 @@ class DiffRate(Reducer):
     # prune then merge (block 0), a merge number above the pruned count (block 1: no merge), both (2, 3)
     example = {"prune": (60, 50, 40, 30), "merge": (52, 52, 36, 20)}
     min_onnx_opset = 16  # the merge sums tokens (scatter_add_)
+    proportional = True  # log m on the attention logits, always (the official code has no switch)
 
     def __init__(self, cfg: DiffRateConfig) -> None:
         super().__init__(cfg)
@@ -280,19 +280,6 @@ class DiffRate(Reducer):
         count, _ = super().compose_step(block, entering, aside, alone)
         return count, aside + entering - self._survivors(block, entering, count)
 
-    def attn_bias(self, state: TokenState, block: int) -> Tensor | None:
-        """log m, the attention mass (module docstring), as a key bias (B, 1, 1, N); less log(size) where the
-        adapter adds that already (a proportional stage beside it); log(size) where m is not known."""
-        record = _record(state)
-        if record is None:
-            if state.size is None or state.prop_attn:
-                return None
-            return state.size.log().reshape(state.size.shape[0], 1, 1, -1)
-        bias = record[2]
-        if state.prop_attn and state.size is not None:
-            bias = bias - state.size.log().reshape(state.size.shape[0], 1, 1, -1)
-        return bias
-
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p, B = state.num_prefix, x.shape[0]
         survivors = self._survivors(state.block, x.shape[1] - p, count)
@@ -301,13 +288,8 @@ class DiffRate(Reducer):
         order = scores.argsort(dim=1, descending=True) + p  # (B, n) positions, most attended first
         kept = order[:, :count].sort(dim=1).values  # (B, count) ascending: spatial order
         keep = torch.cat([ops.positions(0, p, 1, x.device).expand(B, p), kept], 1)  # (B, p + count), prefix first
-        record = _record(state)
-        mass = record[1] if record is not None else state.size  # (B, N) or None (all ones)
         if r == 0:
-            out = state.gather(x, keep)
-            if mass is not None:
-                _store(state, ops.gather_tokens(mass, keep))
-            return out
+            return state.gather(x, keep)  # the mass goes with the kept tokens
         src = order[:, count:survivors]  # (B, r) the least attended survivors
         metric = x.detach()
         a = ops.gather_tokens(metric, src)  # (B, r, C)
@@ -316,20 +298,8 @@ class DiffRate(Reducer):
         b = b / b.norm(dim=-1, keepdim=True)
         best, slot = torch.bmm(a, b.transpose(1, 2)).max(dim=-1)  # (B, r): cosine and index into kept
         plan = ops.MergePlan(keep, src, slot + p, kept.gather(1, slot))
-        mass = x.new_ones(x.shape[:2]) if mass is None else mass
+        mass = state.mass if state.mass is not None else state.sizes(x)  # (B, N)
         merged = ops.gather_tokens(mass, keep).scatter_add_(1, slot + p, ops.gather_tokens(mass, src) * best)
-        out = state.merge(x, plan, weight=x.new_ones(x.shape[:2]))  # plain mean; sizes summed
-        _store(state, merged.clamp_min(torch.finfo(merged.dtype).tiny))
-        return out
+        merged = merged.clamp_min(torch.finfo(merged.dtype).tiny)
+        return state.merge(x, plan, weight=x.new_ones(x.shape[:2]), mass=merged)  # plain mean; sizes summed
 
-
-def _record(state: TokenState) -> tuple[Tensor, Tensor, Tensor] | None:
-    """(index, mass (B, N), log-mass bias (B, 1, 1, N)) if the mass describes the state's tokens now."""
-    record = getattr(state, _MASS, None)
-    if record is None or record[0] is not state.index:  # another reducer changed the tokens since
-        return None
-    return record
-
-
-def _store(state: TokenState, mass: Tensor) -> None:
-    setattr(state, _MASS, (state.index, mass, mass.log().reshape(mass.shape[0], 1, 1, -1)))
