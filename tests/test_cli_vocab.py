@@ -176,6 +176,10 @@ def test_inspect_reads_a_tokenreduce_checkpoint(tuned, capsys):
 @pytest.mark.parametrize(("argv", "match"), [
     (["inspect"], "give --spec SPEC (with --model or --hf-config) or --checkpoint PATH"),
     (["inspect", "--checkpoint", "CKPT", "--model", "test_vit"], "--checkpoint brings its own model; leave out"),
+    # the default model's name typed is still a model given (it was taken for "no --model")
+    (["inspect", "--checkpoint", "CKPT", "--model", "deit_small_patch16_224"], "--checkpoint brings its own model"),
+    (["inspect", "--hf-config", "vit-tiny", "--model", "deit_small_patch16_224", "--spec", "tome(r=1)"],
+     "give a timm --model or a transformers --hf-config, not both"),
 ])
 def test_inspect_refuses_what_it_cannot_read(argv, match, tuned, capsys):
     assert main([str(tuned) if a == "CKPT" else a for a in argv]) == 2

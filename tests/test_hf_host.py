@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import pickle
 import subprocess
 import sys
@@ -402,5 +403,12 @@ def test_inspect_and_bench_take_a_transformers_config(tmp_path, capsys):
     assert "dinov2-tiny  32x32" in capsys.readouterr().out
     assert main(["bench", "--hf-config", "nope", "--quick"]) == 2
     assert "built-in: vit-tiny" in capsys.readouterr().err
+    masked = tmp_path / "masked"
+    masked.mkdir()
+    config = json.loads((folder / "config.json").read_text())
+    (masked / "config.json").write_text(json.dumps({**config, "architectures": ["DeiTForMaskedImageModeling"]}))
+    assert main(["inspect", "--hf-config", str(masked), "--spec", "tome(r=8)"]) == 2
+    err = capsys.readouterr().err
+    assert "DeiTForMaskedImageModeling: not a class tokenreduce drives" in err and "DeiTModel" in err
     assert main([*bench, "--backend", "onnxruntime"]) == 2
     assert "exports timm models only" in capsys.readouterr().err

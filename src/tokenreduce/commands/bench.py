@@ -16,7 +16,6 @@ from typing import Any
 from ..bench.settings import COMPILE_MODES, QUICK, SPEED
 from ..core.errors import TokenReduceError
 from . import checks, vocab
-from .vocab import DEFAULT_MODEL
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,7 +59,7 @@ def model_source(args: argparse.Namespace):
     """The ``models.ModelSource`` of the model arguments: ``--hf-config`` or the timm ``--model``."""
     from ..models import ModelSource
 
-    if getattr(args, "hf_config", None) and args.model != DEFAULT_MODEL:
+    if getattr(args, "hf_config", None) and vocab.given(args, "model"):
         raise TokenReduceError("give a timm --model or a transformers --hf-config, not both")
     if getattr(args, "hf_config", None):
         return ModelSource(hf_config=args.hf_config, img_size=args.img_size, pretrained=args.pretrained,
@@ -80,7 +79,7 @@ def build_model(args: argparse.Namespace) -> tuple[Any, str]:
 def refuse_model_flags(args: argparse.Namespace, flag: str) -> None:
     """A TokenReduceError if a flag of :func:`vocab.add_model_source` is given next to ``flag``, which brings
     its own model."""
-    if args.weights or args.pretrained or args.img_size or args.model != DEFAULT_MODEL or args.hf_config:
+    if args.weights or args.pretrained or args.img_size or vocab.given(args, "model") or args.hf_config:
         raise TokenReduceError(f"{flag} brings its own model; leave out --model, --hf-config, --weights, "
                                "--pretrained and --img-size")
 

@@ -46,6 +46,8 @@ FOREIGN_WEIGHTS = (".pth", ".pt", ".bin", ".ckpt")
 #: What ``--threads`` defaults to, said in every command's help.
 THREADS_DEFAULT = "torch's own, torch.get_num_threads(): the physical cores or OMP_NUM_THREADS"
 
+#: Namespace attribute holding the dests of the flags that were typed (:func:`given`).
+GIVEN = "given_flags"
 #: Attribute set on every action declared here, so that a test can tell vocabulary flags from stray ones.
 TAG = "tokenreduce_vocab"
 
@@ -100,6 +102,20 @@ class _OutDir(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _Given(argparse.Action):
+    """Store the value and note that the flag was typed (:func:`given`), so that a default and the same
+    value typed are told apart."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.__dict__.setdefault(GIVEN, set()).add(self.dest)
+
+
+def given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the flag storing ``dest`` was typed on the command line (flags declared with ``_Given``)."""
+    return dest in getattr(args, GIVEN, ())
+
+
 class _Checkpoint(argparse.Action):
     """``--checkpoint PATH``: given once; a foreign weights file is refused, naming ``--weights``."""
 
@@ -149,7 +165,8 @@ def add_model(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: 
               note: str | None = None) -> argparse.Action:
     """``--model NAME``: a timm model name."""
     shown = f" (default: {default})" if default else ""
-    return _add(p, "--model", default=default, metavar="NAME", note=note, help=f"timm model name{shown}")
+    return _add(p, "--model", action=_Given, default=default, metavar="NAME", note=note,
+                help=f"timm model name{shown}")
 
 
 def add_model_source(p: argparse.ArgumentParser) -> None:

@@ -3,9 +3,9 @@
 A source is a local folder holding ``config.json`` (as ``save_pretrained`` writes it, and its
 weights if ``pretrained``) or the name of a built-in config (:data:`BUILTIN`: tiny ones for smoke
 runs and one of DeiT-S's size for timing). Nothing is fetched from the hub. The model class built
-for a config is the one it names in ``architectures`` when the adapter drives it, else
-:data:`MODEL_CLASSES` by ``model_type``. transformers is optional: without it this fails naming the
-extra that installs it.
+for a config is the first one it names in ``architectures`` that the adapter drives (a config that
+names only others is refused, naming the classes driven), else :data:`MODEL_CLASSES` by
+``model_type``. transformers is optional: without it this fails naming the extra that installs it.
 """
 
 from __future__ import annotations
@@ -75,7 +75,12 @@ def build_hf_model(source: str, *, img_size: int | None = None, pretrained: bool
     ``pretrained`` (the folder's own weights)."""
     transformers = require_transformers()
     config, path = _config(source)
-    named = [a for a in (getattr(config, "architectures", None) or []) if a in FAMILIES or a in WRAPPERS]
+    architectures = getattr(config, "architectures", None) or []
+    named = [a for a in architectures if a in FAMILIES or a in WRAPPERS]
+    if architectures and not named:  # e.g. a masked-image-modelling head: not a model to build silently otherwise
+        raise TokenReduceError(f"config architectures {', '.join(architectures)}: not a class tokenreduce drives; "
+                               f"supported: {', '.join([*FAMILIES, *WRAPPERS])} (or leave architectures out: "
+                               f"{config.model_type!r} builds {MODEL_CLASSES.get(config.model_type, 'nothing')})")
     cls_name = named[0] if named else MODEL_CLASSES.get(config.model_type)
     if cls_name is None:
         raise TokenReduceError(f"config model_type {config.model_type!r} is not one tokenreduce drives; "
