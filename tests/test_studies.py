@@ -32,7 +32,7 @@ from tokenreduce.experiments import (
     register_study,
 )
 from tokenreduce.experiments.beds import SCENES, TINY_FMNIST, scene_smoke
-from tokenreduce.experiments.figures import pyplot, set_title
+from tokenreduce.experiments.figures import colours, pyplot, set_title
 from tokenreduce.experiments.page import build_report
 from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.tables import summary, verdicts
@@ -397,15 +397,18 @@ def test_a_study_on_a_timm_model_with_local_weights_and_an_image_folder(tmp_path
     assert "tiny.safetensors" in summary(study, runs)
 
 
-def test_a_long_figure_title_wraps_inside_the_figure():
+def test_a_long_figure_title_wraps_inside_the_figure_and_many_arms_get_distinct_colours():
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    set_title(ax, "Token Cropr on the scene test bed (classification): the learned router against fixed scorers: "
-                  "each claim's difference over the fine-tune length")
+    fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+    ax.legend(handles=[ax.bar([0], [1], label="an arm")[0]], loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    title = set_title(fig, "Token Cropr on the scene test bed (classification): the learned router against fixed "
+                           "scorers: each claim's difference over the fine-tune length")
     fig.canvas.draw()
-    box = ax.title.get_window_extent()
-    assert "\n" in ax.title.get_text() and box.x0 >= 0 and box.x1 <= fig.bbox.width
+    box = title.get_window_extent()
+    assert "\n" in title.get_text() and box.x0 >= 0 and box.x1 <= fig.bbox.width
     plt.close(fig)
+    for n in (3, 14, 24):
+        assert len(set(colours(n))) == n
 
 
 def _copy_results(tmp_path: Path) -> Path:

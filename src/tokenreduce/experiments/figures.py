@@ -21,11 +21,21 @@ def pyplot() -> Any:
     return plt
 
 
-def set_title(ax: Any, text: str, size: float = 9.0) -> None:
-    """Title ``ax`` with ``text`` wrapped to the figure's width (a long study title is never clipped)."""
-    width_in = ax.figure.get_figwidth()
-    columns = max(20, int(width_in * 72 / (0.55 * size)))  # an average glyph is about 0.55 em wide
-    ax.set_title("\n".join(textwrap.wrap(text, columns)), fontsize=size)
+def set_title(fig: Any, text: str, size: float = 9.0) -> Any:
+    """Title ``fig`` with ``text`` wrapped to the figure's width (a long study title is never clipped, and a
+    legend beside the axes does not push it off the page); returns the title's Text."""
+    columns = max(20, int(fig.get_figwidth() * 72 / (0.55 * size)))  # an average glyph is about 0.55 em wide
+    return fig.suptitle("\n".join(textwrap.wrap(text, columns)), fontsize=size)
+
+
+def colours(n: int) -> list[Any]:
+    """``n`` colours, all distinct (matplotlib's default cycle repeats after 10): tab10, tab20, or a spectrum."""
+    plt = pyplot()
+    if n <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(n)]
+    if n <= 20:
+        return [plt.get_cmap("tab20")(i) for i in range(n)]
+    return [plt.get_cmap("nipy_spectral")(0.05 + 0.9 * i / (n - 1)) for i in range(n)]
 
 
 def write_png(fig: Any, path: Path) -> Path:

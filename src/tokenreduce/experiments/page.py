@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from . import lengths
-from .figures import pyplot, set_title, write_png
+from .figures import colours, pyplot, set_title, write_png
 from .runner import Layout, load_runs, plan
 from .stats import summarize
 from .study import Study, get_study, list_studies
@@ -78,9 +78,10 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
     plt = pyplot()
     metric, header = study.columns[0].metric, study.columns[0].header
     splits = _split_values(study)
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    width = 0.8 / max(1, len(study.arms))
-    for i, (name, arm) in enumerate(study.arms.items()):
+    n = len(study.arms)  # the legend, one line per arm, stands right of the bars: as tall as it needs
+    fig, ax = plt.subplots(figsize=(10, max(3.6, 0.16 * n + 1.0)), layout="constrained")
+    width = 0.8 / max(1, n)
+    for i, ((name, arm), colour) in enumerate(zip(study.arms.items(), colours(n), strict=True)):
         means, stds = [], []
         for value in splits:
             at = {study.split[0]: value} if study.split else {}
@@ -88,13 +89,12 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
             means.append(s.mean if s.mean is not None else math.nan)  # not run: no bar, never a zero
             stds.append(s.std or 0.0)
         xs = [j + i * width for j in range(len(splits))]
-        ax.bar(xs, means, width, yerr=stds, capsize=3, label=arm.label)
+        ax.bar(xs, means, width, yerr=stds, capsize=3, label=arm.label, color=colour)
     ax.set_xticks([j + width * (len(study.arms) - 1) / 2 for j in range(len(splits))])
     ax.set_xticklabels([study.split[1].format(v) if study.split else "" for v in splits])
     ax.set_ylabel(header)
-    set_title(ax, f"{study.title or study.name}: mean ± std over seeds")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    set_title(fig, f"{study.title or study.name}: mean ± std over seeds")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return write_png(fig, path)
 
 
