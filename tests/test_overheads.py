@@ -25,12 +25,13 @@ from tokenreduce.core.method import format_spec
 BUDGETS: dict[str, int | tuple[int, ...]] = {
     # the matched baseline: its index is built at bind; expand it (1), gather x (3) and the index (1)
     "random(keep=0.5, locs=(1, 2))": 5,
-    # CLS row (8: slice, scale, 2 views, transpose, bmm, view, softmax), head mean, prefix fill, top-k,
+    # CLS row (8: slice, scale, 2 views, transpose, bmm, view, softmax), head mean, prefix fill, the top
+    # (2: a stable argsort, ties to the lower position on every backend (core/ops.py _top), and its slice),
     # sort, gather x (3) and the index (1)
-    "topk(keep=0.5, locs=(1, 2))": 16,
-    "topk(keep=0.5, locs=(1, 2), where='block')": 16,
-    # CLS row (8), head norms (1), importance (5), prefix fill, top-k, sort, gathers (4)
-    "ctp(counts=(32, 16), locs=(1, 2))": 21,
+    "topk(keep=0.5, locs=(1, 2))": 17,
+    "topk(keep=0.5, locs=(1, 2), where='block')": 17,
+    # CLS row (8), head norms (1), importance (5), prefix fill, the top (2), sort, gathers (4)
+    "ctp(counts=(32, 16), locs=(1, 2))": 22,
     # CLS row (8), head mean, prefix fill, argsort + 2 slices + 2 sorts, weights (1), dropped rows (3),
     # fused token (3), its slot (4), index (1), sizes (3), kept rows (3), cat (1)
     "evit(keep=0.5, locs=(1, 2))": 34,
@@ -43,20 +44,20 @@ BUDGETS: dict[str, int | tuple[int, ...]] = {
     # slices, transpose, bmm, max, top-r (6), src and dst positions (5), kept positions (zeros, scatter,
     # stable sort, slice: 4), slots (cumsum, gather, sub: 3), merge (18 at the first merge: sizes from
     # ones; 17 later, 2 more in the CLS row under the log-size bias), index (1), the next block's log-size
-    # bias (2). A pruning block (21): CLS row under the bias (10), head mean, prefix fill, top-k, sort,
-    # gathers of x (3), index and size (2), the next block's bias (2; 19 in the last block)
-    "imagepiece(locs=(0, 2), merge=0.1, keep=0.7)": (58, 21, 60, 19),
+    # bias (2). A pruning block (22): CLS row under the bias (10), head mean, prefix fill, the top (2), sort,
+    # gathers of x (3), index and size (2), the next block's bias (2; 20 in the last block)
+    "imagepiece(locs=(0, 2), merge=0.1, keep=0.7)": (58, 22, 60, 20),
     # block 1 prunes what block 0 left and merges inside the survivors with ONE plan (63): the prune's top-k
     # is an argsort whose slices give the survivors and the inattentive subset, and x is gathered once
-    "imagepiece(locs=(0, 1), merge=0.1, keep=0.7)": (58, 63, 21),
+    "imagepiece(locs=(0, 1), merge=0.1, keep=0.7)": (58, 63, 22),
     # deployed Cropr (after the MLP): patch slice, x @ q (unsqueeze, view, mm, view, select: 5), prefix
-    # padded with +inf (1), top-k, sort, gathers of x (3) and the index (1)
-    "cropr(r=8, inference=True)": 13,
+    # padded with +inf (1), the top (2), sort, gathers of x (3) and the index (1)
+    "cropr(r=8, inference=True)": 14,
     # plus keeping the pruned tokens aside (8: the complement by a stable sort (4), their x (3) and index
     # (1)); with llf the modules stop before the penultimate block, whose block point restores them in
     # place (7: 2 cats, argsort of the index, 2 gathers)
-    "cropr(r=8, inference=True) + llf()": (21, 21, 7),
-    "topk(keep=0.5, locs=(1,)) + llf()": (24, 7),
+    "cropr(r=8, inference=True) + llf()": (22, 22, 7),
+    "topk(keep=0.5, locs=(1,)) + llf()": (25, 7),
 }
 #: extra operators of a block where nothing is reduced, once sizes exist, for a method with
 #: proportional attention (log(size) as an additive attention bias: log, view)

@@ -90,11 +90,17 @@ def keep_top(scores: Tensor, k: int, num_prefix: int, with_drop: bool = False) -
 
 def _top(key: Tensor, n: int, with_drop: bool) -> tuple[Tensor, Tensor | None]:
     """The n highest entries of key (B, N) (the prefix at +inf among them) as ascending positions,
-    and the others, ascending, if ``with_drop``."""
-    if with_drop:  # one full sort, so keep and drop partition the tokens even under ties
-        order = key.argsort(dim=1, descending=True)
+    and the others, ascending, if ``with_drop``.
+
+    Equal scores go to the lower position first (a stable sort; ONNX TopK's rule), so every backend keeps
+    the same tokens: ``topk`` breaks ties as its kernel happens to, and saturated scores tie exactly (a
+    confident DynamicViT predictor's log-probabilities are 0.0 in float32), where eager, onnxruntime and
+    another device then kept different tokens. One sort of N entries, as ``topk`` of N costs for N ~ 200.
+    """
+    if with_drop:  # one full sort, so keep and drop partition the tokens
+        order = key.argsort(dim=1, descending=True, stable=True)
         return order[:, :n].sort(dim=1).values, order[:, n:].sort(dim=1).values
-    return key.topk(n, dim=1, sorted=False).indices.sort(dim=1).values, None
+    return key.argsort(dim=1, descending=True, stable=True)[:, :n].sort(dim=1).values, None
 
 
 def cls_attention(q: Tensor, k: Tensor, scale: float, bias: Tensor | None = None) -> Tensor:
