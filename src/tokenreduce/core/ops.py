@@ -98,9 +98,18 @@ def _top(key: Tensor, n: int, with_drop: bool) -> tuple[Tensor, Tensor | None]:
     another device then kept different tokens. One sort of N entries, as ``topk`` of N costs for N ~ 200.
     """
     if with_drop:  # one full sort, so keep and drop partition the tokens
-        order = key.argsort(dim=1, descending=True, stable=True)
+        order = _descending(key)
         return order[:, :n].sort(dim=1).values, order[:, n:].sort(dim=1).values
-    return key.argsort(dim=1, descending=True, stable=True)[:, :n].sort(dim=1).values, None
+    return _descending(key, n).sort(dim=1).values, None
+
+
+def _descending(key: Tensor, n: int | None = None) -> Tensor:
+    """Positions of the n highest entries of key (B, N) (all of them if n is None), highest first, equal ones
+    lower position first."""
+    if torch.onnx.is_in_onnx_export():  # ONNX TopK orders ties so by definition; the classic exporter has no
+        return key.topk(key.shape[1] if n is None else n, dim=1).indices  # stable sort
+    order = key.argsort(dim=1, descending=True, stable=True)
+    return order if n is None else order[:, :n]
 
 
 def cls_attention(q: Tensor, k: Tensor, scale: float, bias: Tensor | None = None) -> Tensor:
