@@ -131,10 +131,14 @@ class TokenState:
             return x.new_ones(x.shape[:2])
         return self.size
 
+    def masses(self, x: Tensor) -> Tensor:
+        """(B, N) attention masses: a reducer's own where one set them, else the sizes (:meth:`sizes`)."""
+        return self.mass if self.mass is not None else self.sizes(x)
+
     def attn_bias(self) -> Tensor | None:
         """Proportional attention bias log(mass), the mass being the size unless a reducer set one, as an
         additive SDPA mask, (B, 1, 1, N); None without proportional attention or while every token weighs 1."""
-        weight = self.mass if self.mass is not None else self.size
+        weight = self.mass if self.mass is not None else self.size  # masses() less the all-ones case
         if not self.prop_attn or weight is None:
             return None
         return weight.log().reshape(weight.shape[0], 1, 1, -1)  # one view, not two unsqueezes

@@ -153,7 +153,6 @@ SCHEDULES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 #: the default schedule (``diffrate()``): DeiT-S at 2.9 G MACs, 79.54 top-1 off the shelf (the official README)
 DEFAULT = "deit_s-2.9"
-#: where the attention mass travels in a forward: an attribute of that forward's TokenState
 
 
 def published(name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -298,7 +297,7 @@ class DiffRate(Reducer):
         b = b / b.norm(dim=-1, keepdim=True)
         best, slot = torch.bmm(a, b.transpose(1, 2)).max(dim=-1)  # (B, r): cosine and index into kept
         plan = ops.MergePlan(keep, src, slot + p, kept.gather(1, slot))
-        mass = state.mass if state.mass is not None else state.sizes(x)  # (B, N)
+        mass = state.masses(x)  # (B, N)
         merged = ops.gather_tokens(mass, keep).scatter_add_(1, slot + p, ops.gather_tokens(mass, src) * best)
         merged = merged.clamp_min(torch.finfo(merged.dtype).tiny)
         return state.merge(x, plan, weight=x.new_ones(x.shape[:2]), mass=merged)  # plain mean; sizes summed
