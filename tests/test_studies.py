@@ -594,3 +594,20 @@ def test_the_committed_report_summaries_and_readme_table_regenerate_from_the_rec
         if path.is_file() and "/runs/" not in str(path):
             assert path.read_bytes() == (ROOT / path.relative_to(tmp_path)).read_bytes(), path
     assert readme.read_bytes() == (ROOT / "README.md").read_bytes()
+
+
+def test_the_readme_table_gains_a_column_per_longer_fine_tune_with_paired_records(tmp_path: Path):
+    """A verdict that turns with training (DynamicViT against random: behind at 100 steps, ahead after one
+    epoch) shows in the README's own table, read from the records; without a paired longer record no column."""
+    from tokenreduce.experiments.page import headline
+
+    root = tmp_path / "results"
+    for key in ("baselines/scenes", "deit_bench/deit_s"):
+        shutil.copytree(ROOT / "results" / key / "runs", root / key / "runs")
+    head = next(line for line in headline(root) if line.startswith("| pick"))
+    assert head.endswith("| Δ vs random at its counts | Δ after 937 steps |")
+    dv = next(line for line in headline(root) if line.startswith("| dynamicvit-1.5x |"))
+    assert dv.count("|") == 7 and not dv.endswith("| - |")
+    for record in (root / "baselines" / "scenes" / "runs").glob("random~*-t937-*.json"):
+        record.unlink()  # the arm's longer runs alone pair with nothing
+    assert all("937" not in line for line in headline(root))

@@ -248,6 +248,40 @@ def test_margins_and_power_plans_are_declared_with_their_reasons():
     assert "no power plan was declared before the runs; post hoc" in judged[1].why
 
 
+def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and_shows_before_its_runs():
+    """The one-epoch claims' plans: the pilot sd is the same contrast's at 100 steps, read from the stored
+    records (no number typed twice), and the plan is in the report before any of the claim's runs exist."""
+    import statistics
+    from pathlib import Path
+
+    from tokenreduce.experiments import Expect
+    from tokenreduce.experiments.beds import at_longer
+    from tokenreduce.experiments.runner import Layout, load_runs
+    from tokenreduce.experiments.study import Power, get_study
+    from tokenreduce.experiments.tables import paired, verdicts
+
+    study = get_study("bspf")("scenes")
+    root = Path(__file__).resolve().parents[1] / "results" / study.key
+    runs = load_runs(Layout(root, root), study)
+    claim = "W_q = W_k costs no accuracy from a fair start"
+    j = next(j for j in verdicts(study, runs) if j.claim.startswith(claim) and j.expect.at == {"steps": 937})
+    sd = statistics.stdev(paired(study, runs, "bspf_tied2", "bspf_untied2", "top1", {"steps": 100}))
+    n = stats.seeds_for_power(0.5, sd, 0.8, 0.05)
+    assert f"n = {n} seeds give 80% power to detect Δ = 0.5 at the pilot sd {sd:.2g}" in j.why
+    assert "the same contrast at steps 100, n = 3" in j.why and "post hoc" not in j.why
+    assert ("not run yet" in j.why) == (j.verdict is None)
+    pending = {k: v for k, v in runs.items() if "t937" not in k and "tied2" not in k}  # neither pilot nor runs
+    j = next(j for j in verdicts(study, pending) if j.claim.startswith(claim) and j.expect.at == {"steps": 937})
+    assert "its pilot (the same contrast at steps 100, n = 0) not stored; not run yet" in j.why
+    for bad in (dict(effect=-1.0, sd=1.0, pilot="p"), dict(effect=1.0), dict(effect=1.0, sd=1.0),
+                dict(effect=1.0, sd=1.0, pilot="p", at={"steps": 100})):
+        with pytest.raises(SpecError, match="power plan"):
+            Power(**bad)
+    e = Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)
+    with pytest.raises(SpecError, match="not declared"):
+        at_longer((e,), ("a", "b"), plans={"c above a": 1.0})
+
+
 def test_the_previous_rule_is_kept_only_to_list_what_changed():
     from tokenreduce.experiments import Expect
     from tokenreduce.experiments.tables import judge, previous_verdict, what_changed

@@ -30,7 +30,9 @@ with its evaluation of 10 000 test scenes; 21 min while tests shared the cores) 
 about 10 hours in all, run in the background across sittings (a run is resumable and its record is
 what is kept). Three seeds: at the 100-step spreads three resolve differences of a few points (Cropr
 against top-k: sd 0.7 of the paired difference); where a claim's sd says three cannot resolve the
-paper's effect its report says so (the power plan of tables.py) rather than this plan adding seeds.
+paper's effect its report says so rather than this plan adding seeds: the BSPF and EET claims declare their
+power plans (``at_longer(..., plans=)``) before their first one-epoch run, the pilot sd read from the
+same contrast's 100-step records; Cropr's and DynamicViT's one-epoch runs came first and have none.
 Ten epochs is the GPU's part of the curve: ten times the CPU plan.
 
 Each bed's smoke runs the same study on a tiny model of the bed's shape (same depth and patch grid, so
@@ -42,7 +44,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .study import Arm, Axis, Col, Expect, Smoke
+from ..core.errors import SpecError
+from .study import Arm, Axis, Col, Expect, Power, Smoke
 from .testbed import Testbed
 
 #: the scene reference starts every run and names the data
@@ -89,9 +92,20 @@ def lengths(arms: dict[str, Arm], longer: tuple[str, ...], **where: tuple[Any, .
     return {k: one(k, a) for k, a in arms.items()}
 
 
-def at_longer(claims: tuple[Expect, ...], arms: tuple[str, ...]) -> tuple[Expect, ...]:
-    """The ``claims`` between ``arms`` again at each longer length (:data:`LENGTH`)."""
-    return tuple(dataclasses.replace(e, at={**e.at, "steps": steps}) for steps in LENGTH.values[1:]
+def at_longer(claims: tuple[Expect, ...], arms: tuple[str, ...],
+              plans: dict[str, float] | None = None) -> tuple[Expect, ...]:
+    """The ``claims`` between ``arms`` again at each longer length (:data:`LENGTH`). ``plans``: claim text ->
+    the smallest effect (toward the claim) its longer runs must detect, a power plan declared before them
+    whose pilot is the same contrast at the shortened schedule (:class:`~.study.Power`)."""
+    plans = plans or {}
+    unknown = set(plans) - {e.claim for e in claims}
+    if unknown:
+        raise SpecError(f"power plans for claims that are not declared: {sorted(unknown)}")
+
+    def plan(e: Expect) -> Power | None:
+        return Power(plans[e.claim], at={**e.at, "steps": STEPS}) if e.claim in plans else None
+
+    return tuple(dataclasses.replace(e, at={**e.at, "steps": steps}, power=plan(e)) for steps in LENGTH.values[1:]
                  for e in claims if e.arm in arms and e.baseline in arms)
 
 #: the shortened schedule's fields, laid over a study's own recipe

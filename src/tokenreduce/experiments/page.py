@@ -145,10 +145,18 @@ METHODS = ("How the verdicts are reached: each claim is a paired contrast (arm m
            "raw p is shown beside it. A claim declared for several methods is also tested as one family "
            "claim, seeds as the unit. Every \"costs nothing / at or above / keeps\" claim is a non-inferiority "
            "test against a declared margin, given with its reason. Where runs store per-item results a paired "
-           "bootstrap over seeds and test items is shown beside the t-interval; the records below hold none, so "
-           "their intervals are seed-level only. No study here declared a power plan before its runs: where a "
-           "claim gives a published effect, the power its n had for it at the observed sd is stated, labelled "
-           "post hoc.")
+           "bootstrap over seeds and test items is shown beside the t-interval (the one-epoch runs store them); "
+           "the 100-step records hold none, so their intervals are seed-level only.")
+
+
+def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
+    """:data:`METHODS` and which claims declared a power plan before their runs (the rest: post hoc)."""
+    planned = [s.name for s, _ in studies if any(e.power is not None for e in s.expect)]
+    before = (f"Power plans declared before the runs (the n of seeds that gives 80% power, beside the n run): "
+              f"the longer fine-tunes of {', '.join(dict.fromkeys(planned))}. Elsewhere no plan was declared: "
+              if planned else "No study here declared a power plan before its runs: ")
+    return (f"{METHODS} {before}where a claim gives a published effect, the power its n had for it at the observed "
+            "sd is stated, labelled post hoc.")
 
 
 #: the README's generated part lies between these two lines
@@ -170,23 +178,35 @@ def headline(root: Path) -> list[str]:
     if final is None:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
     prov = final["provenance"]
-    lines = [f"Each method's spec nearest 1.5x and 2x measured speed-up on the scene test bed, fine-tuned "
-             f"({recipe_steps(study)}; seeds {', '.join(map(str, planned_seeds(study)))}; mean ± std), against the "
-             f"random pruner at the same per-block token counts (Δ, paired by seed); speed measured in one "
-             f"interleaved run on {prov.get('cpu')}, {prov.get('threads')} threads "
-             f"([`tokenreduce study baselines`](results/REPORT.md)):", "",
-             "| pick | MACs x | speed-up b32 | top-1 % | Δ vs random at its counts |", "|---|---|---|---|---|"]
     speed: dict[str, list[dict[str, Any]]] = {}  # a random pick's seeds are rows of their own: one line, the median
     for row in final["result"]["results"]:
         arm = _row_arm(row)
         if row["kind"] == "fine-tuned" and arm is not None and not arm.startswith("random~"):
             speed.setdefault(arm, []).append(row)
+
+    def diff(arm: str, at: dict[str, Any]) -> str:
+        return summarize(paired(study, runs, arm, f"random~{arm}", "top1", at)).text() \
+            if f"random~{arm}" in study.arms else "-"
+
+    # the longer fine-tunes with a paired record: a column each, so a verdict that turns with training shows here
+    axis = next((a for a in study.axes() if a.name == lengths.AXIS), None)
+    longer = [s for s in (axis.values if axis else ()) if s != axis.implicit
+              and any(diff(arm, {lengths.AXIS: s}) != "-" for arm in speed)]
+    lines = [f"Each method's spec nearest 1.5x and 2x measured speed-up on the scene test bed, fine-tuned "
+             f"({recipe_steps(study)}; seeds {', '.join(map(str, planned_seeds(study)))}; mean ± std), against the "
+             f"random pruner at the same per-block token counts (Δ, paired by seed); speed measured in one "
+             f"interleaved run on {prov.get('cpu')}, {prov.get('threads')} threads "
+             f"([`tokenreduce study baselines`](results/REPORT.md))"
+             + "".join(f"; Δ after {s} steps: the same contrast fine-tuned for {s} steps, over the seeds run so far"
+                       for s in longer) + ":", ""]
+    head = ["pick", "MACs x", "speed-up b32", "top-1 %", "Δ vs random at its counts",
+            *(f"Δ after {s} steps" for s in longer)]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, rows in speed.items():
         macs, up = (statistics.median(r[k] for r in rows) for k in ("macs_speedup", "speedup"))
-        diff = summarize(paired(study, runs, arm, f"random~{arm}", "top1", {})).text() \
-            if f"random~{arm}" in study.arms else "-"
         top1 = summarize(values(study, runs, arm, "top1", {})).text()
-        lines.append(f"| {arm} | {macs:.2f} | {up:.2f} | {top1} | {diff} |")
+        cells = [arm, f"{macs:.2f}", f"{up:.2f}", top1, diff(arm, {}), *(diff(arm, {lengths.AXIS: s}) for s in longer)]
+        lines.append("| " + " | ".join(cells) + " |")
     deit = get_study("deit_bench")()
     bench = load_runs(Layout(root / deit.key, root / deit.key), deit).get("deit_small")
     if bench is not None:
@@ -249,7 +269,7 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
     lines = ["# tokenreduce: the studies", "",
              "Built by `tokenreduce report` from the run JSONs stored under `results/<study>/<test bed>/runs/`: every "
              "number below is read from them; a verdict comes only from the test each study declares, at its "
-             "level, with n stated.", "", METHODS, "", "## Claims", "", *claims_table(studies, judgement), "",
+             "level, with n stated.", "", methods(studies), "", "## Claims", "", *claims_table(studies, judgement), "",
              "## What changed", "", "The verdicts that moved from the previous statistics (one-sided t-tests at "
              "0.05 each way, no multiplicity adjustment, \"not reproduced\" from a post-hoc smallest detectable "
              "difference, a bootstrap of three values printed as a 95% CI) to these, and why:", "",

@@ -118,12 +118,21 @@ class Power:
     """A power plan declared before the runs: the smallest ``effect`` (paired difference, toward the claim)
     the claim's test must detect, at the per-seed spread ``sd`` of the ``pilot`` (named: the runs or study
     the spread was read from), with ``power`` (80%); the report states the n of seeds that gives it
-    (experiments/stats.py, :func:`~.stats.seeds_for_power`) beside the n run."""
+    (experiments/stats.py, :func:`~.stats.seeds_for_power`) beside the n run. ``at`` instead of ``sd``: the
+    pilot is the same contrast at that grid point of the study's own records (its paired differences' sd is
+    read from them, so the number lives in the records alone)."""
 
     effect: float
-    sd: float
-    pilot: str
+    sd: float | None = None
+    pilot: str = ""
     power: float = 0.8
+    at: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.effect > 0 or (self.sd is None) == (self.at is None) or not (self.at is not None or self.pilot):
+            raise SpecError(f"power plan: a positive effect (toward the claim, not {self.effect:g}) and either sd= "
+                            "with pilot= naming where it was read, or at= (the same contrast's runs at that grid "
+                            "point)")
 
 
 @dataclass(frozen=True)

@@ -323,14 +323,15 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         adj, k = adjusted[k:k + len(t)], k + len(t)
         if not diffs:
             what = "'s per-item results" if e.unit == "item" else ""
-            judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}{what}",
-                                      text, members=members))
+            judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}{what}"
+                                      + _power_text(*runs_of[key], e, None), text, members=members))
             continue
         v = stats.verdict(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
                           effect=e.effect, delta=e.delta, adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
             (None, "the test items are the unit") if e.unit == "item" else item_interval(*runs_of[key], e)
-        judged[key].append(Judged(e, diffs, v, v.why + _power_text(e, v), text, items, items_why, members))
+        judged[key].append(Judged(e, diffs, v, v.why + _power_text(*runs_of[key], e, v), text, items, items_why,
+                                  members))
     return Judgement(judged, holm_sizes, len(ps), scope)
 
 
@@ -340,13 +341,24 @@ def verdicts(study: Study, runs: dict[str, dict]) -> list[Judged]:
     return judge([(study, runs)], scope="this test bed").judged[study.key]
 
 
-def _power_text(e: Expect, v: stats.Verdict) -> str:
-    """The declared power plan; else, for a published effect, the power n had for it, labelled post hoc."""
+def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict | None) -> str:
+    """The declared power plan (its pilot sd read from the records where it names a grid point); else, for
+    a published effect, the power n had for it, labelled post hoc."""
     if e.power is not None:
         p = e.power
-        n = stats.seeds_for_power(p.effect, p.sd, p.power, e.level)
+        sd, pilot = p.sd, p.pilot
+        if p.at is not None:
+            diffs = paired(study, runs, e.arm, e.baseline, e.metric, p.at)
+            sd = statistics.stdev(diffs) if len(diffs) > 1 else None
+            pilot = pilot or f"the same contrast at {_where(p.at)}, n = {len(diffs)}"
+        ran = f"run with n = {v.n}" if v is not None else "not run yet"
+        if not sd:
+            return f"; power plan (declared before the runs): Δ = {p.effect:g}, its pilot ({pilot}) not stored; {ran}"
+        n = stats.seeds_for_power(p.effect, sd, p.power, e.level)
         return (f"; power plan (declared before the runs): n = {n} seeds give {p.power:.0%} power to detect "
-                f"Δ = {p.effect:g} at the pilot sd {p.sd:g} ({p.pilot}); run with n = {v.n}")
+                f"Δ = {p.effect:g} at the pilot sd {sd:.2g} ({pilot}; one-sided {e.level / 2:g}, unadjusted); {ran}")
+    if v is None:
+        return ""
     toward = None if e.effect is None else (e.effect - e.margin) * e.direction
     if not toward or toward <= 0 or not v.std:
         return ""
@@ -355,8 +367,8 @@ def _power_text(e: Expect, v: stats.Verdict) -> str:
             f"had {power:.0%} power for the published {e.effect:+.2f} (one-sided {e.level / 2:g}, unadjusted)")
 
 
-def _where(e: Expect) -> str:
-    return ", ".join(f"{k} {v}" for k, v in e.at.items())
+def _where(at: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in at.items())
 
 
 def measured(j: Judged) -> str:
@@ -413,7 +425,7 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
     lines = [f"| claim | where | contrast | published | measured Δ (mean ± sd) | {interval_header(judged)} | "
              "p raw / adjusted | verdict |", "|---|---|---|---|---|---|---|---|"]
     for j in judged:
-        lines.append(f"| {j.claim} | {_where(j.expect) or '-'} | {_contrast(j)} | {j.expect.published or '-'} | "
+        lines.append(f"| {j.claim} | {_where(j.expect.at) or '-'} | {_contrast(j)} | {j.expect.published or '-'} | "
                      f"{measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** |")
     lines.append("")
     for j in judged:
@@ -421,7 +433,7 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
         why = f" Margin / bound: {e.why}." if e.why else ""
         pooled = f" (a family claim: per seed the mean over its {j.members} claims' paired differences)" \
             if j.members else ""
-        lines.append(f"- {j.claim} ({_where(e) or 'all'}){pooled}: {j.why}.{why}")
+        lines.append(f"- {j.claim} ({_where(e.at) or 'all'}){pooled}: {j.why}.{why}")
     lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
     per_item = [j for j in judged if j.verdict and j.expect.unit == "item"]
     without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members
@@ -494,7 +506,7 @@ def what_changed(judgement: Judgement, studies: list[tuple[Study, dict[str, dict
             if old == j.verdict.word:
                 continue
             moved += 1
-            lines.append(f"| {study.name} | {study.bed_name} | {j.claim} | {_where(j.expect) or '-'} | {old} | "
+            lines.append(f"| {study.name} | {study.bed_name} | {j.claim} | {_where(j.expect.at) or '-'} | {old} | "
                          f"**{word(j)}** | {_moved_why(j, old, rested)} |")
     return lines if moved else ["No verdict moved."]
 

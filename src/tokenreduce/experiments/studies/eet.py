@@ -117,7 +117,11 @@ class EET(Study):
     title = "EET: CTP, DKT and DRG"
     claim = "CTP lowers retrieval mAP; DKT + DRG bring it back to the unpruned baseline or above"
     source = f"{_SOURCE}, Tables IV-V"
-    expect = (*_AT_16, *map(_at_64, _AT_16), *at_longer(_AT_16, LONGER))
+    # declared before any one-epoch run of this study: the published CTP loss (82.85 -> 79.96), recovered whole
+    # for DKT + DRG; a true difference of 0 for "at or above" (its 1-point margin); one mAP point for the oracle
+    expect = (*_AT_16, *map(_at_64, _AT_16), *at_longer(_AT_16, LONGER, plans={
+        "CTP alone lowers mAP": 2.89, "full EET is at or above the unpruned baseline": 1.0,
+        "DKT + DRG recover mAP lost to CTP": 2.89, "CTP falls short of the object-first oracle at its counts": 1.0}))
     beds = {
         "scenes": Bed(
             testbed=SCENES,
