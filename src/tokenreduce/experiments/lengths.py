@@ -71,24 +71,29 @@ def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Pat
 
 
 def _figure(study: Study, groups: list[list[tuple[Any, Judged]]], path: Path) -> Path | None:
-    """Each claim's paired difference (mean ± std over seeds) against fine-tune steps; None before any run."""
+    """Each claim's paired difference against fine-tune steps: the mean over seeds with the paired t-interval
+    its verdict rests on (a point alone where one seed is run); None before any run."""
     if not any(j.diffs for g in groups for _, j in g):
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for g in groups:
-        steps = [s for s, _ in g]
-        means = [summarize(j.diffs).mean for _, j in g]
-        stds = [summarize(j.diffs).std or 0.0 for _, j in g]
+    for i, g in enumerate(groups):
+        nudge = 1.05 ** (i - (len(groups) - 1) / 2)  # side by side on the log axis, so the intervals do not hide
+        steps = [s * nudge for s, _ in g]
+        means = [m if (m := summarize(j.diffs).mean) is not None else math.nan for _, j in g]
+        cis = [j.verdict.interval if j.verdict and j.verdict.interval else (m, m)
+               for (_, j), m in zip(g, means, strict=True)]
+        yerr = [[m - lo for m, (lo, _) in zip(means, cis, strict=True)],
+                [hi - m for m, (_, hi) in zip(means, cis, strict=True)]]
         e = g[0][1].expect
-        ax.errorbar(steps, [m if m is not None else math.nan for m in means], yerr=stds, marker="o", capsize=3,
+        ax.errorbar(steps, means, yerr=yerr, marker="o", capsize=3,
                     label=f"{e.arm} - {e.baseline}" + "".join(f", {k} {v}" for k, v in e.at.items() if k != AXIS))
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xticks(sorted({s for g in groups for s, _ in g}))
     ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("fine-tune steps (batch 64)")
-    ax.set_ylabel(f"paired difference, {g[0][1].expect.metric}")
+    ax.set_ylabel(f"paired difference, {g[0][1].expect.metric}\n(mean, {1 - g[0][1].expect.level:.0%} t-interval)")
     set_title(fig, f"{study.title or study.name}: each claim's difference over the fine-tune length")
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
