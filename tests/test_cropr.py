@@ -92,7 +92,21 @@ def test_tasks_score_the_auxiliary_predictions_with_their_criterion() -> None:
         task(images, labels)
 
 
-def test_segment_scores_per_patch_auxiliary_predictions() -> None:
+@pytest.mark.parametrize("deterministic_cuda", [False, True])
+def test_segment_scores_per_patch_auxiliary_predictions(deterministic_cuda: bool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under --deterministic on CUDA every pixel and cell CE takes the 1-D NLL (the 2-D kernel raises
+    there): the branch is forced here on the CPU and no 4-D input may reach cross_entropy."""
+    import tokenreduce.tasks.segment as segment
+
+    if deterministic_cuda:
+        monkeypatch.setattr(segment, "_deterministic_cuda", lambda t: True)
+        plain = F.cross_entropy
+
+        def rows_only(logits, *args, **kw):
+            assert logits.dim() == 2, f"a {logits.dim()}-D cross-entropy: no deterministic CUDA kernel"
+            return plain(logits, *args, **kw)
+        monkeypatch.setattr(segment.F, "cross_entropy", rows_only)
     torch.manual_seed(0)
     vit = VisionTransformer(img_size=56, patch_size=8, in_chans=1, embed_dim=32, depth=3, num_heads=2,
                             num_classes=10)  # 7 x 7 = 49 patches
@@ -106,7 +120,8 @@ def test_segment_scores_per_patch_auxiliary_predictions() -> None:
     pred = tr.get_info(model).aux_outputs["cropr0"]  # (B, 49, 11)
     cells = pred.transpose(1, 2).reshape(2, 11, 7, 7)
     target = masks[:, ::8, ::8]  # nearest-neighbour sampling at the patch grid
-    torch.testing.assert_close(out.losses["aux/cropr0"], F.cross_entropy(cells, target))
+    torch.testing.assert_close(out.losses["aux/cropr0"], F.cross_entropy(cells.movedim(1, -1).reshape(-1, 11),
+                                                                       target.reshape(-1)))
     sum(out.losses.values()).backward()
     assert all(p.grad is not None for n, p in task.named_parameters() if ".stages." in n)
     tr.apply(model, "cropr(r=6, queries=49, classes=10)", dense=True)
@@ -133,6 +148,26 @@ def test_warmup_raises_the_rate_linearly_and_counts_training_steps() -> None:
     with torch.no_grad():
         model(_images(2))
     assert tr.get_info(model).tokens_per_block == [56, 48, 40, 40] and int(reducer.step) == 6
+
+
+def test_the_warmup_reads_its_step_once_and_again_after_a_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rate is a shape, so the step is counted on the host: the buffer is read once (no sync per step)
+    and again after load_state_dict (a resumed run continues from the loaded step)."""
+    model = tr.apply(make_host("deit"), "cropr(r=8, classes=10, warmup_steps=4)").train()
+    reducer = _reducer(model)
+    reads = []
+    plain = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(1) or plain(t))
+    with torch.no_grad():
+        for _ in range(3):
+            model(_images(2))
+        assert len(reads) == 1 and int(reducer.step) == 3
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        model(_images(2))
+        model.load_state_dict(state)  # back to step 3: R(3) = 6, the first module one more
+        model(_images(2))
+    assert len(reads) == 2 and int(reducer.step) == 4
+    assert tr.get_info(model).tokens_per_block == [58, 52, 46, 46]
 
 
 def test_deployed_model_has_no_aggregator_or_aux_parameters(tmp_path: Path) -> None:

@@ -164,6 +164,31 @@ def test_an_attention_without_attn_dim_is_refused_naming_the_timm_minimum() -> N
     assert wanted.replace(" ", "").startswith("timm>=1.0.23")
 
 
+# ----------------------------------------------------------------------------- no host sync per training step
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host syncs are CUDA's")
+def test_cropr_warmup_and_per_image_hash_targets_do_not_sync_the_host_each_step() -> None:
+    """After their first step (one read of the warm-up's step; one check of the items against the table) a
+    training forward of Cropr with a warm-up, and the per-image hash targets, run without a host sync."""
+    from tokenreduce.tasks import TaskContext, build_task
+
+    model = tokenreduce.apply(_tiny_vit(), "cropr(r=2, classes=10, warmup_steps=4)").cuda().train()
+    task = build_task("hash(bits=8, targets='image', protocol='asym')")
+    task.bind(model, TaskContext(classes=[str(i) for i in range(10)], train_labels=torch.arange(20) % 10, seed=0))
+    images = torch.randn(4, 1, 28, 28, device="cuda")
+    targets = torch.tensor([[1, 1], [3, 13], [4, 4], [9, 19]], device="cuda")  # [label, index]
+    task(images, targets)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            out = task(images, targets)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(out.losses["hash"])
+
+
 # ----------------------------------------------------------------------------- --device, --amp
 
 

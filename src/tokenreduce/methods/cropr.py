@@ -77,7 +77,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -219,6 +219,11 @@ def default_modules(host: Host) -> int:
 Probe = Callable[[int, Tensor, TokenState, int], None]
 
 
+def _reread_step(module: Cropr, incompatible_keys: Any) -> None:
+    """After a load the warm-up's step is the loaded buffer's: read it again at the next training forward."""
+    module._t = None
+
+
 @register_method("cropr")
 class Cropr(Reducer):
     """Cross-attention routers: x (B, N, C) -> (B, p + count, C) at each module (see the module doc).
@@ -240,6 +245,10 @@ class Cropr(Reducer):
         self._stage: dict[int, int] = {}
         self._host: Host | None = None
         self._rate = cfg.r
+        #: the warm-up's step as a Python int, read from the buffer once after construction or a load, then
+        #: counted here: the count to prune is a shape, and reading the buffer every step would sync the host
+        self._t: int | None = None
+        self.register_load_state_dict_post_hook(_reread_step)
         #: diagnostics hook (``cropr_diagnostics``), None in normal use; not saved
         self.probe: Probe | None = None
 
@@ -356,7 +365,9 @@ class Cropr(Reducer):
         c = self.cfg
         if not c.warmup_steps:
             return c.r
-        t = int(self.step.item())
+        if self._t is None:
+            self._t = int(self.step.item())  # the one read: after construction or a load
+        t, self._t = self._t, self._t + 1
         self.step.add_(1)
         return c.r if t >= c.warmup_steps else (c.r * t) // c.warmup_steps
 

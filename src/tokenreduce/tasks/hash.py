@@ -182,6 +182,7 @@ class Hash(Task):
             if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
                 raise TokenReduceError(f"hash: training labels outside 0..{num_classes - 1}")
         self._train_labels = labels  # not saved: the asymmetric database when evaluate gets none
+        self._matched = False  # a training batch's items checked against the table (target_codes)
         if cfg.targets == "image":
             # bound for evaluation (no training labels) the table starts empty and takes its size
             # from the checkpoint (load_owned_state_dict); training on an empty table stops clearly
@@ -234,10 +235,15 @@ class Hash(Task):
                                    "training set with the task's dataset(..., train=True)")
         index = targets[:, 1]
         n = self.image_codes.shape[0]
-        if bool((index < 0).any() or (index >= n).any()) or not bool((self.image_labels[index] == labels).all()):
+        if n == 0 or ((not index.is_cuda or not self._matched)
+                      and (bool((index < 0).any() or (index >= n).any())
+                           or not bool((self.image_labels[index] == labels).all()))):
             raise TokenReduceError("hash(targets='image'): a training item's index/label does not match the "
                                    f"{n} per-image targets made at bind time; TaskContext.train_labels must be the "
                                    "labels of the dataset returned by the task's dataset(), in its order")
+        # on a GPU each check is a host sync: after a first batch that matched, an index out of range still
+        # stops there (a device-side assert), and a dataset in another order would have failed the first batch
+        self._matched = True
         return self.image_codes[index].float()
 
     def forward(self, images: Tensor, targets: Tensor) -> TaskOutput:

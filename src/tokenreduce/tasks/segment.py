@@ -235,7 +235,8 @@ class Segment(Task):
     def _aux_ce(self, name: str, pred: Tensor, masks: Tensor) -> Tensor:
         """Per-cell CE of a reducer's auxiliary prediction ``pred`` (B, gh * gw, K), one per patch
         (row-major), against ``masks`` (B, H, W) taken at the patch grid with nearest-neighbour
-        sampling (the official Cropr segm/engine.py), ignoring the same label as the main loss."""
+        sampling (the official Cropr segm/engine.py), ignoring the same label as the main loss (the same
+        deterministic form on CUDA, :func:`pixel_cross_entropy`)."""
         gh, gw = self.model.patch_embed.grid_size
         B = masks.shape[0]
         if pred.dim() != 3 or pred.shape[0] != B or pred.shape[1:] != (gh * gw, self.num_outputs):
@@ -244,7 +245,7 @@ class Segment(Task):
                                    "queries/classes parameters; the classes include background when it is one)")
         cells = pred.transpose(1, 2).reshape(B, self.num_outputs, gh, gw)  # (B, K, gh, gw)
         target = F.interpolate(masks[:, None].float(), size=(gh, gw), mode="nearest")[:, 0].long()  # (B, gh, gw)
-        return F.cross_entropy(cells, target, ignore_index=self.ignore_index)
+        return pixel_cross_entropy(cells, target, self.ignore_index)
 
     @torch.inference_mode()
     def evaluate(self, model: nn.Module, data: Dataset, *, batch_size: int = 500,
