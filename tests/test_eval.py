@@ -337,6 +337,9 @@ def test_visualize_command_writes_a_png_per_image_and_spec(tmp_path, ckpt, capsy
     pngs = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png"))
     assert pngs == ["evit_keep_0.5_locs_1_2/image000.png", "evit_keep_0.5_locs_1_2/image001.png",
                     "tome_r_4/image000.png", "tome_r_4/image001.png"]
+    assert main(["visualize", "--checkpoint", str(ckpt), "--spec", "tome(r=4)", "--index", "0", "--out",
+                 str(out / "bf16"), "--device", "cpu", "--amp", "bf16"]) == 0  # the decisions at bf16
+    assert (out / "bf16" / "tome_r_4" / "image000.png").is_file()
     capsys.readouterr()
     model = tiny_model(2)
     tokenreduce.apply(model, LEARNED)

@@ -125,6 +125,27 @@ CHECKS = {"recall_at_kept": _recall_at_kept, "bspf_symmetry": _bspf_symmetry, "c
           "oracle_at_counts": _oracle_at_counts}
 
 
+@pytest.mark.parametrize("name", [n for n in list_experiments() if not n.startswith("_")])
+def test_every_experiment_runs_its_forwards_at_the_precision_asked(name, tmp_path, capsys, monkeypatch):
+    """--amp reaches the experiment (and a study's probes through the runner): its forwards run under the
+    context's autocast, and the record names the precision."""
+    from tokenreduce.experiments.base import RunContext
+
+    entered = []
+    plain = RunContext.autocast
+
+    def watched(ctx):
+        entered.append(ctx.amp)
+        return plain(ctx)
+    monkeypatch.setattr(RunContext, "autocast", watched)
+    out = tmp_path / "result.json"
+    assert main(["experiment", name, "--smoke", "--out", str(tmp_path / "files"), "--results", str(out),
+                 "--threads", "1", "--amp", "bf16", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert entered and set(entered) == {"bf16"}
+    assert json.loads(out.read_text())["provenance"]["amp"] == "bf16"
+
+
 def test_every_experiment_has_a_result_check():
     assert set(CHECKS) == {n for n in list_experiments() if not n.startswith("_")}
 

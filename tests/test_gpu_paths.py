@@ -192,7 +192,7 @@ def test_cropr_warmup_and_per_image_hash_targets_do_not_sync_the_host_each_step(
 # ----------------------------------------------------------------------------- --device, --amp
 
 
-COMMANDS = ("eval", "demo", "study", "export", "bench", "train")
+COMMANDS = ("eval", "demo", "study", "export", "bench", "train", "experiment", "visualize")
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

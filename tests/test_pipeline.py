@@ -242,7 +242,7 @@ def test_recipes_are_checked_against_train_config():
         check_recipe("mine", {"description": "x", "lr_peak": 1e-3, "epochs": 2})
     with pytest.raises(TokenReduceError, match="recipe 'mine': training setting 'epochs' must be int, got '2'"):
         parse_recipe("mine", {"epochs": "2"})
-    with pytest.raises(TokenReduceError, match="recipe 'mine': lr must be > 0"):
+    with pytest.raises(TokenReduceError, match="recipe 'mine': lr must be a finite number > 0"):
         parse_recipe("mine", {"lr": -1.0})
     for name in RECIPES:  # every shipped recipe parses, its values as TrainConfig holds them
         fields = get_recipe(name)

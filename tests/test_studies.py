@@ -353,6 +353,10 @@ def test_a_whole_run_writes_its_summary(tmp_path: Path, capsys):
     (out / "summary.md").unlink()
     assert main(["study", "_tiny_eet_test", "--smoke", "--out", str(out), "--summarize"]) == 0
     assert (out / "summary.md").read_text() == capsys.readouterr().out == printed
+    record = sorted((out / "runs").glob("*.json"))[-1]
+    before = record.read_bytes()
+    assert main(["study", "_tiny_eet_test", "--smoke", "--out", str(out), "--run", record.stem]) == 0
+    assert f"run {record.stem} is done: {record}" in capsys.readouterr().err and record.read_bytes() == before
 
 
 def _image_folder(root: Path) -> Path:
@@ -452,6 +456,12 @@ def test_command_lists_studies_and_refuses_bad_flags(capsys):
     capsys.readouterr()
     assert main(["study", "no_such_study"]) == 2
     assert "unknown study 'no_such_study'" in capsys.readouterr().err
+
+
+def test_an_unwritable_out_is_refused_before_any_run(tmp_path: Path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["study", "eet", "--smoke", "--out", str(tmp_path / "file"), "--threads", "1"]) == 2
+    assert f"--out {tmp_path / 'file'} cannot be written (a file is in the way)" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- benches

@@ -153,7 +153,8 @@ def test_learned_reducer_trains_through_the_generic_loop(data: str, tmp_path: Pa
 
 
 def test_bad_training_settings_are_clear_errors(data: str) -> None:
-    for kw, words in [({"lr": 0.0}, "lr must be > 0"), ({"epochs": 0}, "epochs must be >= 1"),
+    for kw, words in [({"lr": 0.0}, "lr must be a finite number > 0"), ({"lr": math.inf}, "got inf"),
+                      ({"lr": math.nan}, "got nan"), ({"epochs": 0}, "epochs must be >= 1"),
                       ({"batch_size": 0}, "batch size"), ({"label_smoothing": 1.0}, "label smoothing")]:
         with pytest.raises(TokenReduceError, match=words):
             tiny_config(data, None, **kw)

@@ -17,6 +17,7 @@ from .bench.report import write_figure
 from .core.errors import TokenReduceError
 from .core.method import Reducer
 from .data import build_dataset, data_config_from_model
+from .precision import autocast
 
 
 def patch_groups(source: Tensor, num_prefix: int) -> Tensor:
@@ -51,7 +52,7 @@ def group_image(groups: Tensor, sizes: Tensor, grid: tuple[int, int], image: np.
 
 def _to_display(image: Tensor) -> np.ndarray:
     """(C, H, W) normalised tensor -> (H, W, 3) in [0, 1] (per-image min-max, for display only)."""
-    img = image.detach().float()
+    img = image.detach().float().cpu()
     img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)
     img = img.permute(1, 2, 0).numpy()
     return np.repeat(img, 3, axis=2) if img.shape[2] == 1 else img[..., :3]
@@ -59,14 +60,17 @@ def _to_display(image: Tensor) -> np.ndarray:
 
 @torch.no_grad()
 def visualize(model: nn.Module, spec: str | Reducer, images: Tensor, out_dir: str | Path,
-              titles: list[str] | None = None, outlines: Tensor | None = None) -> list[Path]:
+              titles: list[str] | None = None, outlines: Tensor | None = None, amp: str | None = None) -> list[Path]:
     """Write one PNG per image: the input, then the token grid after every reduction block.
 
     Args:
-        model: a timm VisionTransformer (patched or not; it is re-patched with ``spec`` and trace).
+        model: a timm VisionTransformer (patched or not; it is re-patched with ``spec`` and trace), on
+            any device: the forward runs there, the drawing on the CPU.
         spec: a spec string, or a Reducer (e.g. a trained one, which keeps its weights).
-        images: (B, C, H, W) model inputs.
+        images: (B, C, H, W) model inputs (moved to the model's device).
         outlines: (B, H, W) bool object masks, drawn as a red contour on every panel (the scenes).
+        amp: the forward's autocast ("bf16", "fp16"; None or "off": float32), as the decisions drawn are
+            the ones the model makes at that precision.
     Returns:
         the PNG paths written.
     """
@@ -77,7 +81,9 @@ def visualize(model: nn.Module, spec: str | Reducer, images: Tensor, out_dir: st
 
     apply(model, spec, trace=True)
     model.eval()
-    model(images)
+    device = next(model.parameters()).device
+    with autocast(device, amp):
+        model(images.to(device))
     info = get_info(model)
     p, grid = info.host.num_prefix, info.host.grid
     patch = (images.shape[2] // grid[0], images.shape[3] // grid[1])
@@ -90,7 +96,7 @@ def visualize(model: nn.Module, spec: str | Reducer, images: Tensor, out_dir: st
         axes[0, 0].imshow(base)
         axes[0, 0].set_title(titles[i] if titles else "input", fontsize=8)
         for ax, block in zip(axes[0, 1:], blocks, strict=True):
-            source = info.snapshots[block][i]
+            source = info.snapshots[block][i].float().cpu()
             groups = patch_groups(source, p)
             sizes = source.sum(-1)
             ax.imshow(group_image(groups, sizes, grid, base, patch))
@@ -112,14 +118,14 @@ def slug(spec: str) -> str:
 
 
 def draw(model: nn.Module, specs: Sequence[str | Reducer], images: Tensor, titles: list[str],
-         out: str | Path, outlines: Tensor | None = None) -> list[Path]:
+         out: str | Path, outlines: Tensor | None = None, amp: str | None = None) -> list[Path]:
     """:func:`visualize` each spec (a string, or a Reducer such as a trained one) into ``out/<slug>/``;
     ``model`` is left unpatched."""
     paths = []
     for spec in specs:
         name = spec if isinstance(spec, str) else spec.spec()
         try:
-            paths += visualize(model, spec, images, Path(out) / slug(name), titles, outlines)
+            paths += visualize(model, spec, images, Path(out) / slug(name), titles, outlines, amp)
         finally:
             if is_patched(model):  # visualize may fail before it patches
                 remove(model)

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     specs = ev.one_per_method(res.picks, sorted(targets)[len(targets) // 2])
     ev.log(f"visualising {len(titles)} test images for {', '.join(specs)}")
     outlines = data.masks[: len(titles)] if data.masks is not None else None
-    paths = draw(ref.model.cpu(), specs, images, titles, out / "visualize", outlines)
+    paths = draw(ref.model, specs, images, titles, out / "visualize", outlines, amp=args.amp)
     ev.log(f"wrote {len(paths)} visualisations under {out / 'visualize'}")
     print(f"done in {time.perf_counter() - t0:.0f} s (reference ready after {t_ref:.0f} s); results in {out}/",
           flush=True)

@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     vocab.add_results(p)
     vocab.add_threads(p)
     vocab.add_device(p)
+    vocab.add_amp(p)
     p.set_defaults(func=run)
 
 
@@ -56,11 +57,14 @@ def run(args: argparse.Namespace) -> int:
     threads = checks.resolve_threads(args.threads)
     torch.set_num_threads(threads)
     out_dir = checks.writable_dir(args.out) if args.out else Path("runs/experiments") / exp.name
-    _log(f"experiment {exp.spec()}{' (smoke)' if args.smoke else ''}: {threads} threads, {args.device}")
-    result = exp.run(RunContext(threads=threads, device=args.device, out_dir=out_dir, smoke=args.smoke, log=_log))
+    _log(f"experiment {exp.spec()}{' (smoke)' if args.smoke else ''}: {threads} threads, {args.device}"
+         f"{'' if args.amp == 'off' else ', autocast ' + args.amp}")
+    result = exp.run(RunContext(threads=threads, device=args.device, amp=args.amp, out_dir=out_dir, smoke=args.smoke,
+                                log=_log))
     print(exp.report(result))
     if args.results:
         doc = {"experiment": exp.spec(), "claim": exp.claim, "source": exp.source, "smoke": args.smoke,
-               "provenance": provenance(argv=args.argv, threads=threads, device=args.device), "result": result}
+               "provenance": provenance(argv=args.argv, threads=threads, device=args.device, amp=args.amp),
+               "result": result}
         _log(f"wrote {write_json(args.results, doc)}")
     return 0

@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--testbed", metavar="BED", default=None,
                    help="which of the study's declared test beds (e.g. scenes, fmnist; tokenreduce study lists "
                         "them; default: its first)")
-    p.add_argument("--run", metavar="ID", help="run only this run of the plan (its id from --list)")
+    p.add_argument("--run", metavar="ID", help="run only this run of the plan (its id from --list); one whose "
+                   "record exists is left as it is (remove the record to run it again)")
     p.add_argument("--list", action="store_true", help="print one shell command per run, in order")
     p.add_argument("--summarize", action="store_true",
                    help="run nothing: print the tables and verdicts, write summary.md")
@@ -108,8 +109,14 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(runner.commands()))
         return 0
+    if not args.summarize:
+        checks.writable_dir(layout.results)
     if args.run:
-        runner.run_one(runner.unit(args.run))
+        unit = runner.unit(args.run)
+        if runner.done(unit):  # as a whole study skips it; a timing would be re-timed and its record replaced
+            print(f"run {unit.id} is done: {layout.json(unit.id)} (remove it to run it again)", file=sys.stderr)
+            return 0
+        runner.run_one(unit)
         return 0
     if not args.summarize:
         runner.run(jobs=args.jobs)

@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--images", type=int, default=3, help="the first N test images (default: %(default)s)")
     p.add_argument("--index", metavar="I,J", help="test image indices to draw instead, e.g. 0,17,42")
     vocab.add_out_dir(p, default="runs/visualize")
+    vocab.add_device(p)
+    vocab.add_amp(p, note="the decisions drawn are the model's at that precision")
     p.set_defaults(func=run)
 
 
@@ -42,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     if not indices:
         raise TokenReduceError("give --images N >= 1 or --index I,J")
     checks.writable_dir(args.out)
+    device = checks.device(args.device)
     model, meta = load_model(args.checkpoint)
+    model.to(device)
     specs: list = list(args.spec)
     if meta.get("spec"):
         trained = reducer_of(model)
@@ -54,6 +58,6 @@ def run(args: argparse.Namespace) -> int:
         raise TokenReduceError(f"{args.checkpoint} carries no reducer; give --spec, e.g. --spec 'tome(r=4)'")
     data = args.data or (meta.get("data") or {}).get("name") or "fashion_mnist"
     images, titles = dataset_images(model, data, args.data_dir, indices, classes_of(meta))
-    for path in draw(model, specs, images, titles, Path(args.out)):
+    for path in draw(model, specs, images, titles, Path(args.out), amp=args.amp):
         print(path)
     return 0

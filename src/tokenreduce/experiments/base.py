@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,15 +27,23 @@ from ..core.registry import NoParams, Registry, config_spec, format_spec, parse_
 
 @dataclass
 class RunContext:
-    """What an experiment may use while it runs: torch ``threads``, the ``device``, a folder for the
-    files it writes (``out_dir``: figures, intermediate checkpoints), whether it runs in smoke mode
-    and a ``log`` for progress lines (stderr by default)."""
+    """What an experiment may use while it runs: torch ``threads``, the ``device``, the precision of its
+    models' forwards (``amp``: "bf16" or "fp16" autocast, None or "off" float32; an experiment runs its
+    forwards under :meth:`autocast`), a folder for the files it writes (``out_dir``: figures, intermediate
+    checkpoints), whether it runs in smoke mode and a ``log`` for progress lines (stderr by default)."""
 
     threads: int = 2
     device: str = "cpu"
+    amp: str | None = None
     out_dir: Path = field(default_factory=lambda: Path("runs/experiments"))
     smoke: bool = False
     log: Callable[[str], None] = print
+
+    def autocast(self) -> AbstractContextManager:
+        """The forwards' autocast on this context's device (nothing for float32)."""
+        from ..precision import autocast
+
+        return autocast(self.device, self.amp)
 
 
 class Experiment:

@@ -197,7 +197,7 @@ class BSPFSymmetry(Experiment):
     def _forward(self, model: nn.Module, x: Tensor, y: Tensor, ctx: RunContext, record: bool) -> dict[str, Any]:
         reducer = model.tokenreduce
         stats, logits = _Stats(), []
-        with torch.inference_mode():
+        with torch.inference_mode(), ctx.autocast():
             for i in range(0, len(x), self.cfg.batch):
                 xb = x[i:i + self.cfg.batch].to(ctx.device)
                 if not record:

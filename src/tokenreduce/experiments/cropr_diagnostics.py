@@ -187,7 +187,8 @@ class CroprDiagnostics(Experiment):
         ctx.log(f"cropr_diagnostics: {len(data)} test items, {source}, spec {trained_spec}")
 
         def evaluate() -> float:
-            return float(task.evaluate(model, data, batch_size=cfg.batch, device=ctx.device)[task.metric])
+            with ctx.autocast():
+                return float(task.evaluate(model, data, batch_size=cfg.batch, device=ctx.device)[task.metric])
 
         probe = Agreement(router)
         router.probe = probe

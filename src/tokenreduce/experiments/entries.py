@@ -85,13 +85,14 @@ def off_the_shelf(spec: str, *, checkpoint: str, data_dir: str | None, subset: i
             "items": len(items), "metrics": metrics}
 
 
-def probe(spec: str, *, out: Path, threads: int, device: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+def probe(spec: str, *, out: Path, threads: int, device: str, amp: str | None = None,
+          log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the registered experiment ``spec`` as ``tokenreduce experiment SPEC`` does; returns its
     spec and results."""
     from .base import RunContext, build_experiment
 
     exp = build_experiment(spec)
-    result = exp.run(RunContext(threads=threads, device=device, out_dir=out, log=log))
+    result = exp.run(RunContext(threads=threads, device=device, amp=amp, out_dir=out, log=log))
     return {"experiment": exp.spec(), "result": result}
 
 

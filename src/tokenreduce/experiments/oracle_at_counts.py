@@ -134,9 +134,11 @@ class OracleAtCounts(Experiment):
         dev = torch.device(ctx.device)
 
         def evaluate(fed: bool) -> dict[str, Any]:
-            if fed:
-                return task.evaluate(MaskFed(model, grid), test, batch_size=cfg.batch, device=dev, database=database)
-            return task.evaluate(model, data.test, batch_size=cfg.batch, device=dev, database=data.database)
+            with ctx.autocast():
+                if fed:
+                    return task.evaluate(MaskFed(model, grid), test, batch_size=cfg.batch, device=dev,
+                                         database=database)
+                return task.evaluate(model, data.test, batch_size=cfg.batch, device=dev, database=data.database)
 
         ctx.log(f"oracle_at_counts: {source}, {len(data.test)} test items; own {own}")
         rows = {"own": evaluate(False)}

@@ -206,7 +206,8 @@ class RecallAtKept(Experiment):
         sums: dict[int, list[float]] = {}
         dev = torch.device(ctx.device)
         for s in range(0, len(images), batch):
-            model(images[s:s + batch].to(dev))
+            with ctx.autocast():
+                model(images[s:s + batch].to(dev))
             for b, snap in get_info(model).snapshots.items():
                 total, n = recall_of_tokens(snap.cpu(), fg[s:s + batch], p)
                 acc = sums.setdefault(b, [0.0, 0])

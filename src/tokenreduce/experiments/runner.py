@@ -320,7 +320,7 @@ class Runner:
         if self.study.is_smoke:
             params.update(self.study.smoke.probe)
         return entries.probe(format_spec(name, params), out=work, threads=self.threads, device=self.device,
-                             log=self.log)
+                             amp=self.amp, log=self.log)
 
     def run(self, jobs: int = 1) -> list[str]:
         """Run every run not done yet (``jobs`` at a time, in subprocesses when > 1; measures and benches,

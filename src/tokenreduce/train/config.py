@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -123,7 +124,7 @@ class TrainConfig:
         checks = [
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
-            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (0 < self.lr < math.inf, f"lr must be a finite number > 0, got {self.lr}"),
             (0 <= self.min_lr <= self.lr, f"min_lr must lie in [0, lr={self.lr}], got {self.min_lr}"),
             (self.warmup_epochs >= 0, f"warm-up epochs must be >= 0, got {self.warmup_epochs}"),
             (0 <= self.label_smoothing < 1, f"label smoothing must lie in [0, 1), got {self.label_smoothing}"),
