@@ -167,6 +167,21 @@ def test_a_study_with_one_seed_done_renders_its_tables_and_verdicts():
     assert "nan" not in text.lower() and "95% t-interval" in text and "seed-level only" in text
 
 
+def test_a_record_without_a_column_metric_shows_in_that_cell_n():
+    """The seeds cell lists the records; a column whose metric one of them lacks says over how many it is."""
+    from tokenreduce.experiments.tables import summary
+
+    study = _study([])
+    runs = _runs({"a": [1.0, 2.0, 3.0], "b": [2.0, 4.0, 5.0]})
+    del runs["b-s2"]["metrics"]["m"]
+    del runs["b-s1"]["metrics"]["m"]
+    row = next(line for line in summary(study, runs).splitlines() if line.startswith("| (b) |"))
+    assert row == "| (b) | 0, 1, 2 | 2.00 (n = 1 of 3) | 1.00 (n = 1 of 3) |"
+    del runs["a-s0"]
+    row = next(line for line in summary(study, runs).splitlines() if line.startswith("| (b) |"))
+    assert row == "| (b) | 0, 1, 2 | 2.00 (n = 1 of 3) | - |"
+
+
 def test_verdicts_decide_on_holm_within_the_study_and_bh_over_the_report():
     from tokenreduce.experiments import Expect
     from tokenreduce.experiments.tables import judge

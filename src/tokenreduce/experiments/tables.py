@@ -93,13 +93,21 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
         return f"| {label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns)
     missing = [s for s in planned if s not in docs]
     seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
+    both = len(docs.keys() & _runs_of(study, runs, study.baseline, at).keys())
+
+    def cell(vals: list[float], of: int) -> str:  # a record without the column's metric: its n says so
+        s = stats.summarize(vals)
+        if not 0 < s.n < of:
+            return s.text()
+        return f"{s.mean:.2f} (n = 1 of {of})" if s.n == 1 else f"{s.text()} (n = {s.n} of {of})"
+
     cells = []
     for c in study.columns:
         if c.paired:
             cells.append("-" if name == study.baseline else
-                         stats.summarize(paired(study, runs, name, study.baseline, c.metric, at)).text())
+                         cell(paired(study, runs, name, study.baseline, c.metric, at), both))
         else:
-            cells.append(stats.summarize(values(study, runs, name, c.metric, at)).text())
+            cells.append(cell(values(study, runs, name, c.metric, at), len(docs)))
     return f"| {label} | {seeds} | " + " | ".join(cells) + " |"
 
 
