@@ -129,6 +129,8 @@ def test_eval_errors_are_one_line(tmp_path, ckpt, capsys):
                             str(tmp_path / "nodata"), *FAST], "does not exist")
     one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", LEARNED, *FAST],
                    "learned parameters")
+    one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", "dynamicvit()", *FAST],
+                   "learned parameters")  # its default locs (block 8) do not fit this model: the real refusal first
     one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--spec", "tome(r=", *FAST], "malformed spec")
     one_line_error(capsys, ["eval", "--checkpoint", str(ckpt), "--budgets", "0.5", *FAST], "must be > 1")
 

@@ -215,12 +215,12 @@ def check_cases(model: nn.Module, cases: Sequence[EvalCase]) -> None:
         if c.spec is None:
             continue
         reducer = build_reducer(c.spec)
-        reducer.bind(host)  # raises SpecError for a spec that does not fit the model
-        if c.kind != "fine-tuned" and any(True for _ in reducer.parameters()):
+        if c.kind != "fine-tuned" and reducer.learned:  # before bind: this refusal, not a locs error, comes first
             raise TokenReduceError(
                 f"{c.spec} has learned parameters that this checkpoint does not hold; fine-tune it "
                 f"(tokenreduce train --init CKPT --spec {c.spec!r}) and pass the result with --checkpoint"
             )
+        reducer.bind(host)  # raises SpecError for a spec that does not fit the model
 
 
 def evaluate_cases(
