@@ -69,6 +69,8 @@ def test_bench_stem_counts_and_times_the_stem_against_the_plain_model(tmp_path, 
     assert data["settings"]["stem"] == "conv(norm='bn')" and rows["unpatched"]["speedup"] == 1.0
     assert stem["speedup"] > 0 and f"{spec} [stem conv(norm='bn')]" in capsys.readouterr().out
     one_line_error(capsys, ["bench", *TINY, "--quick", "--stem", "hexagon"], "valid stems")
+    one_line_error(capsys, ["bench", *TINY, "--quick", "--spec", "topk(keep=0.5, locs=(1,)) + llf()",
+                            "--match-random"], "brings tokens back (LLF)")
 
 
 def test_bench_loads_a_checkpoint(tmp_path, capsys):

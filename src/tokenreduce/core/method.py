@@ -332,7 +332,10 @@ def matched_spec(schedule: Schedule, seed: int = 0) -> str:
         spec = get_method(name).replay_spec(schedule, seed)
         if spec is not None:
             return spec
-    raise SpecError("no registered method replays a schedule (Reducer.replay_spec); register one")
+    raise SpecError(f"no registered method replays this schedule (tokens after each block {list(schedule.counts)}, "
+                    f"acting at {schedule.where!r}): the random pruner replays one whose token count only falls, "
+                    "acting at one point of a block ('attn' or 'block'); a schedule that brings tokens back (LLF) "
+                    "or acts at both points (a composite) has no matched random baseline")
 
 
 def get_method(name: str) -> type[Reducer]:
