@@ -120,6 +120,23 @@ def test_resume_over_a_changed_training_set_is_refused_naming_the_difference(tmp
     assert "checkpoint" in train(loop.TrainConfig(**cfg, resume=True, allow_data_change=True))
 
 
+def test_an_unreadable_image_met_mid_run_says_how_to_go_on(tmp_path):
+    """The file is found when the sampler reaches it: the error names it, the step, and the way on."""
+    from tokenreduce.data import DataError
+
+    root = _folder(tmp_path / "imgs")
+    (root / "train" / "cat" / "3.png").write_bytes(b"not a png")
+    model = {"name": "vit_tiny_patch16_224", "kwargs": {"img_size": 16, "patch_size": 8, "embed_dim": 16, "depth": 1,
+                                                        "num_heads": 2, "in_chans": 3}}
+    cfg = dict(model=model, data=str(root), epochs=2, batch_size=4, out=str(tmp_path / "run"), threads=1,
+               quiet=True, ckpt_every=1, augment="none")
+    with pytest.raises(DataError, match=r"cannot read image .*3\.png.* \(at step \d+\); after fixing or removing the "
+                                        r"file, --resume --allow-data-change goes on from the run's last checkpoint"):
+        train(loop.TrainConfig(**cfg))
+    (root / "train" / "cat" / "3.png").unlink()
+    assert "checkpoint" in train(loop.TrainConfig(**cfg, resume=True, allow_data_change=True))
+
+
 def test_an_empty_class_folder_is_refused_naming_it(tmp_path):
     from tokenreduce.data import DataError, build_dataset
 

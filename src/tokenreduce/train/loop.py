@@ -57,7 +57,7 @@ from .. import models, precision
 from ..api import find_info
 from ..bench.report import provenance
 from ..core.errors import TokenReduceError
-from ..data import OnDemand, Seeded, data_config_from_model, subset
+from ..data import DataError, OnDemand, Seeded, data_config_from_model, subset
 from ..models import (
     KEEP,
     Checkpoint,
@@ -567,6 +567,10 @@ class _Run:
                     self._end_epoch(bar)
                     if self.stop.requested and self.epoch < cfg.epochs:
                         self._interrupt(saved=True)
+        except DataError as e:  # an unreadable file is met when the sampler reaches it, maybe hours in
+            where = f"; after fixing or removing the file, --resume --allow-data-change goes on from the run's last " \
+                    f"checkpoint in {cfg.out} (the set changed), --force starts over" if cfg.out else ""
+            raise DataError(f"{e} (at step {self.step}){where}") from None
         finally:
             bar.close()
         return self._finish()
