@@ -38,8 +38,9 @@ the rate rises linearly, R(t) = floor(r t / warmup_steps) for t < warmup_steps (
 prunes R(t) + first), r afterwards (official segmentation: over the first half of training,
 per epoch). The reducer knows t through its own step counter, the buffer ``step``: it is advanced
 once per training-mode forward (at the first module), saved in checkpoints (exact resume), and
-not part of the deployed form; it is counted on the host too (the rate is a shape: no read of the buffer
-per step), so set it through ``load_state_dict``, which the host's count follows. Evaluation always uses the full schedule.
+not part of the deployed form; it is counted on the host too (the rate is a shape: no read of the
+buffer per step), so set it through ``load_state_dict``, which the host's count follows. Evaluation
+always uses the full schedule.
 
 Spec parameters: ``r``, ``first``, ``queries`` (Nq), ``classes`` (K of the auxiliary heads:
 the task's outputs, e.g. 10 for Fashion-MNIST, 11 for the mosaics with background; required by
