@@ -458,6 +458,35 @@ def test_command_lists_studies_and_refuses_bad_flags(capsys):
     assert "unknown study 'no_such_study'" in capsys.readouterr().err
 
 
+def test_where_runs_and_lists_one_slice_of_the_grid(tmp_path: Path, capsys, monkeypatch):
+    assert main(["study", "bspf", "--where", "steps=937", "--list"]) == 0
+    ids = [line.split("--run ")[1].split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert len(ids) == 6 * 3 and all("-t937-" in i for i in ids)  # the one-epoch arms x seeds, no measure or probe
+    assert main(["study", "bspf", "--where", "seed=0", "--where", "steps=100,937", "--list"]) == 0
+    ids = [line.split("--run ")[1].split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert "speed" in ids and "symmetry_tied2_s0" in ids and "symmetry_tied2_s1" not in ids  # reads only seed 0
+    assert all(i.endswith("-s0") for i in ids if "t937" in i) and not any("t9370" in i for i in ids)
+    study = get_study("eet")("fmnist", smoke=True)
+    ran: list[str] = []
+    monkeypatch.setattr(Runner, "run_one", lambda self, unit: ran.append(unit.id))
+    runner = Runner(study, layout_for(study, str(tmp_path)), threads=1, where={"seed": {"1"}}, log=lambda m: None)
+    runner.run()
+    assert ran and all(r.endswith("-s1") for r in ran) and runner.unit("b_ctp-b8-s0")  # --run still finds any
+
+
+@pytest.mark.parametrize("where, message", [
+    (["step=937"], "study bspf has no grid axis 'step'; its axes: steps, seed"),
+    (["steps=93"], "steps=93 is not on its grid; valid: steps=100,937,9370"),
+    (["steps"], "--where takes AXIS=VALUE[,VALUE...], e.g. --where steps=937; got 'steps'"),
+    (["seed=0", "seed=1"], "--where names the axis 'seed' twice"),
+])
+def test_where_refuses_what_the_grid_lacks_naming_the_choices(where: list[str], message: str, capsys):
+    assert main(["study", "bspf", "--list", *(a for w in where for a in ("--where", w))]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["study", "bspf", "--where", "seed=0", "--summarize"]) == 2
+    assert "does not combine with --summarize" in capsys.readouterr().err
+
+
 def test_an_unwritable_out_is_refused_before_any_run(tmp_path: Path, capsys):
     (tmp_path / "file").write_text("")
     assert main(["study", "eet", "--smoke", "--out", str(tmp_path / "file"), "--threads", "1"]) == 2

@@ -2,7 +2,8 @@
 
 ``tokenreduce study`` lists the studies; ``tokenreduce study NAME`` runs every run of its plan not done
 yet (a killed study continues, a killed run resumes from its checkpoint); ``--jobs N`` runs N at once;
-``--list`` prints one command per run for any scheduler; ``--run ID`` runs one; a whole run ends, and
+``--list`` prints one command per run for any scheduler; ``--run ID`` runs one; ``--where AXIS=V`` narrows
+the run or the list to a slice of the grid (``steps=937``: the one-epoch runs); a whole run ends, and
 ``--summarize`` alone does, by printing its tables and verdicts from the run JSONs and writing them to
 summary.md; ``--smoke`` is the tiny
 version the tests run. The test bed flags (``--model``, ``--pretrained``, ``--weights``, ``--data``)
@@ -27,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "writing <out>/summary.md, which --summarize alone does from the stored runs. A study declares its "
         "claims once and runs them on each of its test beds (--testbed; or your own with --model/--data).",
         epilog="Example: tokenreduce study eet --smoke; tokenreduce study eet --testbed fmnist --summarize; "
+        "tokenreduce study bspf --where steps=937 (its one-epoch runs); "
         "tokenreduce study eet --model deit_small_patch16_224 "
         "--pretrained --data /data/birds --device cuda --jobs 2",
     )
@@ -37,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", metavar="ID", help="run only this run of the plan (its id from --list); one whose "
                    "record exists is left as it is (remove the record to run it again)")
     p.add_argument("--list", action="store_true", help="print one shell command per run, in order")
+    p.add_argument("--where", action="append", default=[], metavar="AXIS=V[,V]",
+                   help="run (or --list) only the runs at these values of a grid axis, and the measures and "
+                   "probes that read only them: --where steps=937 (the one-epoch fine-tunes), --where seed=0; "
+                   "repeatable, one axis each")
     p.add_argument("--summarize", action="store_true",
                    help="run nothing: print the tables and verdicts, write summary.md")
     p.add_argument("--smoke", action="store_true", help="the tiny version (seconds; what the tests run)")
@@ -82,6 +88,23 @@ def _flags(args: argparse.Namespace) -> list[str]:
     return out + (["--pretrained"] if args.pretrained else [])
 
 
+def _where(items: list[str]) -> dict[str, set[str]]:
+    """``--where`` flags (``AXIS=V[,V...]``) -> axis name -> the values kept, as written."""
+    from ..core.errors import TokenReduceError
+
+    out: dict[str, set[str]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        kept = {v.strip() for v in values.split(",") if v.strip()}
+        if not (sep and name.strip() and kept):
+            raise TokenReduceError(f"--where takes AXIS=VALUE[,VALUE...], e.g. --where steps=937; got {item!r}")
+        if name.strip() in out:
+            raise TokenReduceError(f"--where names the axis {name.strip()!r} twice; give its values once, "
+                                   "separated by commas")
+        out[name.strip()] = kept
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from ..experiments.study import get_study, list_studies
 
@@ -105,7 +128,11 @@ def run(args: argparse.Namespace) -> int:
     study = get_study(args.name)(args.testbed, testbed=_testbed(args), smoke=args.smoke)
     layout = layout_for(study, args.out)
     threads = args.threads if args.threads is not None else torch.get_num_threads()
-    runner = Runner(study, layout, threads=threads, device=args.device, amp=args.amp, flags=_flags(args))
+    if args.where and (args.run or args.summarize):
+        raise TokenReduceError(f"--where selects the runs to run or --list; it does not combine with "
+                               f"{'--run' if args.run else '--summarize'}")
+    runner = Runner(study, layout, threads=threads, device=args.device, amp=args.amp, flags=_flags(args),
+                    where=_where(args.where))
     if args.list:
         print("\n".join(runner.commands()))
         return 0

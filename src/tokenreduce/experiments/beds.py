@@ -77,7 +77,7 @@ LENGTH = Axis("steps", (STEPS, EPOCH_STEPS, TEN_EPOCHS), "t", implicit=STEPS,
 #: why a longer run may have no record yet (a scene bed's ``pending``)
 LONGER_PENDING = (f"the {EPOCH_STEPS}-step runs are made in the background across sittings (about 10 hours on 2 CPU "
                   f"cores); the {TEN_EPOCHS}-step runs are a GPU's part of the plan (tokenreduce study NAME --device "
-                  "cuda runs what is not done)")
+                  f"cuda --where steps={TEN_EPOCHS} runs them)")
 
 
 def lengths(arms: dict[str, Arm], longer: tuple[str, ...], **where: tuple[Any, ...]) -> dict[str, Arm]:

@@ -8,7 +8,8 @@ executed in-process through experiments/entries.py, its checkpoints under ``<che
 and a training run always resumes what an interrupted one left there (train()'s resume). So a killed
 study continues where it stopped, ``--jobs N`` runs N at once (N processes of threads // N torch
 threads each; measures and benches, which time, one at a time after the rest), and ``commands()``
-gives one shell command per run for any scheduler.
+gives one shell command per run for any scheduler. ``where`` (:func:`select`) narrows the plan to a slice
+of the grid, e.g. the one-epoch runs on a CPU and the ten-epoch ones on a GPU.
 
 The records are what a study keeps (results/ is committed; checkpoints are not): a measure takes each
 fine-tuned run's own final evaluation, made on the same test items, from its record, and counts and
@@ -23,7 +24,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,18 +98,43 @@ def plan(study: Study) -> list[Unit]:
     return units
 
 
+def select(study: Study, units: Sequence[Unit], where: Mapping[str, Collection[str]]) -> list[Unit]:
+    """The ``units`` in the grid slice ``where`` (axis name -> the values kept, written as in run ids'
+    values: ``{"steps": {"937"}}``): the runs at those values, and the measures and probes whose every
+    run read is in the slice; a bench, on no grid, is in none. An axis or value the study's grid lacks
+    is refused, naming the valid ones."""
+    axes = {a.name: a.values for a in study.axes()}
+    for name, values in where.items():
+        if name not in axes:
+            raise TokenReduceError(f"study {study.name} has no grid axis {name!r}; its axes: {', '.join(axes)}")
+        unknown = sorted(set(values) - {str(v) for v in axes[name]})
+        if unknown:
+            raise TokenReduceError(f"study {study.name}: {name}={','.join(unknown)} is not on its grid; valid: "
+                                   f"{name}={','.join(map(str, axes[name]))}")
+
+    def at(p: Point) -> bool:
+        return all(str(p.values[name]) in values for name, values in where.items())
+
+    inside = {u.id for u in units if u.point is not None and at(u.point)}
+    return [u for u in units if u.id in inside or (u.point is None and u.needs and set(u.needs) <= inside)]
+
+
 class Runner:
     """Runs a study's plan (module docstring). ``device``, ``amp``: where every run and measure runs its
     model and the forward's autocast (bf16, fp16, off); ``flags``: the test bed, device and output flags that
-    the commands of :meth:`commands` repeat; ``log``: progress lines (stderr)."""
+    the commands of :meth:`commands` repeat; ``where``: only this slice of the grid is run and listed
+    (:func:`select`; :meth:`unit` still finds any run); ``log``: progress lines (stderr)."""
 
     def __init__(self, study: Study, layout: Layout, *, threads: int, device: str = "cpu", amp: str = "off",
-                 flags: Sequence[str] = (), log: Callable[[str], None] | None = None) -> None:
+                 flags: Sequence[str] = (), where: Mapping[str, Collection[str]] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
         self.study, self.layout, self.threads, self.device, self.amp = study, layout, threads, device, amp
         self.flags = list(flags)
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        self.units = plan(study)
-        self.by_id = {u.id: u for u in self.units}
+        everything = plan(study)
+        self.by_id = {u.id: u for u in everything}
+        self.units = select(study, everything, where) if where else everything
+        self.where = " ".join(f"{k}={','.join(sorted(v))}" for k, v in (where or {}).items())
 
     # -- state
 
@@ -263,7 +289,7 @@ class Runner:
         unit = self.unit(run_id)
         if unit.kind != "train":
             raise TokenReduceError(f"run {run_id} has no checkpoint of its own to read ({unit.kind})")
-        readers = [u.id for u in self.units if run_id in u.needs and self.done(u)]
+        readers = [u.id for u in self.by_id.values() if run_id in u.needs and self.done(u)]
         self.log(f"{self.study.key}/{run_id}: its checkpoint {path} is gone; running it again to make it")
         again = self.run_one(unit)
         metric = doc["metrics"]["metric"]
@@ -328,7 +354,8 @@ class Runner:
         nothing); returns the ids run."""
         pending = [u for u in self.units if not self.done(u)]
         total, ran, times = len(self.units), [], []
-        self.log(f"study {self.study.key}: {len(pending)} of {total} runs to do on {self.study.bed.text()}"
+        self.log(f"study {self.study.key}: {len(pending)} of {total} runs{f' at {self.where}' if self.where else ''} "
+                 f"to do on {self.study.bed.text()}"
                  f"{' (smoke)' if self.study.is_smoke else ''}; results in {self.layout.results}")
         timed = [u for u in pending if u.kind in ("measure", "bench")]
         rest = [u for u in pending if u not in timed]
