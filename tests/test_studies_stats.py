@@ -321,3 +321,21 @@ def test_the_provenance_note_names_uncommitted_and_unrecorded_code():
     note = provenance_note(runs)
     assert "2 of its 4 runs were made from uncommitted code" in note and "1 of its 4 runs record no git" in note
     assert provenance_note({"a-s1": {"provenance": {"git": "abc"}}}) == ""
+
+
+def test_a_claim_over_lengths_says_when_its_difference_reverses_though_its_verdict_does_not():
+    from tokenreduce.experiments.lengths import stated
+    from tokenreduce.experiments.study import Expect
+    from tokenreduce.experiments.tables import Judged
+
+    e = Expect("a beats b", "src", arm="a", baseline="b", metric="top1", direction=1)
+
+    def judged(diffs: list[float], adjusted: float = 0.3) -> Judged:
+        v = stats.verdict(diffs, direction=1)
+        return Judged(e, diffs, stats.verdict(diffs, direction=1, adjusted=[adjusted] * len(v.tests)), "")
+
+    short, long = judged([-2.0, -1.5, -2.4]), judged([1.0, 1.3, 0.9])  # both inconclusive after adjustment
+    text = stated([(100, short), (937, long)])
+    assert text.startswith("**inconclusive** at 937 steps, as at 100")
+    assert "the difference reverses: its t-interval lies below 0 at 100 steps, above 0 at 937 steps (before" in text
+    assert "reverses" not in stated([(100, judged([-0.5, 0.4, 0.1])), (937, long)])  # 0 inside at 100: no reversal

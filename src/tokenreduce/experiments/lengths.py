@@ -34,17 +34,31 @@ def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]
     return [sorted(g, key=lambda sj: sj[0]) for g in groups.values() if len(g) > 1]
 
 
+def _side(j: Judged) -> int:
+    """+1 (-1) where the claim's t-interval lies above (below) 0, else 0."""
+    ci = j.verdict.interval if j.verdict else None
+    return 0 if not ci else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
+
+
 def stated(group: list[tuple[Any, Judged]]) -> str:
-    """The claim's verdict at the longest length it was run at, and in words whether it changes with length."""
+    """The claim's verdict at the longest length it was run at, and in words whether it changes with length;
+    also where the difference changes sign: its t-interval (before multiplicity) on one side of 0 at one
+    length and on the other at another, whatever the verdicts (which multiplicity may leave alike)."""
     run = [(s, j) for s, j in group if j.verdict is not None]
     if not run:
         return NOT_RUN
     last, long = run[-1]
     before = [f"{word(j)} at {s}" for s, j in run[:-1] if word(j) != word(long)]
     if before:
-        return f"**{word(long)}** at {last} steps; it changes with length ({'; '.join(before)})"
-    return f"**{word(long)}** at {last} steps" + (f", as at {', '.join(str(s) for s, _ in run[:-1])}"
-                                                   if len(run) > 1 else "")
+        text = f"**{word(long)}** at {last} steps; it changes with length ({'; '.join(before)})"
+    else:
+        text = f"**{word(long)}** at {last} steps" + (f", as at {', '.join(str(s) for s, _ in run[:-1])}"
+                                                       if len(run) > 1 else "")
+    sides = [(s, _side(j)) for s, j in run if _side(j)]
+    if {side for _, side in sides} == {-1, 1}:
+        where = ", ".join(f"{'above' if side > 0 else 'below'} 0 at {s} steps" for s, side in sides)
+        text += f"; the difference reverses: its t-interval lies {where} (before multiplicity)"
+    return text
 
 
 def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Path, slug: str) -> list[str]:
