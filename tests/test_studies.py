@@ -650,3 +650,19 @@ def test_the_readme_table_gains_a_column_per_longer_fine_tune_with_paired_record
     for record in (root / "baselines" / "scenes" / "runs").glob("random~*-t937-*.json"):
         record.unlink()  # the arm's longer runs alone pair with nothing
     assert all("937" not in line for line in headline(root))
+
+
+def test_a_study_section_says_what_its_runs_cost_as_run_per_fine_tune_length():
+    from tokenreduce.experiments.beds import ONE_EPOCH_PLAN, one_epoch_budget
+    from tokenreduce.experiments.page import as_run
+
+    scenes, fmnist = get_study("bspf")(), get_study("bspf")("fmnist")
+    runs = {"full-s0": {"kind": "train", "point": {"seed": 0}, "metrics": {"train_time_s": 90.0}},
+            "full-s1": {"kind": "train", "point": {"steps": 100, "seed": 1}, "metrics": {"train_time_s": 150.0}},
+            "full-t937-s0": {"kind": "train", "point": {"steps": 937, "seed": 0}, "metrics": {"train_time_s": 600.0}},
+            "speed": {"kind": "measure", "metrics": {"train_time_s": 1e6}}}
+    assert as_run(scenes, runs) == "as run: 100 steps: 2 runs, 4 min; 937 steps: 1 run, 10 min of training wall " \
+                                   "time summed"
+    assert as_run(fmnist, {"full-s0": runs["full-s0"]}) == "as run: 1 run, 2 min of training wall time summed"
+    assert as_run(scenes, {}) == ""
+    assert scenes.budget.endswith(one_epoch_budget("bspf")) and f"{ONE_EPOCH_PLAN['bspf'][0]} runs" in scenes.budget

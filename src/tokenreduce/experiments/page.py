@@ -103,6 +103,22 @@ def command(study: Study) -> str:
     return f"tokenreduce study {study.name}" + ("" if study.is_default_bed else f" --testbed {study.bed_name}")
 
 
+def as_run(study: Study, runs: dict[str, dict]) -> str:
+    """What the stored training runs cost: their recorded training wall time summed, per fine-tune length
+    where the bed has that axis ("" before any). Wall time includes whatever shared the cores."""
+    axis = next((a for a in study.axes() if a.name == lengths.AXIS), None)
+    by: dict[Any, list[float]] = {}
+    for doc in runs.values():
+        t = doc.get("metrics", {}).get("train_time_s") if doc.get("kind") == "train" else None
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            by.setdefault(doc.get("point", {}).get(axis.name, axis.implicit) if axis else None, []).append(t)
+    if not by:
+        return ""
+    parts = [f"{'' if k is None else f'{k} steps: '}{len(ts)} run{'s' * (len(ts) != 1)}, {sum(ts) / 60:.0f} min"
+             for k, ts in sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
+    return f"as run: {'; '.join(parts)} of training wall time summed"
+
+
 def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Judgement | None = None) -> list[str]:
     slug = study.key.replace("/", "-")
     lines = [f"## {study.title or study.name}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
@@ -110,7 +126,8 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
              f"- test bed `{study.bed_name}`: each bench's own model (it trains nothing)",
              f"- command: `{command(study)}` (`--list` for one command per run; `--smoke` for the tiny version)",
              f"- runs: {len(runs)} of {len(plan(study))} stored under `{study.key}/runs/`"
-             + (f"; budget: {study.budget}" if study.budget else "")]
+             + (f"; budget: {study.budget}" if study.budget else "")
+             + (f"; {cost}" if (cost := as_run(study, runs)) else "")]
     if not runs:
         why = study.pending or f"no run JSON under `{study.key}/runs/`"
         return [*lines, "", f"{NOT_RUN}: {why}.", ""]

@@ -23,8 +23,8 @@ reference), scored on all 10 000 test images; ImagePiece's 2x pick is its 1.5x p
 comparison again, eagerly and with onnxruntime.
 
 Compute plan (2 CPU cores): scenes 78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + two evaluation runs
-(about 3.5 h); fmnist 36 fine-tunes x ~8.5 min in two 1-thread lanes (~2.5 h) + 4 evaluations. One epoch
-(experiments/beds.py, LENGTH): 12 runs, about 170 min.
+(about 3.5 h); fmnist 36 fine-tunes x ~8.5 min in two 1-thread lanes (~2.5 h) + 4 evaluations. One epoch:
+experiments/beds.py, ``ONE_EPOCH_PLAN``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ..beds import (
     at_longer,
     fmnist_smoke,
     lengths,
+    one_epoch_budget,
     scene_smoke,
     shortened,
 )
@@ -186,8 +187,8 @@ class Baselines(Study):
                         title="Fine-tuned (3 seeds each), one interleaved timing run"),
             ),
             smoke=scene_smoke(measure=SMOKE_MEASURE),
-            budget=("78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + 2 evaluation runs x ~5 min on 2 CPU cores; as "
-                    "run (--jobs 2): 194 min of training wall time summed, about 2 h elapsed")),
+            budget=("78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + 2 evaluation runs x ~5 min on 2 CPU cores "
+                    f"(run with --jobs 2, about 2 h elapsed); {one_epoch_budget('baselines')}")),
         "fmnist": Bed(
             testbed=FMNIST,
             title="Fashion-MNIST: top-1 against measured speed-up, training-free and fine-tuned",

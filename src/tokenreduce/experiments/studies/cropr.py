@@ -17,14 +17,25 @@ control: a fixed random *linear scorer* (a frozen random query, ``cropr(frozen=T
 
 The dense task (segmentation with LLF) is the study ``cropr_seg``.
 
-Compute plan (2 CPU cores): scenes 21 runs x 2-3 min (about 55 min); fmnist 15 runs x 1.5-2 min. One epoch
-(experiments/beds.py, LENGTH): 12 runs, about 135 min.
+Compute plan (2 CPU cores): scenes 21 runs x 2-3 min (about 55 min); fmnist 15 runs x 1.5-2 min. One epoch:
+experiments/beds.py, ``ONE_EPOCH_PLAN``.
 """
 
 from __future__ import annotations
 
 from ...train.recipes import get_recipe
-from ..beds import FMNIST, LENGTH, LONGER_PENDING, SCENES, at_longer, fmnist_smoke, lengths, scene_smoke, shortened
+from ..beds import (
+    FMNIST,
+    LENGTH,
+    LONGER_PENDING,
+    SCENES,
+    at_longer,
+    fmnist_smoke,
+    lengths,
+    one_epoch_budget,
+    scene_smoke,
+    shortened,
+)
 from ..study import Arm, Axis, Bed, Col, Expect, Study, register_study
 
 SOURCE = "Token Cropr, arXiv 2412.00965"
@@ -92,7 +103,7 @@ class Cropr(Study):
                 "none": Arm("unpruned (same fine-tune)"),
             }, LONGER),
             baseline="none", pending=LONGER_PENDING, grid=(LENGTH, SEEDS), columns=_COLUMNS, smoke=scene_smoke(),
-            budget="21 training runs x 2-3 min on 2 CPU cores: about 55 min"),
+            budget=f"21 training runs x 2-3 min on 2 CPU cores: about 55 min; {one_epoch_budget('cropr')}"),
         "fmnist": Bed(
             testbed=FMNIST,
             title="Token Cropr on Fashion-MNIST classification: the learned router against fixed scorers",

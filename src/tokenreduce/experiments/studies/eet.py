@@ -32,7 +32,7 @@ as above, and recall@kept of ``ctp()`` on the reference (experiments/recall_at_k
 Compute plan (2 CPU cores): scenes at 16 bits 18 training runs x 2-6 min (the arms with DKT also train the
 unpruned teacher), the oracle arm x 3 (2 min each), the speed run (3 min): about 70 minutes; at 64 bits 12
 runs + 3 oracle evaluations: about 50 minutes. fmnist: 24 training runs x 3-5 min, speed and recall ~2 min
-each. One epoch at 16 bits (experiments/beds.py, LENGTH): 9 runs and 3 oracle evaluations, about 205 min.
+each. One epoch: experiments/beds.py, ``ONE_EPOCH_PLAN``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from ..beds import (
     at_longer,
     fmnist_smoke,
     lengths,
+    one_epoch_budget,
     scene_smoke,
     shortened,
 )
@@ -142,7 +143,8 @@ class EET(Study):
             smoke=scene_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE,
                               probe={"subset": 16, "batch": 8}),
             budget=("16 bits: 18 training runs x 2-6 min + 3 oracle evaluations x 2 min + 1 speed run x 3 min; "
-                    "64 bits: 12 training runs + 3 oracle evaluations; on 2 CPU cores: about 2 hours")),
+                    f"64 bits: 12 training runs + 3 oracle evaluations; on 2 CPU cores: about 2 hours; "
+                    f"{one_epoch_budget('eet')}")),
         "fmnist": Bed(
             testbed=FMNIST,
             title="EET on Fashion-MNIST: CTP, DKT and DRG",
