@@ -472,6 +472,9 @@ def test_where_runs_and_lists_one_slice_of_the_grid(tmp_path: Path, capsys, monk
     runner = Runner(study, layout_for(study, str(tmp_path)), threads=1, where={"seed": {"1"}}, log=lambda m: None)
     runner.run()
     assert ran and all(r.endswith("-s1") for r in ran) and runner.unit("b_ctp-b8-s0")  # --run still finds any
+    bspf, said = get_study("bspf")(), []
+    Runner(bspf, layout_for(bspf, str(tmp_path / "bspf")), threads=1, log=said.append).run()
+    assert "  to do by steps: 100: 30, 937: 18, 9370: 18 (--where steps=V runs one)" in said  # before any run
 
 
 @pytest.mark.parametrize("where, message", [

@@ -357,6 +357,12 @@ class Runner:
         self.log(f"study {self.study.key}: {len(pending)} of {total} runs{f' at {self.where}' if self.where else ''} "
                  f"to do on {self.study.bed.text()}"
                  f"{' (smoke)' if self.study.is_smoke else ''}; results in {self.layout.results}")
+        for axis in (a for a in self.study.axes() if a.sets and len(a.values) > 1):  # a setting such as the length
+            count = {v: sum(u.point is not None and u.point.values.get(axis.name) == v for u in pending)
+                     for v in axis.values}
+            if sum(n > 0 for n in count.values()) > 1:
+                self.log(f"  to do by {axis.name}: " + ", ".join(f"{v}: {n}" for v, n in count.items() if n)
+                         + f" (--where {axis.name}=V runs one)")
         timed = [u for u in pending if u.kind in ("measure", "bench")]
         rest = [u for u in pending if u not in timed]
         waves = [([u for u in rest if not u.needs], jobs), ([u for u in rest if u.needs], jobs), (timed, 1)]
