@@ -339,3 +339,16 @@ def test_a_claim_over_lengths_says_when_its_difference_reverses_though_its_verdi
     assert text.startswith("**inconclusive** at 937 steps, as at 100")
     assert "the difference reverses: its t-interval lies below 0 at 100 steps, above 0 at 937 steps (before" in text
     assert "reverses" not in stated([(100, judged([-0.5, 0.4, 0.1])), (937, long)])  # 0 inside at 100: no reversal
+
+
+def test_a_length_with_one_seed_is_not_stated_as_a_change_of_verdict():
+    from tokenreduce.experiments.lengths import stated
+    from tokenreduce.experiments.study import Expect
+    from tokenreduce.experiments.tables import Judged
+
+    e = Expect("a beats b", "src", arm="a", baseline="b", metric="top1", direction=1)
+    short = Judged(e, [-8.0, -7.5, -8.1], stats.verdict([-8.0, -7.5, -8.1], direction=1), "")
+    one = Judged(e, [-3.4], stats.verdict([-3.4], direction=1), "")
+    assert stated([(100, short), (937, one)]) == \
+        "**contradicted** at 100 steps; at 937 steps one seed so far, no test yet"
+    assert stated([(937, one)]) == "**inconclusive** at 937 steps (one seed so far, no test yet)"

@@ -44,9 +44,14 @@ def stated(group: list[tuple[Any, Judged]]) -> str:
     """The claim's verdict at the longest length it was run at, and in words whether it changes with length;
     also where the difference changes sign: its t-interval (before multiplicity) on one side of 0 at one
     length and on the other at another, whatever the verdicts (which multiplicity may leave alike)."""
-    run = [(s, j) for s, j in group if j.verdict is not None]
-    if not run:
+    ran = [(s, j) for s, j in group if j.verdict is not None]
+    if not ran:
         return NOT_RUN
+    run = [(s, j) for s, j in ran if j.verdict.n >= 2]  # one seed is no test: stated apart, not as a change
+    single = [str(s) for s, j in ran if j.verdict.n < 2 and (not run or s > run[-1][0])]
+    note = f"; at {', '.join(single)} steps one seed so far, no test yet" if single else ""
+    if not run:
+        return f"**{word(ran[-1][1])}** at {ran[-1][0]} steps (one seed so far, no test yet)"
     last, long = run[-1]
     before = [f"{word(j)} at {s}" for s, j in run[:-1] if word(j) != word(long)]
     if before:
@@ -58,7 +63,7 @@ def stated(group: list[tuple[Any, Judged]]) -> str:
     if {side for _, side in sides} == {-1, 1}:
         where = ", ".join(f"{'above' if side > 0 else 'below'} 0 at {s} steps" for s, side in sides)
         text += f"; the difference reverses: its t-interval lies {where} (before multiplicity)"
-    return text
+    return text + note
 
 
 def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Path, slug: str) -> list[str]:
