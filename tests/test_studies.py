@@ -656,7 +656,7 @@ def test_the_readme_table_gains_a_column_per_longer_fine_tune_with_paired_record
 
 
 def test_a_study_section_says_what_its_runs_cost_as_run_per_fine_tune_length():
-    from tokenreduce.experiments.beds import ONE_EPOCH_PLAN, one_epoch_budget
+    from tokenreduce.experiments.beds import one_epoch_budget
     from tokenreduce.experiments.page import as_run
 
     scenes, fmnist = get_study("bspf")(), get_study("bspf")("fmnist")
@@ -668,4 +668,4 @@ def test_a_study_section_says_what_its_runs_cost_as_run_per_fine_tune_length():
                                    "time summed"
     assert as_run(fmnist, {"full-s0": runs["full-s0"]}) == "as run: 1 run, 2 min of training wall time summed"
     assert as_run(scenes, {}) == ""
-    assert scenes.budget.endswith(one_epoch_budget("bspf")) and f"{ONE_EPOCH_PLAN['bspf'][0]} runs" in scenes.budget
+    assert scenes.budget.endswith(one_epoch_budget(18, 105)) and "one epoch (937 steps): 18 runs" in scenes.budget

@@ -17,9 +17,9 @@ whose parts start untrained (Cropr, DynamicViT in ``baselines``, EET, BSPF) and 
 (top-k against random at its counts). Compute plan for one epoch, 2 CPU cores, 2 threads, one run at a time,
 from one timed run (``cropr-t937-s0``: 0.53 s a step alone, about 9.5 min with its evaluation of 10 000 test
 scenes; 21 min while tests shared the cores) and each arm's recorded 100-step wall time relative to Cropr's:
-:data:`ONE_EPOCH_PLAN`, about 10 hours in all, run in the background across sittings (a run is resumable and
-its record is what is kept). Each study's budget in the report states its part (:func:`one_epoch_budget`)
-beside what its stored runs cost as run (page.py ``as_run``). Three seeds: at the 100-step spreads three
+each longer study's budget states its part (:func:`one_epoch_budget`), about 10 hours in all, run in the
+background across sittings (a run is resumable and its record is what is kept). The report prints each budget
+beside what the stored runs cost as run (page.py ``as_run``). Three seeds: at the 100-step spreads three
 resolve differences of a few points (Cropr against top-k: sd 0.7 of the paired difference); where a claim's sd
 says three cannot resolve the paper's effect its report says so rather than this plan adding seeds: the BSPF
 and EET claims declare their power plans (``at_longer(..., plans=)``) before their first one-epoch run, the
@@ -66,16 +66,9 @@ LENGTH = Axis("steps", (STEPS, EPOCH_STEPS, TEN_EPOCHS), "t", implicit=STEPS,
                     TEN_EPOCHS: {"subset": None, "eval_subset": None, "epochs": 10}})
 
 
-#: the one-epoch compute plan, declared before the runs (module docstring): study -> (runs, minutes).
-#: cropr: cropr, cropr_llf, topk, random x 3 seeds; baselines: dynamicvit-1.5x and topk-1.5x, each with its
-#: random~ pruner, x 3 seeds; eet: a_unpruned, b_ctp, d_eet (16 bits) x 3 seeds and the oracle on b_ctp's
-#: weights; bspf: full, chunked_topk, bspf, tied_full and the two mirrored second phases x 3 seeds
-ONE_EPOCH_PLAN = {"cropr": (12, 135), "baselines": (12, 170), "eet": (12, 205), "bspf": (18, 105)}
-
-
-def one_epoch_budget(study: str) -> str:
-    """``study``'s part of :data:`ONE_EPOCH_PLAN`, as its budget says it."""
-    runs, minutes = ONE_EPOCH_PLAN[study]
+def one_epoch_budget(runs: int, minutes: int) -> str:
+    """A longer study's part of the one-epoch compute plan (module docstring), as its budget says it: ``runs``
+    runs of about ``minutes`` minutes in all, declared before the runs."""
     return f"one epoch ({EPOCH_STEPS} steps): {runs} runs, about {minutes} min planned from one timed run"
 
 

@@ -24,7 +24,7 @@ comparison again, eagerly and with onnxruntime.
 
 Compute plan (2 CPU cores): scenes 78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + two evaluation runs
 (about 3.5 h); fmnist 36 fine-tunes x ~8.5 min in two 1-thread lanes (~2.5 h) + 4 evaluations. One epoch:
-experiments/beds.py, ``ONE_EPOCH_PLAN``.
+its budget (experiments/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class Baselines(Study):
             ),
             smoke=scene_smoke(measure=SMOKE_MEASURE),
             budget=("78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + 2 evaluation runs x ~5 min on 2 CPU cores "
-                    f"(run with --jobs 2, about 2 h elapsed); {one_epoch_budget('baselines')}")),
+                    f"(run with --jobs 2, about 2 h elapsed); {one_epoch_budget(12, 170)}")),
         "fmnist": Bed(
             testbed=FMNIST,
             title="Fashion-MNIST: top-1 against measured speed-up, training-free and fine-tuned",

@@ -20,7 +20,7 @@ reference; the speed of the untied arms in one interleaved run (a tied model has
 and the symmetry probes on the reference tied and untied and on each seed's tied checkpoint.
 
 Compute plan (2 CPU cores): scenes 30 runs x 2-3 min + 3 probes + one speed run (about 90 min); fmnist 12
-fine-tunes x 2-4 min, one speed run, five probes. One epoch: experiments/beds.py, ``ONE_EPOCH_PLAN``.
+fine-tunes x 2-4 min, one speed run, five probes. One epoch: its budget (experiments/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class BSPF(Study):
                                at={"seed": s}, title=f"Symmetry: the phase-2 tied model, seed {s}") for s in _SEEDS),
             smoke=scene_smoke(probe=_PROBE_SMOKE, measure=SMOKE_MEASURE),
             budget=("30 training runs x 2-3 min + 3 symmetry probes x 1 min + one speed run ~6 min on 2 CPU cores: "
-                    f"about 90 min; {one_epoch_budget('bspf')}")),
+                    f"about 90 min; {one_epoch_budget(18, 105)}")),
         "fmnist": Bed(
             testbed=FMNIST,
             title="BSPF on Fashion-MNIST: chunked attention, pruning + fusion, W_q = W_k",

@@ -18,7 +18,7 @@ control: a fixed random *linear scorer* (a frozen random query, ``cropr(frozen=T
 The dense task (segmentation with LLF) is the study ``cropr_seg``.
 
 Compute plan (2 CPU cores): scenes 21 runs x 2-3 min (about 55 min); fmnist 15 runs x 1.5-2 min. One epoch:
-experiments/beds.py, ``ONE_EPOCH_PLAN``.
+its budget (experiments/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Cropr(Study):
                 "none": Arm("unpruned (same fine-tune)"),
             }, LONGER),
             baseline="none", pending=LONGER_PENDING, grid=(LENGTH, SEEDS), columns=_COLUMNS, smoke=scene_smoke(),
-            budget=f"21 training runs x 2-3 min on 2 CPU cores: about 55 min; {one_epoch_budget('cropr')}"),
+            budget=f"21 training runs x 2-3 min on 2 CPU cores: about 55 min; {one_epoch_budget(12, 135)}"),
         "fmnist": Bed(
             testbed=FMNIST,
             title="Token Cropr on Fashion-MNIST classification: the learned router against fixed scorers",

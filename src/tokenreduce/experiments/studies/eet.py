@@ -32,7 +32,7 @@ as above, and recall@kept of ``ctp()`` on the reference (experiments/recall_at_k
 Compute plan (2 CPU cores): scenes at 16 bits 18 training runs x 2-6 min (the arms with DKT also train the
 unpruned teacher), the oracle arm x 3 (2 min each), the speed run (3 min): about 70 minutes; at 64 bits 12
 runs + 3 oracle evaluations: about 50 minutes. fmnist: 24 training runs x 3-5 min, speed and recall ~2 min
-each. One epoch: experiments/beds.py, ``ONE_EPOCH_PLAN``.
+each. One epoch: its budget (experiments/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class EET(Study):
                               probe={"subset": 16, "batch": 8}),
             budget=("16 bits: 18 training runs x 2-6 min + 3 oracle evaluations x 2 min + 1 speed run x 3 min; "
                     f"64 bits: 12 training runs + 3 oracle evaluations; on 2 CPU cores: about 2 hours; "
-                    f"{one_epoch_budget('eet')}")),
+                    f"{one_epoch_budget(12, 205)}")),
         "fmnist": Bed(
             testbed=FMNIST,
             title="EET on Fashion-MNIST: CTP, DKT and DRG",
