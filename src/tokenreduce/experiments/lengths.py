@@ -41,7 +41,8 @@ def _side(j: Judged) -> int:
 
 
 def stated(group: list[tuple[Any, Judged]]) -> str:
-    """The claim's verdict at the longest length it was run at, and in words whether it changes with length;
+    """The claim's verdict at the longest length run with two seeds or more (a later length with one seed is
+    named apart: no test yet), and in words whether it changes with length;
     also where the difference changes sign: its t-interval (before multiplicity) on one side of 0 at one
     length and on the other at another, whatever the verdicts (which multiplicity may leave alike)."""
     ran = [(s, j) for s, j in group if j.verdict is not None]

@@ -115,7 +115,7 @@ def as_run(study: Study, runs: dict[str, dict]) -> str:
     if not by:
         return ""
     parts = [f"{'' if k is None else f'{k} steps: '}{len(ts)} run{'s' * (len(ts) != 1)}, {sum(ts) / 60:.0f} min"
-             for k, ts in sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
+             for k, ts in sorted(by.items(), key=lambda kv: kv[0] or 0)]  # lengths, or one None
     return f"as run: {'; '.join(parts)} of training wall time summed"
 
 
