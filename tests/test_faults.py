@@ -26,6 +26,7 @@ from tokenreduce.experiments import records
 from tokenreduce.experiments.runner import Layout, load_runs
 from tokenreduce.experiments.study import get_study
 from tokenreduce.models import CheckpointError, build_model, read_checkpoint, read_meta, resolve, save_checkpoint
+from tokenreduce.models.checkpoint import UNVERIFIED
 from tokenreduce.models.references import SHIPPED_DIR
 from tokenreduce.train import loop
 from tokenreduce.train.loop import train
@@ -306,6 +307,39 @@ def test_shipped_references_written_before_the_metadata_digest_still_load_and_ar
     _flip(copy, b'num_heads\\": 3', b'num_heads\\": 2')
     with pytest.raises(CheckpointError, match="differs from its record scenes-vit.reference.json"):
         read_checkpoint(copy)
+
+
+def _downgrade(path: Path, meta_edit: tuple[str, str]) -> None:
+    """Rewrite ``path``'s header as a version-1 file would be (no ``header_sha256``), one metadata value edited."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    doc = json.loads(raw[8 : 8 + n])
+    header = json.loads(doc["__metadata__"]["tokenreduce"])
+    header["version"] = 1
+    del header["header_sha256"]
+    header["meta"] = json.loads(json.dumps(header["meta"]).replace(*meta_edit))
+    doc["__metadata__"]["tokenreduce"] = json.dumps(header)
+    text = json.dumps(doc).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+
+
+def test_a_checkpoint_edited_to_look_like_version_1_says_its_metadata_is_unverified(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = build_model(TINY)
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, model, meta={"model": TINY, "spec": None})
+    assert read_checkpoint(path).verified == "header SHA-256" and "note:" not in capsys.readouterr().err
+    _downgrade(path, ('"num_heads": 2', '"num_heads": 1'))
+    ckpt = read_checkpoint(path)
+    assert ckpt.meta["model"]["kwargs"]["num_heads"] == 1  # nothing in a version-1 file can tell
+    assert ckpt.verified == UNVERIFIED
+    assert f"note: {path} is a version-1 checkpoint: its weights are checked, its metadata" in capsys.readouterr().err
+    assert main(["inspect", "--checkpoint", str(path)]) == 0
+    assert f"metadata   {UNVERIFIED}" in capsys.readouterr().out
+    shipped = read_checkpoint(SHIPPED_DIR / "scenes-vit.safetensors")
+    assert shipped.verified == "whole file against scenes-vit.reference.json"
+    assert "note:" not in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- 5, 8. eval

@@ -52,17 +52,19 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """(unpatched model of ``--checkpoint``, the spec to inspect: --spec or its own reducer (None for
     none), its model's name), after printing what the checkpoint holds."""
     from ..api import reducer_of, remove
-    from ..models import classes_of, load_model, resolve
+    from ..models import classes_of, load_model, read_checkpoint, resolve
 
     refuse_model_flags(args, "--checkpoint")
     path = resolve(args.checkpoint)
-    model, meta = load_model(path)
+    ckpt = read_checkpoint(path)
+    model, meta = load_model(ckpt)
     own = reducer_of(model) if meta.get("spec") else None
     if own is not None:
         remove(model)
     built = meta.get("model") or {}
     classes = classes_of(meta)
     print(f"checkpoint {path}")
+    print(f"metadata   {ckpt.verified}")
     print(f"trained    {built.get('name')} {_scalars(built.get('kwargs') or {})}"
           + "".join(f"; {k} {built[k]}" for k in ("stem", "transforms") if built.get(k)))
     print(f"spec       {meta.get('spec') or 'none (unpatched)'}")

@@ -17,7 +17,10 @@ Versions: ``version`` 2 files (written now) carry both digests and are refused w
 ``version`` 1 files were written before ``header_sha256`` existed: their tensors are checked, their
 metadata is read as it is, except where a provenance record ``<name>.reference.json`` beside the file
 names it (a shipped reference, models/references.py): then the whole file is checked against the
-SHA-256 that record holds, so a reference read by path is as safe as one read by name.
+SHA-256 that record holds, so a reference read by path is as safe as one read by name. A version-1 file
+without such a record cannot be told from a version-2 file edited to look older (``version`` set to 1,
+``header_sha256`` removed), so it is read with a note on stderr saying its metadata is unverified, and
+:attr:`Checkpoint.verified` (printed by ``tokenreduce inspect``) says so; saving it again signs it.
 
 Loading a model (:func:`load_weights`) is strict over the model's keys and ignores ``task.*``:
 those belong to the task (:func:`task_weights` returns them). Checkpoints written before tasks
@@ -57,6 +60,8 @@ FORMAT = "tokenreduce-checkpoint"
 VERSION = 2
 #: Versions this tokenreduce reads (1: no ``header_sha256``; see the module docstring).
 READABLE = (1, 2)
+#: :attr:`Checkpoint.verified` of a version-1 file without a reference record
+UNVERIFIED = "not verified (version 1, no reference record)"
 _HEADER_KEY = "tokenreduce"
 _STATE = "_state/"
 #: Key prefix of the training task's own tensors (outside the model).
@@ -80,6 +85,8 @@ class Checkpoint:
     weights: dict[str, Tensor]
     state: dict[str, Tensor]
     header: dict[str, Any]
+    #: how the metadata was checked: the header digest, the whole file against its reference record, or not at all
+    verified: str = "header SHA-256"
 
     @property
     def has_training_state(self) -> bool:
@@ -365,9 +372,16 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
                               "the file is damaged or was replaced (reinstall the package)")
     if not isinstance(header.get("meta"), dict):
         raise CheckpointError(f"{p}: checkpoint metadata holds no 'meta' object; not a tokenreduce checkpoint")
+    verified = "header SHA-256"
+    if header["version"] < 2:
+        verified = f"whole file against {p.name[: -len(p.suffix)]}.reference.json" if record else UNVERIFIED
+        if not record:
+            print(f"note: {p} is a version-1 checkpoint: its weights are checked, its metadata (model, spec, config) "
+                  "is not, and a newer file edited to look like version 1 reads the same; save it again to sign it",
+                  file=sys.stderr)
     weights = {k: v for k, v in tensors.items() if not k.startswith(_STATE)}
     state = {k: v for k, v in tensors.items() if k.startswith(_STATE)}
-    return Checkpoint(p, header["meta"], weights, state, header)
+    return Checkpoint(p, header["meta"], weights, state, header, verified)
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
