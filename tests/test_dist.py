@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from tokenreduce.data.fashion_mnist import make_synthetic
+from tokenreduce.models import build_model, build_stem
 from tokenreduce.train import read_checkpoint
-from tokenreduce.train.dist import ShardSampler, TrainBatchSampler, gather_shards, shard_loader
+from tokenreduce.train.dist import ShardSampler, TrainBatchSampler, gather_shards, shard_loader, wrap_ddp
 from tokenreduce.train.loop import TrainConfig, train
 
 TINY = {"name": "vit_tiny_patch16_224",
@@ -86,3 +87,18 @@ def test_two_processes_match_one(tmp_path: Path) -> None:
     # summation order differs across processes; Adam turns float noise in the (theoretically zero) gradient of
     # the key bias into updates of ~1e-5, so weights agree to 1e-4 while the metrics above agree exactly
     assert all(torch.allclose(w1[k], w2[k], atol=1e-4) for k in w1)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+def test_ddp_broadcasts_buffers_only_for_running_statistics(tmp_path: Path) -> None:
+    """A BatchNorm stem's running statistics are kept equal across ranks; a constant buffer is not copied each step."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        plain = build_model(TINY)
+        plain.register_buffer("table", torch.zeros(100, 16, dtype=torch.int8))  # like the hash task's codes
+        assert not wrap_ddp(plain, torch.device("cpu")).broadcast_buffers
+        tiny4 = {**TINY, "kwargs": {**TINY["kwargs"], "patch_size": 4}}  # the conv stem reaches powers of two
+        assert wrap_ddp(build_stem("conv(norm='bn')", build_model(tiny4)), torch.device("cpu")).broadcast_buffers
+        assert not wrap_ddp(build_stem("conv(norm='none')", build_model(tiny4)), torch.device("cpu")).broadcast_buffers
+    finally:
+        torch.distributed.destroy_process_group()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.utils.data import Sampler
 
 from ..core.errors import TokenReduceError
@@ -94,6 +95,16 @@ def setup(device: str | None = None) -> DistInfo:
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
     return DistInfo(rank, world, local, dev)
+
+
+def wrap_ddp(module: nn.Module, device: torch.device) -> nn.parallel.DistributedDataParallel:
+    """``module`` in DistributedDataParallel (one device per process). Rank 0's buffers are broadcast before
+    each forward only where some sub-module keeps running statistics (BatchNorm in a conv stem), which
+    would otherwise drift apart across ranks; every other buffer (a hash task's per-image code table,
+    (n_train, bits)) is the same on every rank by construction, and broadcasting it would copy it each step."""
+    running = any(getattr(m, "running_mean", None) is not None for m in module.modules())
+    ids = [device] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(module, device_ids=ids, broadcast_buffers=running)
 
 
 def teardown() -> None:

@@ -483,8 +483,7 @@ class _Run:
             self._restore(ckpt)
         self.ddp: nn.Module = self.task
         if info.distributed:
-            ids = [self.device] if self.device.type == "cuda" else None
-            self.ddp = nn.parallel.DistributedDataParallel(self.task, device_ids=ids)
+            self.ddp = dist.wrap_ddp(self.task, self.device)
 
     def _train_split(self, cfg: TrainConfig, ckpt, init: Checkpoint | None, kw: dict[str, Any]):
         """The training split, its labels indexing the run's ONE class list (recorded in every
