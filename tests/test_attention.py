@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import TINY, make_host
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tokenreduce as tr
 from tokenreduce.bench import count_macs, flop_counter_macs
@@ -151,6 +152,28 @@ def test_chunks_equal_a_masked_dense_reference(p, chunk, bias_kind, with_policy)
     torch.testing.assert_close(dense, ref_probs, rtol=0, atol=1e-6)
     assert (dense[..., ~allowed(n, p, chunk)] == 0).all(), "zeros outside the chunk pattern"
     torch.testing.assert_close(dense.sum(-1), torch.ones(B, H, n))
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("bias_kind", [None, "key"])
+def test_warm_chunked_attention_builds_no_index_tensor(bias_kind):
+    """The chunks' key positions depend only on shapes: cached after the first call, not rebuilt in every block."""
+    n, p = 1 + 16, 1
+    q, k, v = qkv(n)
+    bias = make_bias(bias_kind, n)
+    attend(q, k, v, scale=SCALE, bias=bias, chunk=5, num_prefix=p)  # warm
+    with _Ops() as ops_seen:
+        attend(q, k, v, scale=SCALE, bias=bias, chunk=5, num_prefix=p)
+    assert ops_seen.names and "aten.arange" not in ops_seen.names, ops_seen.names
 
 
 def check_chunked_probs(probs: ChunkedProbs, ref: torch.Tensor, p: int, chunk: int) -> None:

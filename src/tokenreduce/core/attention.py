@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .errors import TokenReduceError
-from .ops import policy_softmax
+from .ops import policy_softmax, shape_cached
 
 #: Fold a key-only bias (B|1, H|1, 1, N) into q and k so that SDPA gets no mask (module docstring):
 #: "cuda" where q is on a CUDA device, True everywhere, False nowhere. Read at every call; set it, or
@@ -237,6 +237,7 @@ def fold_key_bias(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -
     return qf, torch.cat([k, column], -1), F.pad(v, (0, extra))
 
 
+@shape_cached
 def _chunk_keys(p: int, start: int, count: int, size: int, device: torch.device) -> Tensor:
     """Key positions of ``count`` chunks of ``size`` tokens from ``start``: prefix + own chunk, (count, p + size)."""
     own = start + torch.arange(count * size, device=device).view(count, size)
@@ -244,7 +245,9 @@ def _chunk_keys(p: int, start: int, count: int, size: int, device: torch.device)
 
 
 def _split(t: Tensor, p: int, start: int, count: int, size: int, with_prefix: bool) -> Tensor:
-    """(B, H, N, d) -> (B * count, H, [p +] size, d): one attention problem per chunk."""
+    """(B, H, N, d) -> (B * count, H, [p +] size, d): one attention problem per chunk. With the prefix its
+    p keys are copied into every chunk (p / (p + size) of the chunk's K and V, one row for a CLS token):
+    one fused attention call per group needs each problem's keys in one tensor."""
     B, H, _, d = t.shape
     own = t[:, :, start:start + count * size].reshape(B, H, count, size, d).transpose(1, 2)  # (B, count, H, size, d)
     if with_prefix and p:

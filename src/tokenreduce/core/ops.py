@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,21 +20,29 @@ from .errors import TokenReduceError
 # the tokens it removes save. tests/test_overheads.py holds each method to a per-block operator budget.
 
 
-@functools.lru_cache(maxsize=256)
-def _arange_cached(start: int, count: int, step: int, device: torch.device) -> Tensor:
-    with torch.inference_mode(False):  # a normal tensor: a later forward with autograd may save it
-        return torch.arange(start, start + step * count, step, device=device)
+def shape_cached(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``fn`` (hashable arguments: ints and a device -> an index tensor that depends only on them) cached
+    per arguments instead of built in every block of every forward. Read only: never modify a result in
+    place. Built as a normal tensor (a later forward with autograd may save it). While torch.compile or
+    torch.export traces, ``fn`` runs in the graph instead (dynamo would warn about and ignore the cache,
+    and a traced fake tensor must never enter it)."""
+
+    @functools.lru_cache(maxsize=256)
+    def cached(*args: object) -> Tensor:
+        with torch.inference_mode(False):
+            return fn(*args)
+
+    @functools.wraps(fn)
+    def get(*args: object) -> Tensor:
+        return fn(*args) if torch.compiler.is_compiling() else cached(*args)
+
+    return get
 
 
+@shape_cached
 def positions(start: int, count: int, step: int, device: torch.device) -> Tensor:
-    """start, start + step, ..., ``count`` of them, (count,) long: index tensors that depend only on
-    shapes, cached per (shape, device) instead of built in every block of every forward. Read only:
-    never modify the result in place. While torch.compile or torch.export traces they are built in
-    the graph instead (dynamo would warn about and ignore the cache, and a traced fake tensor must
-    never enter it)."""
-    if torch.compiler.is_compiling():
-        return torch.arange(start, start + step * count, step, device=device)
-    return _arange_cached(start, count, step, device)
+    """start, start + step, ..., ``count`` of them, (count,) long (cached: :func:`shape_cached`)."""
+    return torch.arange(start, start + step * count, step, device=device)
 
 
 def gather_tokens(x: Tensor, idx: Tensor) -> Tensor:

@@ -84,6 +84,6 @@ class RandomPrune(Reducer):
 
 def _moved(idx: Tensor, device: torch.device) -> Tensor:
     """A copy of ``idx`` on ``device`` that is a normal tensor even when made inside ``torch.inference_mode``
-    (as ops.positions does): the cached index serves later training forwards too, whose gather saves it."""
+    (as ops.shape_cached does): the cached index serves later training forwards too, whose gather saves it."""
     with torch.inference_mode(False):
         return idx.to(device, copy=True)
