@@ -26,7 +26,7 @@ from tokenreduce.experiments import records
 from tokenreduce.experiments.runner import Layout, load_runs
 from tokenreduce.experiments.study import get_study
 from tokenreduce.models import CheckpointError, build_model, read_checkpoint, read_meta, resolve, save_checkpoint
-from tokenreduce.models.checkpoint import UNVERIFIED
+from tokenreduce.models.checkpoint import SIGNED, UNVERIFIED
 from tokenreduce.models.references import SHIPPED_DIR
 from tokenreduce.train import loop
 from tokenreduce.train.loop import train
@@ -329,7 +329,7 @@ def test_a_checkpoint_edited_to_look_like_version_1_says_its_metadata_is_unverif
     model = build_model(TINY)
     path = tmp_path / "m.safetensors"
     save_checkpoint(path, model, meta={"model": TINY, "spec": None})
-    assert read_checkpoint(path).verified == "header SHA-256" and "note:" not in capsys.readouterr().err
+    assert read_checkpoint(path).verified == SIGNED and "note:" not in capsys.readouterr().err
     _downgrade(path, ('"num_heads": 2', '"num_heads": 1'))
     ckpt = read_checkpoint(path)
     assert ckpt.meta["model"]["kwargs"]["num_heads"] == 1  # nothing in a version-1 file can tell

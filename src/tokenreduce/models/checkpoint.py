@@ -60,7 +60,8 @@ FORMAT = "tokenreduce-checkpoint"
 VERSION = 2
 #: Versions this tokenreduce reads (1: no ``header_sha256``; see the module docstring).
 READABLE = (1, 2)
-#: :attr:`Checkpoint.verified` of a version-1 file without a reference record
+#: :attr:`Checkpoint.verified` of a version-2 file, and of a version-1 file without a reference record
+SIGNED = "header SHA-256"
 UNVERIFIED = "not verified (version 1, no reference record)"
 _HEADER_KEY = "tokenreduce"
 _STATE = "_state/"
@@ -86,7 +87,7 @@ class Checkpoint:
     state: dict[str, Tensor]
     header: dict[str, Any]
     #: how the metadata was checked: the header digest, the whole file against its reference record, or not at all
-    verified: str = "header SHA-256"
+    verified: str = UNVERIFIED
 
     @property
     def has_training_state(self) -> bool:
@@ -372,13 +373,15 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
                               "the file is damaged or was replaced (reinstall the package)")
     if not isinstance(header.get("meta"), dict):
         raise CheckpointError(f"{p}: checkpoint metadata holds no 'meta' object; not a tokenreduce checkpoint")
-    verified = "header SHA-256"
-    if header["version"] < 2:
-        verified = f"whole file against {p.name[: -len(p.suffix)]}.reference.json" if record else UNVERIFIED
-        if not record:
-            print(f"note: {p} is a version-1 checkpoint: its weights are checked, its metadata (model, spec, config) "
-                  "is not, and a newer file edited to look like version 1 reads the same; save it again to sign it",
-                  file=sys.stderr)
+    if header["version"] >= 2:
+        verified = SIGNED
+    elif record:
+        verified = f"whole file against {p.stem}.reference.json"
+    else:
+        verified = UNVERIFIED
+        print(f"note: {p} is a version-1 checkpoint: its weights are checked, its metadata (model, spec, config) "
+              "is not, and a newer file edited to look like version 1 reads the same; save it again to sign it",
+              file=sys.stderr)
     weights = {k: v for k, v in tensors.items() if not k.startswith(_STATE)}
     state = {k: v for k, v in tensors.items() if k.startswith(_STATE)}
     return Checkpoint(p, header["meta"], weights, state, header, verified)
