@@ -174,7 +174,8 @@ def test_the_committed_records_read_and_hold_no_machine_paths():
         found = re.findall(r'"(/(?:work|home|tmp|root|Users)/[^"]*)"', text) + re.findall(r" (/(?:work|home)/\S+)",
                                                                                              text)
         assert not found, (path, found[:3])
-    assert len(_runs(RESULTS)) == 37  # every record of the study reads, checked
+    stored = list((RESULTS / "eet" / "scenes" / "runs").glob("*.json"))
+    assert len(_runs(RESULTS)) == len(stored) > 0  # every record of the study reads, checked
 
 
 def test_a_record_of_another_study_copied_in_is_refused_by_runner_summarize_and_report(eet, capsys):
@@ -234,8 +235,9 @@ def test_a_run_outside_the_plan_and_a_wrong_kind_are_refused(eet):
 
 def test_temporary_files_of_a_killed_write_are_not_records(eet):
     runs = eet / "eet" / "scenes" / "runs"
+    before = len(_runs(eet))
     (runs / ".b_ctp-b16-s0.json.abc123.tmp").write_text('{"half": ')
-    assert len(_runs(eet)) == 37
+    assert len(_runs(eet)) == before > 0
 
 
 # ----------------------------------------------------------------------------- 7. paths in records
