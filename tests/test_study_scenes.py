@@ -13,8 +13,9 @@ from tokenreduce.core.errors import SpecError
 from tokenreduce.experiments import Arm, Measure, Study, get_study, register_study
 from tokenreduce.experiments.beds import SMOKE_MEASURE, SPEED_COLUMNS, scene_smoke
 from tokenreduce.experiments.runner import Runner, layout_for, load_runs
-from tokenreduce.experiments.tables import machines_text, paired, summary
+from tokenreduce.experiments.tables import machines_text, paired, paired_items, summary
 from tokenreduce.experiments.testbed import Testbed as Where
+from tokenreduce.tasks.items import decode
 
 
 def _runner(study, out: Path) -> Runner:
@@ -56,7 +57,7 @@ def test_an_evaluated_arm_reads_its_source_run_after_it(oracle_smoke):
     assert order.index("e_oracle-b8-s0") > order.index("b_ctp-b8-s0")
     doc = runs["e_oracle-b8-s0"]
     assert doc["kind"] == "evaluate" and doc["evaluates"] == "b_ctp-b8-s0"
-    assert doc["metrics"] == doc["result"]["rows"]["object_first"]
+    assert {k: v for k, v in doc["metrics"].items() if k != "items"} == doc["result"]["rows"]["object_first"]
 
 
 def test_the_oracle_runs_at_the_trained_pruners_counts_on_its_weights_and_items(oracle_smoke):
@@ -71,6 +72,19 @@ def test_the_oracle_runs_at_the_trained_pruners_counts_on_its_weights_and_items(
     study = runner.study
     assert paired(study, runs, "e_oracle", "b_ctp", "map_asym", {}) == pytest.approx(
         [result["rows"]["object_first"]["map_asym"] - source["map_asym"]])
+
+
+def test_the_oracle_record_holds_its_per_item_results_paired_with_the_trained_arms(oracle_smoke):
+    runner, runs = oracle_smoke
+    oracle, trained = runs["e_oracle-b8-s0"]["metrics"], runs["b_ctp-b8-s0"]["metrics"]
+    for key in ("map_asym", "top1"):
+        values = decode(oracle["items"][key])
+        assert len(values) == len(decode(trained["items"][key])) == runs["e_oracle-b8-s0"]["result"]["items"]
+        assert 100.0 * values.mean() == pytest.approx(oracle[key], abs=1e-4)
+    claim = next(e for e in runner.study.expect if (e.arm, e.baseline) == ("e_oracle", "b_ctp"))
+    differences = paired_items(runner.study, runs, claim)
+    assert len(differences) == runs["e_oracle-b8-s0"]["result"]["items"]
+    assert sum(differences) / len(differences) == pytest.approx(oracle["map_asym"] - trained["map_asym"], abs=1e-3)
 
 
 def test_bad_evaluated_arms_are_refused():

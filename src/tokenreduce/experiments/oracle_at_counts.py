@@ -13,9 +13,10 @@ and on the same weights and the same test items evaluates its task's metric twic
 plus ``unpruned`` (the same weights, no reducer). A retrieval task's database items are fed their own
 masks in the same way (the symmetric protocol encodes them through the pruned model).
 
-Every metric of the task is reported per row; the ``metrics`` of the result are the object_first row's, so
-that a study can use this experiment as an evaluated arm (experiments/study.py, ``Arm.evaluates``)
-and pair it with the arm it reads by seed.
+Every metric of the task is reported per row; the ``metrics`` of the result are the object_first row's, with
+its per-item results (``metrics["items"]``, tasks/items.py, in the test data's order), so that a study can
+use this experiment as an evaluated arm (experiments/study.py, ``Arm.evaluates``), pair it with the arm it
+reads by seed and put the test items in the contrast's interval.
 
 How the masks reach the pruner: each test item carries its mask as one extra input channel; a thin
 wrapper module splits it off, turns it into patch fractions and calls the patched model inside
@@ -137,7 +138,7 @@ class OracleAtCounts(Experiment):
             with ctx.autocast():
                 if fed:
                     return task.evaluate(MaskFed(model, grid), test, batch_size=cfg.batch, device=dev,
-                                         database=database)
+                                         database=database, items=True)
                 return task.evaluate(model, data.test, batch_size=cfg.batch, device=dev, database=data.database)
 
         ctx.log(f"oracle_at_counts: {source}, {len(data.test)} test items; own {own}")
@@ -148,10 +149,14 @@ class OracleAtCounts(Experiment):
         rows["object_first"] = evaluate(True)
         remove(model)
         rows["unpruned"] = evaluate(False)
+        per_item = rows["object_first"]["items"]
         rows = {k: _scalars(v) for k, v in rows.items()}
+        # the record's metrics are the oracle arm's, with its per-item results in the test data's order, so
+        # the contrast with the trained arm (same items, same order) gets its seeds x items interval
         return {"checkpoint": source, "spec": own, "oracle_spec": oracle, "metric": task.metric,
                 "items": len(data.test), "counts": [int(info.schedule.counts[b]) for b in info.schedule.locs],
-                "locs": list(info.schedule.locs), "rows": rows, "metrics": rows["object_first"]}
+                "locs": list(info.schedule.locs), "rows": rows,
+                "metrics": {**rows["object_first"], "items": per_item}}
 
     def _setup(self, ctx: RunContext) -> tuple[nn.Module, Any, Any, str]:
         """(model patched with its own reducer, in eval mode; its bound task; EvalData; where from)."""
