@@ -151,8 +151,6 @@ class OracleAtCounts(Experiment):
         rows["unpruned"] = evaluate(False)
         per_item = rows["object_first"]["items"]
         rows = {k: _scalars(v) for k, v in rows.items()}
-        # the record's metrics are the oracle arm's, with its per-item results in the test data's order, so
-        # the contrast with the trained arm (same items, same order) gets its seeds x items interval
         return {"checkpoint": source, "spec": own, "oracle_spec": oracle, "metric": task.metric,
                 "items": len(data.test), "counts": [int(info.schedule.counts[b]) for b in info.schedule.locs],
                 "locs": list(info.schedule.locs), "rows": rows,

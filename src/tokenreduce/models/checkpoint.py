@@ -60,8 +60,9 @@ FORMAT = "tokenreduce-checkpoint"
 VERSION = 2
 #: Versions this tokenreduce reads (1: no ``header_sha256``; see the module docstring).
 READABLE = (1, 2)
-#: :attr:`Checkpoint.verified` of a version-2 file, and of a version-1 file without a reference record
+#: :attr:`Checkpoint.verified` of a version-2 file (its header digest checked)
 SIGNED = "header SHA-256"
+#: :attr:`Checkpoint.verified` of a version-1 file without a reference record (and the default)
 UNVERIFIED = "not verified (version 1, no reference record)"
 _HEADER_KEY = "tokenreduce"
 _STATE = "_state/"
