@@ -28,6 +28,7 @@ from tokenreduce.experiments.study import get_study
 from tokenreduce.models import CheckpointError, build_model, read_checkpoint, read_meta, resolve, save_checkpoint
 from tokenreduce.models.checkpoint import SIGNED, UNVERIFIED
 from tokenreduce.models.references import SHIPPED_DIR
+from tokenreduce.tasks.items import decode, encode
 from tokenreduce.train import loop
 from tokenreduce.train.loop import train
 
@@ -219,6 +220,18 @@ def test_a_broken_record_is_one_line_naming_the_file(damage, eet, capsys):
                      "list": "[1, 2, 3]"}[damage])
     one_line(capsys, ["study", "eet", "--out", str(path.parent.parent), "--summarize"], str(path))
     one_line(capsys, ["report", "--out", str(eet), "--readme", ""], str(path))
+
+
+def test_per_item_results_over_other_test_items_are_one_line_naming_both_records(eet, capsys):
+    path = eet / "eet" / "scenes" / "runs" / "e_oracle-t937-b16-s1.json"
+
+    def drop_last_item(doc):
+        doc["metrics"]["items"]["map_asym"] = encode(decode(doc["metrics"]["items"]["map_asym"])[:-1])
+
+    _edit(path, drop_last_item)
+    one_line(capsys, ["report", "--out", str(eet), "--readme", ""],
+             "eet/scenes/e_oracle-t937-b16-s1 and eet/scenes/b_ctp-t937-b16-s1: map_asym over 9999 and 10000 "
+             "test items")
 
 
 def test_a_run_outside_the_plan_and_a_wrong_kind_are_refused(eet):

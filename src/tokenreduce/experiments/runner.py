@@ -197,8 +197,9 @@ class Runner:
             # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
             spec = arm.experiment.format(**self.study.train_fields(unit.point, self.layout.checkpoints))
             probe = self._experiment(spec, self._checkpoint(unit.needs[0]), work)
-            doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=unit.needs[0], **probe,
-                       metrics=probe["result"].get("metrics", {}))
+            metrics = probe["result"].get("metrics", {})
+            _check_paired(unit.id, metrics, unit.needs[0], self._doc(unit.needs[0]).get("metrics", {}))
+            doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=unit.needs[0], **probe, metrics=metrics)
         elif unit.point is not None:
             doc.update(arm=unit.point.arm, point=unit.point.values, **self._train(unit))
         elif isinstance(unit.step, Measure):
@@ -412,3 +413,17 @@ def load_runs(layout: Layout, study: Study | None = None) -> dict[str, dict[str,
     """Run id -> the record of every run JSON in ``layout``, each checked against ``study`` (records.py: a
     record that fails is refused, naming the file and the field, never dropped or read as it is)."""
     return load_records(layout.results / "runs", study)
+
+
+def _check_paired(run_id: str, metrics: dict[str, Any], source_id: str, source: dict[str, Any]) -> None:
+    """An evaluated arm's per-item results pair with its source's item by item: the same metrics, each
+    over as many items (else the contrast's interval would pair different test items)."""
+    mine, theirs = metrics.get("items") or {}, source.get("items") or {}
+    if not mine or not theirs:
+        return
+    diff = {k: (mine[k].get("n"), theirs[k].get("n")) for k in set(mine) & set(theirs)
+            if mine[k].get("n") != theirs[k].get("n")}
+    if diff:
+        raise TokenReduceError(f"run {run_id}: its per-item results do not pair with those of {source_id}, which it "
+                               f"evaluates (items, this run / {source_id}: {diff}); evaluate it on its source's test "
+                               f"items")

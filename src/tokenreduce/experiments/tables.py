@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import SpecError
+from ..core.errors import SpecError, TokenReduceError
 from . import stats
 from .study import REFERENCE, Expect, Study
 
@@ -215,6 +215,18 @@ def _items(doc: dict[str, Any], metric: str) -> Any:
     return decode(entry) if isinstance(entry, dict) else None
 
 
+def _pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[Any, Any] | None:
+    """The per-item ``metric`` values of two records of one seed, item for item; None where either holds none.
+    Two records over different numbers of test items are an error (they cannot pair), naming both."""
+    a, b = _items(arm, metric), _items(base, metric)
+    if a is None or b is None:
+        return None
+    if len(a) != len(b):
+        raise TokenReduceError(f"{arm.get('id')} and {base.get('id')}: {metric} over {len(a)} and {len(b)} test "
+                               f"items; a paired contrast needs the same items in both records")
+    return a, b
+
+
 def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
     """The per-item differences ``e.arm`` minus ``e.baseline`` on ``e.metric``, in percent (100 x the item
     values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (for
@@ -222,10 +234,9 @@ def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
     mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
     out: list[float] = []
     for seed in planned_seeds(study):
-        if seed in mine and seed in theirs:
-            a, b = _items(mine[seed], e.metric), _items(theirs[seed], e.metric)
-            if a is not None and b is not None and len(a) == len(b):
-                out += (100.0 * (a - b)).tolist()
+        pair = _pair(mine[seed], theirs[seed], e.metric) if seed in mine and seed in theirs else None
+        if pair is not None:
+            out += (100.0 * (pair[0] - pair[1])).tolist()
     return out
 
 
@@ -233,12 +244,11 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
     """The paired bootstrap over seeds and test items of ``e`` (stats.paired_item_bootstrap) where every
     paired seed's two records hold ``e.metric``'s per-item results; else None and why not."""
     mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
-    seeds = list(paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at))
-    arm = [_items(mine[s], e.metric) for s in seeds]
-    base = [_items(theirs[s], e.metric) for s in seeds]
-    if len(seeds) < 2 or any(x is None for x in (*arm, *base)):
+    seeds = paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)
+    pairs = [_pair(mine[s], theirs[s], e.metric) for s in seeds]
+    if len(pairs) < 2 or any(p is None for p in pairs):
         return None, "seed-level only: the records hold no per-item results"
-    return stats.paired_item_bootstrap(arm, base, confidence=1.0 - e.level), ""
+    return stats.paired_item_bootstrap([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
 
 
 def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:

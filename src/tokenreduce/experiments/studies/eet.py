@@ -140,8 +140,8 @@ class EET(Study):
             baseline="a_unpruned", pending=LONGER_PENDING, grid=(LENGTH, *_GRID), split=("bits", "{} bits"),
             columns=_COLUMNS,
             measures=(_speed("Speed: CTP against the unpruned model, one interleaved run (batch 32; latency at 1)"),),
-            smoke=scene_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE,
-                              probe={"subset": 16, "batch": 8}),
+            # no "subset" here: the oracle takes its source's test items ({eval_subset}), so the two pair by item
+            smoke=scene_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE, probe={"batch": 8}),
             budget=("16 bits: 18 training runs x 2-6 min + 3 oracle evaluations x 2 min + 1 speed run x 3 min; "
                     f"64 bits: 12 training runs + 3 oracle evaluations; on 2 CPU cores: about 2 hours; "
                     f"{one_epoch_budget(12, 205)}")),
