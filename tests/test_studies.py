@@ -624,6 +624,18 @@ def test_the_report_shows_the_bench_studies(tmp_path: Path):
     assert "- runs: 5 of 6 stored" in text and text.count("not run: no run JSON for deit_small-compile") == 2
 
 
+def test_each_claim_row_of_the_report_says_where_it_was_tested(tmp_path: Path):
+    """A claim tested at several fine-tune lengths is one row per length, each naming its length (the
+    shortened schedule too, where the claim names none), so that no two rows read alike."""
+    root = tmp_path / "results"
+    shutil.copytree(ROOT / "results" / "baselines" / "scenes" / "runs", root / "baselines" / "scenes" / "runs")
+    text = build_report(root, names=["baselines"], readme=None).read_text()
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| baselines | ")]
+    assert rows and len({(r[1], r[2], r[-1]) for r in rows}) == len(rows)
+    where = {r[2] for r in rows if r[1].startswith("dynamicvit-1.5x:") and r[-1] == "scenes |"}
+    assert where == {"steps 100", "steps 937", "steps 9370"}
+
+
 def test_the_committed_report_summaries_and_readme_table_regenerate_from_the_records(tmp_path: Path):
     """`tokenreduce report` on a copy of results/ and the README gives the committed files, byte for byte:
     every generated number in the repository is the run records'."""

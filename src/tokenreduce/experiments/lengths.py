@@ -14,8 +14,8 @@ from typing import Any
 
 from .figures import pyplot, set_title, write_png
 from .stats import summarize
-from .study import Study
-from .tables import NOT_RUN, Judged, ci_text, measured, word
+from .study import Expect, Study
+from .tables import NOT_RUN, Judged, ci_text, measured, where_text, word
 
 AXIS = "steps"
 
@@ -32,6 +32,15 @@ def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]
         key = (e.claim, e.arm, e.baseline, tuple(sorted((k, v) for k, v in e.at.items() if k != AXIS)))
         groups.setdefault(key, []).append((e.at.get(AXIS, implicit), j))
     return [sorted(g, key=lambda sj: sj[0]) for g in groups.values() if len(g) > 1]
+
+
+def point(study: Study, e: Expect) -> str:
+    """Where claim ``e`` is tested, as the tables print it: its grid point, with the fine-tune length named
+    where the study has the length axis (a claim that names none is tested at the axis's implicit one)."""
+    axis = next((a for a in study.axes() if a.name == AXIS), None)
+    if axis is None or AXIS in e.at:
+        return where_text(e.at)
+    return where_text({**e.at, AXIS: axis.implicit if axis.implicit is not None else axis.values[0]})
 
 
 def _side(j: Judged) -> int:

@@ -144,13 +144,14 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
 
 
 def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> list[str]:
-    lines = ["| study | claim | source | published | measured here (Δ) | 95% t-interval | p raw / adjusted | verdict | "
-             "test bed |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| study | claim | where | source | published | measured here (Δ) | 95% t-interval | p raw / adjusted | "
+             "verdict | test bed |", "|---|---|---|---|---|---|---|---|---|---|"]
     for study, _ in studies:
         for j in judgement.judged[study.key]:
             e = j.expect
-            lines.append(f"| {study.name} | {j.claim} | {e.source} | {e.published or '-'} | {measured(j)} | "
-                         f"{ci_text(j)} | {p_text(j)} | **{word(j)}** | {study.bed_name} |")
+            lines.append(f"| {study.name} | {j.claim} | {lengths.point(study, e) or '-'} | {e.source} | "
+                         f"{e.published or '-'} | {measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** | "
+                         f"{study.bed_name} |")
     return lines
 
 

@@ -368,7 +368,7 @@ def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict
         if p.at is not None:
             diffs = paired(study, runs, e.arm, e.baseline, e.metric, p.at)
             sd = statistics.stdev(diffs) if len(diffs) > 1 else None
-            pilot = pilot or f"the same contrast at {_where(p.at)}, n = {len(diffs)}"
+            pilot = pilot or f"the same contrast at {where_text(p.at)}, n = {len(diffs)}"
         ran = f"run with n = {v.n}" if v is not None else "not run yet"
         if not sd:
             return f"; power plan (declared before the runs): Δ = {p.effect:g}, its pilot ({pilot}) not stored; {ran}"
@@ -385,7 +385,8 @@ def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict
             f"had {power:.0%} power for the published {e.effect:+.2f} (one-sided {e.level / 2:g}, unadjusted)")
 
 
-def _where(at: dict[str, Any]) -> str:
+def where_text(at: dict[str, Any]) -> str:
+    """A grid point as the tables print it: ``{"bits": 16, "steps": 937}`` -> "bits 16, steps 937"."""
     return ", ".join(f"{k} {v}" for k, v in at.items())
 
 
@@ -443,7 +444,7 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
     lines = [f"| claim | where | contrast | published | measured Δ (mean ± sd) | {interval_header(judged)} | "
              "p raw / adjusted | verdict |", "|---|---|---|---|---|---|---|---|"]
     for j in judged:
-        lines.append(f"| {j.claim} | {_where(j.expect.at) or '-'} | {_contrast(j)} | {j.expect.published or '-'} | "
+        lines.append(f"| {j.claim} | {where_text(j.expect.at) or '-'} | {_contrast(j)} | {j.expect.published or '-'} | "
                      f"{measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** |")
     lines.append("")
     for j in judged:
@@ -451,7 +452,7 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
         why = f" Margin / bound: {e.why}." if e.why else ""
         pooled = f" (a family claim: per seed the mean over its {j.members} claims' paired differences)" \
             if j.members else ""
-        lines.append(f"- {j.claim} ({_where(e.at) or 'all'}){pooled}: {j.why}.{why}")
+        lines.append(f"- {j.claim} ({where_text(e.at) or 'all'}){pooled}: {j.why}.{why}")
     lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
     per_item = [j for j in judged if j.verdict and j.expect.unit == "item"]
     without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members
@@ -524,7 +525,7 @@ def what_changed(judgement: Judgement, studies: list[tuple[Study, dict[str, dict
             if old == j.verdict.word:
                 continue
             moved += 1
-            lines.append(f"| {study.name} | {study.bed_name} | {j.claim} | {_where(j.expect.at) or '-'} | {old} | "
+            lines.append(f"| {study.name} | {study.bed_name} | {j.claim} | {where_text(j.expect.at) or '-'} | {old} | "
                          f"**{word(j)}** | {_moved_why(j, old, rested)} |")
     return lines if moved else ["No verdict moved."]
 
