@@ -81,34 +81,46 @@ def _source(package: str, node: ast.ImportFrom) -> str:
 ADAPTER_PRIVATE = frozenset({"get_patch", "ATTR", "Patch"})
 
 
-def _private(attr: str) -> bool:
-    return attr.startswith("_") or attr in ADAPTER_PRIVATE
+def _underscored(attr: str) -> bool:
+    return attr.startswith("_") and not attr.startswith("__")
 
 
-def adapter_privates(name: str, path: Path, tree: ast.Module) -> list[tuple[int, str]]:
-    """(line, what) where the module ``name`` imports a private name of ``tokenreduce.adapters.*``
-    (``from ..adapters.timm_vit import get_patch``) or reads one off an adapter module it imported
-    (``timm_vit._ATTR``, ``tokenreduce.adapters.hosts.get_patch``)."""
+def _adapter_private(attr: str) -> bool:
+    return _underscored(attr) or attr in ADAPTER_PRIVATE
+
+
+def privates(name: str, path: Path, tree: ast.Module, within: str = "tokenreduce",
+             private=_underscored) -> list[tuple[int, str]]:
+    """(line, what) where the module ``name`` imports a ``private`` name from a module under ``within``
+    (``from .classify import _capture``) or reads one off such a module it imported (``tables._split``,
+    ``tokenreduce.adapters.hosts.get_patch``). A private *module* (``from . import _dist``) is its
+    package's to share."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    adapters, out = set(), []  # local names bound to an adapter module
+    bound, out = set(), []  # local names bound to a module under `within`
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             source = _source(package, node)
             for a in node.names:
                 full = f"{source}.{a.name}"
                 if _is_module(full):
-                    if full.startswith("tokenreduce.adapters"):
-                        adapters.add(a.asname or a.name)
-                elif source.startswith("tokenreduce.adapters") and _private(a.name):
+                    if full.startswith(within):
+                        bound.add(a.asname or a.name)
+                elif source.startswith(within) and private(a.name):
                     out.append((node.lineno, f"imports {a.name} from {source}"))
         elif isinstance(node, ast.Import):
-            adapters.update(a.asname for a in node.names if a.asname and a.name.startswith("tokenreduce.adapters"))
+            bound.update(a.asname for a in node.names if a.asname and a.name.startswith(within))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and _private(node.attr):
+        if isinstance(node, ast.Attribute) and private(node.attr):
             owner = ast.unparse(node.value)
-            if owner in adapters or owner.startswith("tokenreduce.adapters."):
+            if owner in bound or owner.startswith(f"{within}."):
                 out.append((node.lineno, f"reads {owner}.{node.attr}"))
     return out
+
+
+def adapter_privates(name: str, path: Path, tree: ast.Module) -> list[tuple[int, str]]:
+    """:func:`privates` of ``tokenreduce.adapters.*``, whose patch record (:data:`ADAPTER_PRIVATE`) is
+    private too."""
+    return privates(name, path, tree, within="tokenreduce.adapters", private=_adapter_private)
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -189,6 +201,12 @@ def test_no_module_outside_adapters_reads_an_adapter_private_name():
     assert not bad, "use the public host interface (adapters/hosts.py, tokenreduce.api):\n" + "\n".join(bad)
 
 
+def test_no_module_reads_another_modules_private_name():
+    bad = [f"{path.relative_to(SRC)}:{line} {what}" for name, path, tree in MODULES
+           for line, what in privates(name, path, tree)]
+    assert not bad, "make the name public (with a docstring) or use the module's public one:\n" + "\n".join(bad)
+
+
 def test_core_has_no_import_cycle():
     """Within ``core`` imports form a tree of layers, at the top of a module or inside a function:
     a module that needs another's service at run time gets it by registration, not a late import."""
@@ -259,14 +277,23 @@ def test_the_checks_catch_a_violation():
     assert [(n.lineno, n.value) for n in spelled(tree, {"random", "macs"})] == [(2, "random")]
 
 
-def test_the_private_name_check_catches_each_form():
-    source = ("from ..adapters.timm_vit import get_patch, check_host\nfrom ..adapters import timm_vit as tv, hosts\n"
-              "import tokenreduce.adapters.common\nx = tv._ATTR\ny = hosts.is_patched\n"
-              "def f():\n    from ..adapters.common import ATTR\n    return tokenreduce.adapters.common.Patch\n")
-    name, path = "tokenreduce.bench.x", SRC / "bench" / "x.py"
-    assert sorted(adapter_privates(name, path, ast.parse(source))) == [
-        (1, "imports get_patch from tokenreduce.adapters.timm_vit"), (4, "reads tv._ATTR"),
-        (7, "imports ATTR from tokenreduce.adapters.common"), (8, "reads tokenreduce.adapters.common.Patch")]
+@pytest.mark.parametrize(("check", "module", "source", "expected"), [
+    (adapter_privates, "tokenreduce.bench.x",
+     "from ..adapters.timm_vit import get_patch, check_host\nfrom ..adapters import timm_vit as tv, hosts\n"
+     "import tokenreduce.adapters.common\nx = tv._ATTR\ny = hosts.is_patched\n"
+     "def f():\n    from ..adapters.common import ATTR\n    return tokenreduce.adapters.common.Patch\n",
+     [(1, "imports get_patch from tokenreduce.adapters.timm_vit"), (4, "reads tv._ATTR"),
+      (7, "imports ATTR from tokenreduce.adapters.common"), (8, "reads tokenreduce.adapters.common.Patch")]),
+    (privates, "tokenreduce.tasks.x",  # a private module (_dist) is its package's to share; torch's are not ours
+     "from .classify import _capture, capture\nfrom . import _dist\nfrom ..experiments import tables\n"
+     "import tokenreduce.core.ops\nx = tables._split\ny = _dist.rank\nz = tokenreduce.core.ops._cache\n"
+     "w = torch._dynamo\n",
+     [(1, "imports _capture from tokenreduce.tasks.classify"), (5, "reads tables._split"),
+      (7, "reads tokenreduce.core.ops._cache")]),
+])
+def test_the_private_name_checks_catch_each_form(check, module, source, expected):
+    path = SRC.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    assert sorted(check(module, path, ast.parse(source))) == expected
 
 
 def test_the_cycle_check_finds_a_late_import_circle():

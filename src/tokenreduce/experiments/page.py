@@ -25,13 +25,13 @@ from .tables import (
     NOT_RUN,
     STATISTICS,
     Judgement,
-    _split_values,
     ci_text,
     judge,
     measured,
     p_text,
     paired,
     planned_seeds,
+    split_values,
     summary,
     values,
     verdicts,
@@ -77,7 +77,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
         return None
     plt = pyplot()
     metric, header = study.columns[0].metric, study.columns[0].header
-    splits = _split_values(study)
+    splits = split_values(study)
     n = len(study.arms)  # the legend, one line per arm, stands right of the bars: as tall as it needs
     fig, ax = plt.subplots(figsize=(10, max(3.6, 0.16 * n + 1.0)), layout="constrained")
     width = 0.8 / max(1, n)

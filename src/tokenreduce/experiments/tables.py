@@ -32,7 +32,8 @@ def planned_seeds(study: Study) -> tuple[Any, ...]:
     return next(a.values for a in study.axes() if a.name == "seed")
 
 
-def _split_values(study: Study) -> list[Any]:
+def split_values(study: Study) -> list[Any]:
+    """The values of the axis the study's tables are split by (``study.split``); [None] for one table."""
     if study.split is None:
         return [None]
     return list(next(a.values for a in study.axes() if a.name == study.split[0]))
@@ -599,7 +600,7 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
     missing = [p.id for p in study.points() if p.id not in runs]
     if missing and study.pending:
         lines += [f"{len(missing)} of {len(study.points())} runs {NOT_RUN}: {study.pending}.", ""]
-    for value in _split_values(study) if study.arms else []:
+    for value in split_values(study) if study.arms else []:
         at = {study.split[0]: value} if study.split else {}
         if study.split:
             lines += [f"### {study.split[1].format(value)}", ""]

@@ -26,23 +26,13 @@ from .items import encode
 DISTILL_KINDS = ("logits", "tokens")
 
 
-def _info(model: nn.Module):
-    return find_info(model)
-
-
-def _capture(model: nn.Module):
-    """``tokenreduce.capture(model)``: the live record of the forwards in the block, for the
-    auxiliary losses and predictions a learned reducer emits (the model keeps them detached)."""
-    return capture(model)
-
-
 def final_positions(model: nn.Module, num_tokens: int, batch: int, device: torch.device) -> Tensor:
     """(B, N) original sequence position of each token leaving the last block.
 
     For a reduced model this is ``get_info(model).index`` of the last forward (a merged token
     takes the position of the token it was merged into); otherwise ``arange(N)``.
     """
-    info = _info(model)
+    info = find_info(model)
     if info is not None and info.index is not None:
         return info.index
     return torch.arange(num_tokens, device=device).expand(batch, num_tokens)
@@ -108,7 +98,7 @@ class Classify(Task):
 
     @staticmethod
     def _check_token_teacher(model: nn.Module, teacher: nn.Module) -> None:
-        if _info(teacher) is not None:
+        if find_info(teacher) is not None:
             raise TokenReduceError("token distillation needs an unreduced teacher (one token per patch)")
         s_dim, t_dim = getattr(model, "embed_dim", None), getattr(teacher, "embed_dim", None)
         if s_dim != t_dim:
@@ -125,7 +115,7 @@ class Classify(Task):
     def forward(self, images: Tensor, labels: Tensor) -> TaskOutput:
         """images (B, C, H, W), labels (B,) long."""
         want_tokens = "tokens" in self.distill
-        with _capture(self.model) as seen:
+        with capture(self.model) as seen:
             if want_tokens:
                 tokens = self.model.forward_features(images)  # (B, N', C)
                 logits = self.model.forward_head(tokens)
@@ -178,7 +168,7 @@ class Classify(Task):
         idx = (pos + t_prefix)[..., None].expand(-1, -1, t_tokens.shape[-1])
         target = t_tokens.gather(1, idx)  # (B, N'-p, C)
         err = (s_tokens[:, s_prefix:] - target).pow(2).mean(-1)  # (B, N'-p)
-        info = _info(self.model)
+        info = find_info(self.model)
         mask = None if info is None else info.keep_mask
         if mask is None:
             return err.mean()

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from ..api import apply, is_patched, remove
+from ..api import apply, capture, find_info, is_patched, remove
 from ..core.errors import SpecError, TokenReduceError
 from ..core.method import AttnInfo, Host, Reducer
 from ..core.registry import NoParams
@@ -73,9 +73,8 @@ from ..core.state import TokenState
 from ..methods.ctp import importance as ctp_importance
 from ..models import load_model, model_config, read_checkpoint, save_checkpoint, task_weights
 from .base import TaskContext, TaskOutput, register_task
-from .classify import _capture, _info
 from .fish import DELTA, ITERS, SIGMA, fish_codes
-from .hash import Hash, HashConfig, Protocol, _labels_of, binarize
+from .hash import Hash, HashConfig, Protocol, binarize, labels_of
 
 Mask = Literal["grid", "official"]
 MASKS: tuple[str, ...] = get_args(Mask)
@@ -223,7 +222,7 @@ class EET(Hash):
                 return
             self._check_frozen(target)
         if cfg.drg:
-            if _info(target) is not None:
+            if find_info(target) is not None:
                 raise TokenReduceError("eet(drg=True) reads the importance of an unpruned teacher; the frozen teacher "
                                        "is patched with a reducer (export it from an unpruned run)")
             probe = ImportanceProbe()
@@ -278,9 +277,9 @@ class EET(Hash):
         """images (B, C, H, W), targets (B, 2) [label, index] (the task's training set)."""
         cfg, ls = self.cfg, self.ctx.label_smoothing
         self._ensure_codes()
-        labels = _labels_of(targets)
+        labels = labels_of(targets)
         t = self.target_codes(targets)  # (B, bits)
-        with _capture(self.model) as seen:
+        with capture(self.model) as seen:
             logits = self.model(images)  # (B, C)
         h = self.head(logits)  # (B, bits)
         losses = {"ce": cfg.ce_weight * F.cross_entropy(logits, labels, label_smoothing=ls),

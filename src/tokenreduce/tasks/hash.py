@@ -61,12 +61,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from ..api import capture
 from ..core.errors import SpecError, TokenReduceError
 from ..data import subset
 from . import _dist
 from . import retrieval as R
 from .base import Task, TaskContext, TaskOutput, dataset_labels, register_task
-from .classify import _capture
 from .items import encode
 
 Targets = Literal["class", "image"]
@@ -148,7 +148,7 @@ class _Indexed(Dataset):
         return image, torch.tensor([int(label), int(i)], dtype=torch.long)
 
 
-def _labels_of(targets: Tensor) -> Tensor:
+def labels_of(targets: Tensor) -> Tensor:
     """(B,) labels from targets (B,) or (B, 2) [label, index]."""
     return targets[:, 0] if targets.dim() == 2 else targets
 
@@ -227,7 +227,7 @@ class Hash(Task):
 
     def target_codes(self, targets: Tensor) -> Tensor:
         """(B, bits) float +-1 target codes of a batch's targets ((B,) labels or (B, 2) [label, index])."""
-        labels = _labels_of(targets)
+        labels = labels_of(targets)
         if self.cfg.targets == "class":
             return self.class_codes[labels].float()
         if targets.dim() != 2:
@@ -248,8 +248,8 @@ class Hash(Task):
 
     def forward(self, images: Tensor, targets: Tensor) -> TaskOutput:
         """images (B, C, H, W), targets (B,) labels or (B, 2) [label, index]."""
-        labels = _labels_of(targets)
-        with _capture(self.model) as seen:
+        labels = labels_of(targets)
+        with capture(self.model) as seen:
             logits = self.model(images)  # (B, C)
         h = self.head(logits)  # (B, bits)
         t = self.target_codes(targets)
@@ -278,7 +278,7 @@ class Hash(Task):
             if logits.shape[-1] != weight.shape[1]:
                 raise TokenReduceError(f"hash: the model gives {logits.shape[-1]} outputs, the hash head reads "
                                        f"{weight.shape[1]}")
-            y = _labels_of(torch.as_tensor(targets)).to(device)
+            y = labels_of(torch.as_tensor(targets)).to(device)
             codes.append(binarize(F.linear(logits.float(), weight.float(), bias.float())))
             labels.append(y)
             correct.append((logits.argmax(-1) == y).float())  # float: every backend gathers it
@@ -307,7 +307,7 @@ class Hash(Task):
                                dtype=torch.long)
         labels = dataset_labels(sub)
         if labels is None:  # no per-item label list: read the items (loads the images once)
-            labels = torch.tensor([int(_labels_of(torch.as_tensor(sub[i][1])).item()) for i in range(len(sub))])
+            labels = torch.tensor([int(labels_of(torch.as_tensor(sub[i][1])).item()) for i in range(len(sub))])
         return sub, labels, rows
 
     def _subset_rows(self, n: int) -> Tensor:
