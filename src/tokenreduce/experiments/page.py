@@ -30,6 +30,7 @@ from .tables import (
     measured,
     p_text,
     paired,
+    paired_by_seed,
     planned_seeds,
     split_values,
     summary,
@@ -206,6 +207,11 @@ def headline(root: Path) -> list[str]:
         return summarize(paired(study, runs, arm, f"random~{arm}", "top1", at)).text() \
             if f"random~{arm}" in study.arms else "-"
 
+    def paired_seeds(steps: int) -> list[Any]:
+        """The seeds of the longer fine-tune's cells: those with both records for some pick."""
+        return sorted({seed for arm in speed if f"random~{arm}" in study.arms for seed in
+                       paired_by_seed(study, runs, arm, f"random~{arm}", "top1", {lengths.AXIS: steps})})
+
     # the longer fine-tunes with a paired record: a column each, so a verdict that turns with training shows here
     axis = next((a for a in study.axes() if a.name == lengths.AXIS), None)
     longer = [s for s in (axis.values if axis else ()) if s != axis.implicit
@@ -215,8 +221,8 @@ def headline(root: Path) -> list[str]:
              f"random pruner at the same per-block token counts (Δ, paired by seed); speed measured in one "
              f"interleaved run on {prov.get('cpu')}, {prov.get('threads')} threads "
              f"([`tokenreduce study baselines`](results/REPORT.md))"
-             + "".join(f"; Δ after {s} steps: the same contrast fine-tuned for {s} steps, over the seeds run so far"
-                       for s in longer) + ":", ""]
+             + "".join(f"; Δ after {s} steps: the same contrast fine-tuned for {s} steps (seeds "
+                       f"{', '.join(map(str, paired_seeds(s)))})" for s in longer) + ":", ""]
     head = ["pick", "MACs x", "speed-up b32", "top-1 %", "Δ vs random at its counts",
             *(f"Δ after {s} steps" for s in longer)]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
