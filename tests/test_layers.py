@@ -207,6 +207,29 @@ def test_no_module_reads_another_modules_private_name():
     assert not bad, "make the name public (with a docstring) or use the module's public one:\n" + "\n".join(bad)
 
 
+def unhinted(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) of each public function of ``tree`` (module level, or a method of a public class) with
+    a parameter (other than self / cls) or a return without a type hint."""
+    out = []
+    for node in tree.body:
+        owner = node.name + "." if isinstance(node, ast.ClassDef) and not node.name.startswith("_") else ""
+        found = [node] if isinstance(node, ast.FunctionDef) else node.body if owner else []
+        for f in found:
+            if not isinstance(f, ast.FunctionDef) or f.name.startswith("_"):
+                continue
+            args = [a for a in (*f.args.posonlyargs, *f.args.args, *f.args.kwonlyargs) if a.arg not in ("self", "cls")]
+            if f.returns is None or any(a.annotation is None for a in args):
+                out.append((f.lineno, owner + f.name))
+    return out
+
+
+def test_public_functions_have_type_hints():
+    bad = [f"{path.relative_to(SRC)}:{line} {what}" for _, path, tree in MODULES for line, what in unhinted(tree)]
+    assert not bad, "\n".join(bad)
+    assert unhinted(ast.parse("def f(x) -> int: ...\nclass A:\n    def g(self) -> None: ...\n    def h(self, y): ...\n"
+                              "def _p(z): ...\n")) == [(1, "f"), (4, "A.h")]
+
+
 def test_core_has_no_import_cycle():
     """Within ``core`` imports form a tree of layers, at the top of a module or inside a function:
     a module that needs another's service at run time gets it by registration, not a late import."""

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..bench.settings import COMPILE_MODES, QUICK, SPEED
 from ..core.errors import TokenReduceError
 from . import checks, vocab
+
+if TYPE_CHECKING:  # imported late at run time: the CLI starts without torch
+    from ..models import ModelSource
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def model_source(args: argparse.Namespace):
+def model_source(args: argparse.Namespace) -> ModelSource:
     """The ``models.ModelSource`` of the model arguments: ``--hf-config`` or the timm ``--model``."""
     from ..models import ModelSource
 

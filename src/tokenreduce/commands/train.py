@@ -127,7 +127,7 @@ def command_line(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig the flags ask for (recipe, then flags)."""
     from ..train.recipes import default_out, get_recipe
 
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def interrupted(e: KeyboardInterrupt, cfg) -> str:
+def interrupted(e: KeyboardInterrupt, cfg: TrainConfig) -> str:
     """What a Ctrl-C left behind: the checkpoint the loop saved at the step it stopped, or the last one."""
     from ..train.loop import TrainingInterrupted
 
@@ -249,12 +249,12 @@ def interrupted(e: KeyboardInterrupt, cfg) -> str:
     return "interrupted before the first checkpoint"
 
 
-def resume_command(args: argparse.Namespace, cfg) -> str:
+def resume_command(args: argparse.Namespace, cfg: TrainConfig) -> str:
     """The command that continues this run: the one given, with --resume and the output directory, no --force."""
     return command_line(argparse.Namespace(**{**vars(args), "resume": True, "force": None, "out": cfg.out}))
 
 
-def write_results(path: Path, command: str, cfg, metrics: dict[str, Any]) -> None:
+def write_results(path: Path, command: str, cfg: TrainConfig, metrics: dict[str, Any]) -> None:
     """Results JSON: the command that made it, the config, the metrics and the environment."""
     from ..bench.report import write_json
 

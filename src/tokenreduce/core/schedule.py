@@ -12,7 +12,7 @@ attention point of each block (``mid``): :meth:`Schedule.point_counts` says what
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -143,7 +143,7 @@ def from_keep(
 
 def from_r(
     n: int, depth: int, r: int | Sequence[int], where: str, method: str,
-    max_r=lambda tokens: tokens - 1,
+    max_r: Callable[[int], int] = lambda tokens: tokens - 1,
 ) -> Schedule:
     """Remove r tokens at every block (an int) or r[i] at block i (a sequence of length depth).
     ``max_r(tokens)`` is the method's limit for a block entered with ``tokens`` tokens."""
@@ -193,7 +193,7 @@ def compile_schedule(
     n: int, depth: int, method: str, *, where: str, keep: float | None = None,
     r: int | Sequence[int] | None = None, counts: Sequence[int] | None = None,
     locs: Sequence[int] | None = None, extra_token: bool = False,
-    max_r=lambda tokens: tokens - 1, grow: bool = False,
+    max_r: Callable[[int], int] = lambda tokens: tokens - 1, grow: bool = False,
 ) -> Schedule:
     """Compile whichever of keep / r / counts a spec gave (exactly one). ``grow=True`` declares
     that the method may bring tokens back: explicit counts may then rise again, up to ``n``

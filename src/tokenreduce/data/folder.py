@@ -59,7 +59,7 @@ def check_classes(found: Sequence[str], known: Sequence[str], what: str) -> None
                         "evaluate a model trained with them")
 
 
-def load_image(path: Path, mode: str):
+def load_image(path: Path, mode: str) -> Image.Image:
     """PIL image converted to ``mode`` ('RGB' or 'L'); DataError for unreadable files or wide modes."""
     try:
         img = Image.open(path)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .study import REFERENCE, Expect, Study
+from .study import REFERENCE, Bench, BenchTable, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
 
@@ -112,7 +112,7 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
     return f"| {label} | {seeds} | " + " | ".join(cells) + " |"
 
 
-def measure_table(decl, doc: dict[str, Any] | None) -> list[str]:
+def measure_table(decl: Measure, doc: dict[str, Any] | None) -> list[str]:
     if doc is None:
         return [f"{NOT_RUN}: no run JSON for {decl.name}"]
     lines = ["| " + " | ".join(c.header for c in decl.columns) + " |", "|" + "---|" * len(decl.columns)]
@@ -122,7 +122,7 @@ def measure_table(decl, doc: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def bench_table(decl, doc: dict[str, Any] | None) -> list[str]:
+def bench_table(decl: Bench, doc: dict[str, Any] | None) -> list[str]:
     """A bench's table as the ``bench`` command prints it (the same columns, the same cells), under the
     line that says what was timed how."""
     from ..bench.compare import columns_for
@@ -140,7 +140,7 @@ def bench_table(decl, doc: dict[str, Any] | None) -> list[str]:
     return [said, "", "```", format_table(result["results"], columns_for(result["results"], decl.columns)), "```"]
 
 
-def bench_comparison(decl, runs: dict[str, dict]) -> list[str]:
+def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
     """A :class:`~.study.BenchTable`: per spec (and the control) each bench's speed-ups, unpatched and
     matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is empty."""
     missing = [n for n in decl.benches if n not in runs]
@@ -165,7 +165,7 @@ def bench_comparison(decl, runs: dict[str, dict]) -> list[str]:
     return lines
 
 
-def probe_text(decl, doc: dict[str, Any] | None) -> list[str]:
+def probe_text(decl: Probe, doc: dict[str, Any] | None) -> list[str]:
     from .entries import report_probe
 
     if doc is None:
