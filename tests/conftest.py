@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,3 +69,21 @@ def stop_at(step: int):
             raise Interrupted
 
     return hook
+
+
+def default_sigint() -> None:
+    """A child's ``preexec_fn``: Ctrl-C's default action even where this process ignores SIGINT (a test run
+    started in the background by a non-interactive shell), so that Python installs its handler and the child
+    can be stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def wait_for(path: Path, proc: subprocess.Popen) -> None:
+    """Wait for the state ``path`` announces (a run holding at its step, HOLD_ENV); fails if ``proc`` ends
+    first. The deadline only keeps a broken run from hanging the session: nothing here depends on how fast
+    the run is."""
+    end = time.monotonic() + 600
+    while not path.exists():
+        assert proc.poll() is None, ("the run ended without holding", proc.communicate())
+        assert time.monotonic() < end, f"no {path} after 600 s"
+        time.sleep(0.05)

@@ -16,13 +16,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import timm
 import torch
-from conftest import Interrupted, stop_at
+from conftest import Interrupted, default_sigint, stop_at, wait_for
 
 import tokenreduce
 from tokenreduce import TokenReduceError
@@ -90,22 +89,6 @@ def _never(*args, **kwargs):
 # ----------------------------------------------------------------------------- one run per --out, Ctrl-C
 
 
-def _default_sigint() -> None:
-    """Give a child Ctrl-C's default action even where this process ignores SIGINT (e.g. a test run started in
-    the background by a non-interactive shell): Python then installs its handler and the run can be stopped."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _wait_for(path: Path, proc: subprocess.Popen) -> None:
-    """Wait for the state ``path`` announces (the run holding at its step); fails if ``proc`` ends first. The
-    deadline only keeps a broken run from hanging the session: nothing here depends on how fast the run is."""
-    end = time.monotonic() + 600
-    while not path.exists():
-        assert proc.poll() is None, ("the run ended without holding", proc.communicate())
-        assert time.monotonic() < end, f"no {path} after 600 s"
-        time.sleep(0.05)
-
-
 def test_second_run_into_one_out_is_refused_and_ctrl_c_prints_the_resume_command(data, tmp_path, capsys):
     """The run holds after step 6 (HOLD_ENV: a checkpoint there, then it waits for Ctrl-C), so the second run
     and the SIGINT meet it at a known state whatever the machine's load."""
@@ -114,9 +97,9 @@ def test_second_run_into_one_out_is_refused_and_ctrl_c_prints_the_resume_command
              "--out", str(out)]
     env = {**os.environ, HOLD_ENV: f"6:{held}"}
     proc = subprocess.Popen([sys.executable, "-m", "tokenreduce.cli", "train", *flags], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint)
     try:
-        _wait_for(held, proc)
+        wait_for(held, proc)
         one_line(capsys, ["train", *flags], f"in use by another training run (pid {proc.pid} on ")
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=600)

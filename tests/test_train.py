@@ -10,12 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import Interrupted, stop_at
+from conftest import Interrupted, default_sigint, stop_at, wait_for
 from torch import Tensor
 
 import tokenreduce
@@ -81,22 +80,6 @@ def test_resume_equals_uninterrupted_run(data: str, tmp_path: Path) -> None:
     assert train(cut)["reused"] is True
 
 
-def _default_sigint() -> None:
-    """A child holds (HOLD_ENV) only where Ctrl-C can stop it: give it SIGINT's default action even where this
-    process ignores SIGINT (a test run started in the background by a non-interactive shell)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _wait_for(path: Path, proc: subprocess.Popen) -> None:
-    """Wait for the state ``path`` announces (the run holding at its step); fails if ``proc`` ends first. The
-    deadline only keeps a broken run from hanging the session: nothing here depends on how fast the run is."""
-    end = time.monotonic() + 600
-    while not path.exists():
-        assert proc.poll() is None, "the run ended before it held"
-        assert time.monotonic() < end, f"no {path} after 600 s"
-        time.sleep(0.05)
-
-
 @pytest.mark.slow  # three CLI processes; test_resume_equals_uninterrupted_run covers exact resume in-process
 def test_resume_after_sigkill(data: str, tmp_path: Path) -> None:
     flags = [*TINY_FLAGS, "--data", data, "--epochs", "4", "--batch-size", "16", "--lr", "3e-3", "--ckpt-every",
@@ -104,9 +87,9 @@ def test_resume_after_sigkill(data: str, tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # HOLD_ENV: the run checkpoints at step 7 (mid-epoch) and waits there, so the kill lands at a known state
     proc = subprocess.Popen([sys.executable, "-m", "tokenreduce.cli", "train", *flags, "--out", str(tmp_path / "k")],
-                            env={**env, HOLD_ENV: f"7:{tmp_path / 'held'}"}, preexec_fn=_default_sigint)
+                            env={**env, HOLD_ENV: f"7:{tmp_path / 'held'}"}, preexec_fn=default_sigint)
     try:
-        _wait_for(tmp_path / "held", proc)
+        wait_for(tmp_path / "held", proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
