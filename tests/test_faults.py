@@ -234,6 +234,16 @@ def test_per_item_results_over_other_test_items_are_one_line_naming_both_records
              "test items")
 
 
+def test_an_evaluated_arm_over_other_test_items_than_its_source_is_refused_when_it_runs():
+    from tokenreduce.experiments.runner import _check_paired
+
+    source = {"items": {"top1": encode(torch.ones(32, dtype=torch.bool))}}
+    _check_paired("oracle-s0", {"items": {"top1": encode(torch.zeros(32, dtype=torch.bool))}}, "ctp-s0", source)
+    _check_paired("oracle-s0", {"top1": 50.0}, "ctp-s0", source)  # nothing per item to pair: nothing to check
+    with pytest.raises(TokenReduceError, match=r"oracle-s0: .* do not pair with those of ctp-s0.*'top1': \(16, 32\)"):
+        _check_paired("oracle-s0", {"items": {"top1": encode(torch.ones(16, dtype=torch.bool))}}, "ctp-s0", source)
+
+
 def test_a_run_outside_the_plan_and_a_wrong_kind_are_refused(eet):
     runs = eet / "eet" / "scenes" / "runs"
     shutil.copy(runs / "b_ctp-b16-s0.json", runs / "zz_extra.json")

@@ -416,12 +416,12 @@ def load_runs(layout: Layout, study: Study | None = None) -> dict[str, dict[str,
 
 
 def _check_paired(run_id: str, metrics: dict[str, Any], source_id: str, source: dict[str, Any]) -> None:
-    """An evaluated arm's per-item results pair with its source's item by item: the same metrics, each
-    over as many items (else the contrast's interval would pair different test items)."""
+    """An evaluated arm's per-item results pair with its source's item by item: each metric both hold is
+    over as many items in both (else the contrast's interval would pair different test items)."""
     mine, theirs = metrics.get("items") or {}, source.get("items") or {}
     if not mine or not theirs:
         return
-    diff = {k: (mine[k].get("n"), theirs[k].get("n")) for k in set(mine) & set(theirs)
+    diff = {k: (mine[k].get("n"), theirs[k].get("n")) for k in sorted(set(mine) & set(theirs))
             if mine[k].get("n") != theirs[k].get("n")}
     if diff:
         raise TokenReduceError(f"run {run_id}: its per-item results do not pair with those of {source_id}, which it "
