@@ -245,3 +245,18 @@ def test_study_commands_repeat_device_and_amp(tmp_path: Path, capsys) -> None:
                  str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines and all("--amp bf16" in line for line in lines)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without the device asked for")
+def test_a_study_lists_its_gpu_plan_on_a_machine_without_one(capsys) -> None:
+    """``--list`` runs nothing: it prints the ten-epoch runs with ``--device cuda`` for the GPU they are meant for;
+    running one here, or a device name torch does not know, is one line."""
+    from tokenreduce.cli import main
+
+    assert main(["study", "cropr", "--where", "steps=9370", "--device", "cuda", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all("-t9370-" in line and "--device cuda" in line for line in lines)
+    assert main(["study", "cropr", "--device", "cuda:x", "--list"]) == 2
+    assert "unknown device 'cuda:x'" in capsys.readouterr().err
+    assert main(["study", "cropr", "--device", "cuda", "--run", "cropr-t9370-s0"]) == 2
+    assert "torch sees no cuda device here" in capsys.readouterr().err

@@ -27,12 +27,18 @@ def resolve_threads(n: int | None, flag: str = "--threads") -> int:
     return torch.get_num_threads()
 
 
-def device(name: str | None) -> str:
+def device(name: str | None, here: bool = True) -> str | None:
     """``name`` if torch knows it and this machine has it (train.dist.resolve_device), else a TokenReduceError;
     None (``--device``'s default): cuda when torch sees one, else cpu. On CUDA, TF32 is enabled for float32
-    matmuls (precision.prepare_device)."""
+    matmuls (precision.prepare_device). ``here=False``, for a command that runs nothing here (``study
+    --list``, ``--summarize``): the name is checked, not the machine, and None stays None."""
     from ..precision import prepare_device
+    from ..train.dist import resolve_device
 
+    if not here:
+        if name is not None:
+            resolve_device(name, here=False)
+        return name
     return prepare_device(name)
 
 

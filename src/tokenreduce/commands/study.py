@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="runs at once (N processes, threads // N each; runs that time go one at a time, last)")
     vocab.add_threads(p)
-    vocab.add_device(p, note="every run and measure; repeated by --list's commands")
+    vocab.add_device(p, note="every run and measure; repeated by --list's commands (--list and --summarize "
+                                 "check the name only, so a GPU's commands list anywhere)")
     vocab.add_amp(p, note="every run's training and evaluation and every measure")
     vocab.add_out_dir(p, default=None, note="results/NAME/BED for a declared test bed, runs/studies/NAME-BED-<test "
                       "bed> for your own; checkpoints in DIR/checkpoints")
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from . import checks
 
     checks.threads(args.threads)
-    args.device = checks.device(args.device)
+    args.device = checks.device(args.device, here=not (args.list or args.summarize))  # those two run nothing
     if args.jobs < 1:
         raise TokenReduceError(f"--jobs must be >= 1, got {args.jobs}")
     study = get_study(args.name)(args.testbed, testbed=_testbed(args), smoke=args.smoke)

@@ -60,10 +60,11 @@ class DistInfo:
         return self.world > 1
 
 
-def resolve_device(device: str | None, local_rank: int = 0) -> torch.device:
+def resolve_device(device: str | None, local_rank: int = 0, here: bool = True) -> torch.device:
     """``device`` (any torch device string: cpu, cuda, cuda:N, mps, ...) checked to exist here or, when
     None, cuda:<local_rank> if CUDA is available, else cpu. A TokenReduceError for a string torch
-    does not know or a device this machine lacks."""
+    does not know or (``here``) a device this machine lacks; ``here=False`` checks the name only (for
+    what runs elsewhere: the commands ``study --list`` prints)."""
     if device in (None, "auto"):
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     try:
@@ -72,6 +73,8 @@ def resolve_device(device: str | None, local_rank: int = 0) -> torch.device:
         raise TokenReduceError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device(f"cuda:{local_rank}")
+    if not here:
+        return dev
     backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
     available = getattr(backend, "is_available", None)
     if available is not None and not available():
