@@ -25,6 +25,7 @@ from tokenreduce.cli import main
 from tokenreduce.experiments import records
 from tokenreduce.experiments.runner import Layout, load_runs
 from tokenreduce.experiments.study import get_study
+from tokenreduce.experiments.tables import item_pair
 from tokenreduce.models import CheckpointError, build_model, read_checkpoint, read_meta, resolve, save_checkpoint
 from tokenreduce.models.checkpoint import SIGNED, UNVERIFIED
 from tokenreduce.models.references import SHIPPED_DIR
@@ -234,14 +235,16 @@ def test_per_item_results_over_other_test_items_are_one_line_naming_both_records
              "test items")
 
 
-def test_an_evaluated_arm_over_other_test_items_than_its_source_is_refused_when_it_runs():
-    from tokenreduce.experiments.runner import _check_paired
+def test_per_item_results_pair_only_over_the_same_number_of_test_items():
+    """The one check the runner applies when an evaluated arm runs and the tables when they read records."""
+    def record(rid, n):
+        return {"id": rid, "metrics": {"items": {"top1": encode(torch.ones(n, dtype=torch.bool))}}}
 
-    source = {"items": {"top1": encode(torch.ones(32, dtype=torch.bool))}}
-    _check_paired("oracle-s0", {"items": {"top1": encode(torch.zeros(32, dtype=torch.bool))}}, "ctp-s0", source)
-    _check_paired("oracle-s0", {"top1": 50.0}, "ctp-s0", source)  # nothing per item to pair: nothing to check
-    with pytest.raises(TokenReduceError, match=r"oracle-s0: .* do not pair with those of ctp-s0.*'top1': \(16, 32\)"):
-        _check_paired("oracle-s0", {"items": {"top1": encode(torch.ones(16, dtype=torch.bool))}}, "ctp-s0", source)
+    a, b = item_pair(record("oracle-s0", 32), record("ctp-s0", 32), "top1")
+    assert a.shape == b.shape == (32,)
+    assert item_pair({"id": "oracle-s0", "metrics": {"top1": 50.0}}, record("ctp-s0", 32), "top1") is None
+    with pytest.raises(TokenReduceError, match=r"^oracle-s0 and ctp-s0: top1 over 16 and 32 test items"):
+        item_pair(record("oracle-s0", 16), record("ctp-s0", 32), "top1")
 
 
 def test_a_run_outside_the_plan_and_a_wrong_kind_are_refused(eet):

@@ -20,12 +20,18 @@ from .tables import NOT_RUN, Judged, ci_text, measured, where_text, word
 AXIS = "steps"
 
 
+def implicit_length(study: Study) -> Any | None:
+    """The fine-tune length of a claim that names none (the length axis's implicit value, else its first);
+    None for a study without the axis."""
+    axis = next((a for a in study.axes() if a.name == AXIS), None)
+    return None if axis is None else axis.implicit if axis.implicit is not None else axis.values[0]
+
+
 def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]]]:
     """Each of the ``judged`` claims tested at more than one length: its (steps, judged) in increasing steps."""
-    axes = {a.name: a for a in study.axes()}
-    if AXIS not in axes:
+    implicit = implicit_length(study)
+    if implicit is None:
         return []
-    implicit = axes[AXIS].implicit if axes[AXIS].implicit is not None else axes[AXIS].values[0]
     groups: dict[tuple, list[tuple[Any, Judged]]] = {}
     for j in judged:
         e = j.expect
@@ -37,10 +43,8 @@ def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]
 def point(study: Study, e: Expect) -> str:
     """Where claim ``e`` is tested, as the tables print it: its grid point, with the fine-tune length named
     where the study has the length axis (a claim that names none is tested at the axis's implicit one)."""
-    axis = next((a for a in study.axes() if a.name == AXIS), None)
-    if axis is None or AXIS in e.at:
-        return where_text(e.at)
-    return where_text({**e.at, AXIS: axis.implicit if axis.implicit is not None else axis.values[0]})
+    implicit = implicit_length(study)
+    return where_text(e.at if implicit is None or AXIS in e.at else {**e.at, AXIS: implicit})
 
 
 def _side(j: Judged) -> int:

@@ -33,6 +33,7 @@ from typing import Any
 from ..core.errors import TokenReduceError
 from .records import load_records, read_record, relative, resolved
 from .study import REFERENCE, Bench, Measure, Point, Probe, Study
+from .tables import item_pair
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,9 @@ class Runner:
             # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
             spec = arm.experiment.format(**self.study.train_fields(unit.point, self.layout.checkpoints))
             probe = self._experiment(spec, self._checkpoint(unit.needs[0]), work)
-            metrics = probe["result"].get("metrics", {})
-            _check_paired(unit.id, metrics, unit.needs[0], self._doc(unit.needs[0]).get("metrics", {}))
+            metrics, source = probe["result"].get("metrics", {}), self._doc(unit.needs[0])
+            for metric in sorted(set(metrics.get("items") or {}) & set(source["metrics"].get("items") or {})):
+                item_pair({"id": doc["id"], "metrics": metrics}, source, metric)  # refused here, not at the report
             doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=unit.needs[0], **probe, metrics=metrics)
         elif unit.point is not None:
             doc.update(arm=unit.point.arm, point=unit.point.values, **self._train(unit))
@@ -414,16 +416,3 @@ def load_runs(layout: Layout, study: Study | None = None) -> dict[str, dict[str,
     record that fails is refused, naming the file and the field, never dropped or read as it is)."""
     return load_records(layout.results / "runs", study)
 
-
-def _check_paired(run_id: str, metrics: dict[str, Any], source_id: str, source: dict[str, Any]) -> None:
-    """An evaluated arm's per-item results pair with its source's item by item: each metric both hold is
-    over as many items in both (else the contrast's interval would pair different test items)."""
-    mine, theirs = metrics.get("items") or {}, source.get("items") or {}
-    if not mine or not theirs:
-        return
-    diff = {k: (mine[k].get("n"), theirs[k].get("n")) for k in sorted(set(mine) & set(theirs))
-            if mine[k].get("n") != theirs[k].get("n")}
-    if diff:
-        raise TokenReduceError(f"run {run_id}: its per-item results do not pair with those of {source_id}, which it "
-                               f"evaluates (items, this run / {source_id}: {diff}); evaluate it on its source's test "
-                               f"items")

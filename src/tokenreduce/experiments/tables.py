@@ -216,7 +216,7 @@ def _items(doc: dict[str, Any], metric: str) -> Any:
     return decode(entry) if isinstance(entry, dict) else None
 
 
-def _pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[Any, Any] | None:
+def item_pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[Any, Any] | None:
     """The per-item ``metric`` values of two records of one seed, item for item; None where either holds none.
     Two records over different numbers of test items are an error (they cannot pair), naming both."""
     a, b = _items(arm, metric), _items(base, metric)
@@ -235,7 +235,7 @@ def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
     mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
     out: list[float] = []
     for seed in planned_seeds(study):
-        pair = _pair(mine[seed], theirs[seed], e.metric) if seed in mine and seed in theirs else None
+        pair = item_pair(mine[seed], theirs[seed], e.metric) if seed in mine and seed in theirs else None
         if pair is not None:
             out += (100.0 * (pair[0] - pair[1])).tolist()
     return out
@@ -246,7 +246,7 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
     paired seed's two records hold ``e.metric``'s per-item results; else None and why not."""
     mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
     seeds = paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)
-    pairs = [_pair(mine[s], theirs[s], e.metric) for s in seeds]
+    pairs = [item_pair(mine[s], theirs[s], e.metric) for s in seeds]
     if len(pairs) < 2 or any(p is None for p in pairs):
         return None, "seed-level only: the records hold no per-item results"
     return stats.paired_item_bootstrap([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
