@@ -16,6 +16,7 @@ On both hosts (a tiny timm VisionTransformer, tiny transformers ViT / DINOv2 / C
 from __future__ import annotations
 
 import pytest
+import timm
 import torch
 from conftest import TINY
 from timm.models.vision_transformer import VisionTransformer
@@ -23,6 +24,7 @@ from timm.models.vision_transformer import VisionTransformer
 import tokenreduce as tr
 from tokenreduce.adapters import hosts, timm_vit
 from tokenreduce.adapters.hf_vit import _resolve
+from tokenreduce.bench.macs import count_macs, flop_counter_macs
 
 transformers = pytest.importorskip("transformers")
 
@@ -261,6 +263,33 @@ def test_a_compiled_forward_is_one_static_graph_at_the_grid_it_runs(images):
         want = model(x)  # binds the 12x12 grid eagerly
         got = torch.compile(model, fullgraph=True, dynamic=False, backend="eager")(x)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_hybrid_timm_vit_is_served_its_cnn_stem_taking_the_images(dynamic):
+    """vit_*_r*_ / vit_*_resnet* put a CNN before the projection (timm's HybridEmbed): the images have the
+    CNN's channels (3), not the projection's input width, and each token stands for the CNN's stride times
+    the projection's patch, a grid the schedule follows like any other; the stem's cost is measured."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False, img_size=64, depth=2,
+                              dynamic_img_size=dynamic).eval()
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(x)
+        tr.apply(model, "tome(r=0)")
+        torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+        tr.apply(model, "tome(r=2)")
+        model(x)
+        assert tr.get_info(model).tokens_per_block == [3, 2]
+        assert count_macs(model).total == flop_counter_macs(model)
+        with pytest.raises(tr.TokenReduceError, match="expects 3 input channels, got 1"):
+            model(x[:, :1])
+        if dynamic:
+            model(torch.randn(1, 3, 96, 96))
+            assert tr.get_info(model).host.grid == (3, 3) and tr.get_info(model).tokens_per_block == [8, 6]
+        else:
+            with pytest.raises(tr.TokenReduceError, match="96x96 does not match the 64x64"):
+                model(torch.randn(1, 3, 96, 96))
 
 
 # ----- transformers: return_dict and save_pretrained ----------------------------------------------

@@ -26,6 +26,8 @@ Behaving like timm's own forward:
 - gradient checkpointing: with ``model.set_grad_checkpointing()`` every block, reducing or not, runs
   through timm's ``checkpoint`` (torch.utils.checkpoint, timm's reentrant setting), the reducer's work
   inside it and replayed exactly by the recomputation (:func:`tokenreduce.adapters.common.checkpointed`);
+- hybrids (``vit_*_r*_*``, ``vit_*_resnet*``: timm's HybridEmbed, a CNN before the projection): the
+  images have the CNN's channels and a token covers the CNN's stride times the projection's patch;
 - any resolution: a model built with ``dynamic_img_size=True`` runs any input size, the schedule
   compiled for the input's grid (``Patch.at_grid``); a model built without it takes its own size only
   and other sizes are refused here, naming the option.
@@ -49,7 +51,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm.layers import Attention
+from timm.layers import Attention, HybridEmbed
 from timm.models import checkpoint
 from timm.models._features import FeatureGetterNet, feature_take_indices
 from timm.models.vision_transformer import Block, VisionTransformer
@@ -168,12 +170,12 @@ def _grid(model: nn.Module, x: Tensor) -> tuple[int, int]:
     if x.dim() != 4:
         raise TokenReduceError(f"expected images (B, C, H, W), got a tensor of shape {tuple(x.shape)}")
     pe = model.patch_embed
-    chans = getattr(pe.proj, "in_channels", None)  # a Conv2d, or a stem that declares it
+    chans = _in_chans(pe)
     if chans is not None and x.shape[1] != chans:
         raise TokenReduceError(f"model expects {chans} input channels, got {x.shape[1]}")
     grid = tuple(pe.dynamic_feat_size((x.shape[2], x.shape[3])))
     if not getattr(model, "dynamic_img_size", False):
-        ph, pw = pe.patch_size
+        ph, pw = pe.feat_ratio(as_scalar=False)  # pixels per token: a hybrid's CNN stride times its patch
         own = tuple(pe.grid_size)
         if grid != own or x.shape[2] % ph or x.shape[3] % pw:
             raise TokenReduceError(
@@ -182,6 +184,15 @@ def _grid(model: nn.Module, x: Tensor) -> tuple[int, int]:
                 "the input's grid), or resize the input"
             )
     return grid
+
+
+def _in_chans(pe: nn.Module) -> int | None:
+    """The image channels the patch embedding takes: a hybrid's (HybridEmbed: a CNN backbone, then a
+    projection of its feature map, whose ``in_channels`` is the CNN's width), else its projection's (a
+    Conv2d, or a stem that declares it); None where nothing says."""
+    if isinstance(pe, HybridEmbed):
+        return int(pe.in_chans)
+    return getattr(pe.proj, "in_channels", None)
 
 
 def _forward_features(self: nn.Module, x: Tensor, attn_mask: Tensor | None = None,
@@ -313,11 +324,12 @@ def parts(model: nn.Module) -> HostParts:
     """The model's sub-modules under host-neutral names (bench/macs.py, inspect)."""
     check_host(model)
     pe = model.patch_embed
-    proj = getattr(pe, "proj", None)
+    # a hybrid's projection is not the stem: the CNN before it is measured with it (bench/macs.py)
+    proj = None if isinstance(pe, HybridEmbed) else getattr(pe, "proj", None)
     prefix = (("cls", int(model.cls_token is not None)), ("dist", int(getattr(model, "dist_token", None) is not None)),
               ("registers", int(getattr(model, "num_reg_tokens", 0) or 0)))
     return HostParts(
-        stem=pe, stem_proj=proj, in_chans=getattr(proj, "in_channels", 3), img_size=tuple(pe.img_size),
+        stem=pe, stem_proj=proj, in_chans=_in_chans(pe) or 3, img_size=tuple(pe.img_size),
         blocks=tuple(TimmBlock(b) for b in model.blocks),
         heads=tuple(h for h in (model.head, getattr(model, "head_dist", None)) if h is not None),
         prefix=tuple((kind, n) for kind, n in prefix if n),
