@@ -320,6 +320,9 @@ def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, grid: tuple
     (``TokenState.unmerge``), else the reduced ones, and the tokens leaving each block in ``take``,
     in block order: one per original position with ``patch.dense`` or ``dense_taken``, else as reduced."""
     patch.at_grid(grid)
+    host, schedule = patch.host, patch.schedule
+    hold_static(x.shape[1], host.num_prefix, host.num_patches, *host.grid, *schedule.counts, *schedule.locs,
+                *(schedule.mid or ()))
     if x.shape[1] != patch.host.num_prefix + patch.host.num_patches:
         raise TokenReduceError(f"the embeddings gave {x.shape[1]} tokens for a {grid[0]}x{grid[1]} patch grid and "
                                f"{patch.host.num_prefix} prefix tokens; tokenreduce expects one token per patch")
@@ -345,6 +348,20 @@ def run_blocks(blocks: Sequence[BlockView], x: Tensor, patch: Patch, grid: tuple
         # describes the tokens the last block made
         x = state.unmerge(x)
     return x, taken
+
+
+def hold_static(*numbers: int) -> None:
+    """Under torch.compile, make each of ``numbers`` a constant of the graph (guarded by its value; a new
+    value recompiles): the input's size and the grid, token counts and schedule bound to it. dynamo's
+    automatic dynamic shapes otherwise turn numbers that changed since the last compile (a second
+    resolution) into symbols, and a reducer's per-block arithmetic on them (ToMe's matching sizes) nests
+    them block after block until tracing takes longer than any user waits. A no-op in eager mode."""
+    if not torch.compiler.is_compiling():
+        return
+    from torch._dynamo.comptime import comptime  # dynamo is loaded while it compiles (importing it costs seconds)
+
+    for n in numbers:
+        comptime.force_static(n)
 
 
 @dataclass

@@ -84,6 +84,7 @@ from .common import (
     enter_blocks,
     guard_forward,
     heads_view,
+    hold_static,
     leave_blocks,
     run_blocks,
     split_heads,
@@ -440,6 +441,7 @@ def _grid(base: nn.Module, x: Tensor) -> tuple[int, int]:
     if x.shape[1] != chans:
         raise TokenReduceError(f"model expects {chans} input channels, got {x.shape[1]}")
     ph, pw = _grid_of(base.config.patch_size)
+    hold_static(x.shape[2], x.shape[3])  # the grid is a constant of a compiled graph (common.hold_static)
     return x.shape[2] // ph, x.shape[3] // pw
 
 

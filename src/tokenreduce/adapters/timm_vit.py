@@ -73,6 +73,7 @@ from .common import (
     detach,
     enter_blocks,
     guard_forward,
+    hold_static,
     leave_blocks,
     run_blocks,
 )
@@ -173,6 +174,7 @@ def _grid(model: nn.Module, x: Tensor) -> tuple[int, int]:
     chans = _in_chans(pe)
     if chans is not None and x.shape[1] != chans:
         raise TokenReduceError(f"model expects {chans} input channels, got {x.shape[1]}")
+    hold_static(x.shape[2], x.shape[3])  # the grid is a constant of a compiled graph (common.hold_static)
     grid = tuple(pe.dynamic_feat_size((x.shape[2], x.shape[3])))
     if not getattr(model, "dynamic_img_size", False):
         ph, pw = pe.feat_ratio(as_scalar=False)  # pixels per token: a hybrid's CNN stride times its patch
