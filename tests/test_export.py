@@ -191,6 +191,28 @@ def test_a_stable_sort_exports_with_its_ties_in_order(tmp_path):
     assert torch.equal(got, Sort()(x))
 
 
+@pytest.mark.parametrize("spec", ["topk(keep=0.5, locs=(1, 2))",
+                                  pytest.param("evit(keep=0.5, locs=(1, 2))", marks=pytest.mark.slow),
+                                  pytest.param("dynamicvit(keep=0.5, locs=(1, 2))", marks=pytest.mark.slow)])
+def test_transformers_onnx_exporter_exports_the_pruners(spec: str):
+    """transformers' OnnxExporter failed on evit, topk and dynamicvit (KeyError 'val'): its graph
+    pass rewrites a stable sort into a node without the metadata the ONNX translation reads. Exporting, the
+    tokens are ranked by topk (ONNX TopK puts equal scores in position order, as the eager stable sort)."""
+    exporters = pytest.importorskip("transformers.exporters")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=32, patch_size=4, hidden_size=32, num_hidden_layers=3,
+                                    num_attention_heads=2, intermediate_size=64, num_labels=10)
+    model = tr.apply(transformers.ViTForImageClassification(config).eval(), spec)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    exported = exporters.OnnxExporter().export(model, {"pixel_values": x}, config=exporters.OnnxConfig())
+    y = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model(pixel_values=y).logits
+    assert tr.get_info(model).tokens_per_block[-1] < 65  # the method reduced tokens
+    torch.testing.assert_close(torch.as_tensor(exported(pixel_values=y)["logits"]), want, rtol=1e-4, atol=1e-4)
+
+
 def test_what_cannot_be_exported_is_refused_by_name(tmp_path):
     learned = next(n for n in tr.list_methods() if tr.get_method(n).learned)
     model = tr.apply(make_host("deit"), format_spec(learned, tr.get_method(learned).example)).train()

@@ -114,9 +114,14 @@ def _top(key: Tensor, n: int, with_drop: bool) -> tuple[Tensor, Tensor | None]:
 
 def _descending(key: Tensor, n: int | None = None) -> Tensor:
     """Positions of the n highest entries of key (B, N) (all of them if n is None), highest first, equal ones
-    lower position first."""
-    if torch.onnx.is_in_onnx_export():  # ONNX TopK orders ties so by definition; the classic exporter has no
-        return key.topk(key.shape[1] if n is None else n, dim=1).indices  # stable sort
+    lower position first.
+
+    Exporting (torch.export, which transformers' OnnxExporter and torch's dynamo ONNX exporter run, or the
+    classic ONNX exporter), ``topk``: ONNX TopK orders ties so by definition, the classic exporter has no
+    stable sort, and transformers' OnnxExporter rewrites a stable sort into a node without the metadata its
+    translation reads (KeyError 'val'); every exporter translates ``topk``."""
+    if torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting():
+        return key.topk(key.shape[1] if n is None else n, dim=1).indices
     order = key.argsort(dim=1, descending=True, stable=True)
     return order if n is None else order[:, :n]
 
