@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import make_host
+from conftest import TINY, make_host
+from timm.models.vision_transformer import VisionTransformer
 
 import tokenreduce as tr
 from tokenreduce.adapters.timm_vit import check_host
@@ -225,7 +226,6 @@ def test_a_redundant_token_is_dropped_first() -> None:
 
 
 @pytest.mark.parametrize("spec,match", [
-    ("saint", r"count='fixed' needs r"),
     ("saint(count='batch', r=4)", r"give r with count='fixed' only"),
     ("saint(r=4, locs=(0,))", r"locs is for count='batch'"),
     ("saint(r=4, threshold=1.5)", r"threshold=1.5 is outside \[-1, 1\]"),
@@ -238,3 +238,11 @@ def test_a_redundant_token_is_dropped_first() -> None:
 def test_bad_specs_are_refused_naming_the_valid_choices(spec: str, match: str) -> None:
     with pytest.raises(tr.SpecError, match=match):
         tr.apply(make_host("deit"), spec)
+
+
+def test_the_default_drops_as_many_tokens_per_block_as_the_default_tome() -> None:
+    """On DeiT's 14 x 14 grid, where neither method's clip bites."""
+    torch.manual_seed(0)
+    model = tr.apply(VisionTransformer(**{**TINY, "img_size": 56}).eval(), "saint")  # 196 patches
+    counts = tr.get_info(model).schedule.counts
+    assert counts == tr.get_info(tr.apply(model, "tome")).schedule.counts == (183, 170, 157, 144)

@@ -22,10 +22,11 @@ The score ranks an A token by how many B tokens it nearly duplicates and how clo
 goes first. Nothing is learned; no proportional attention (nothing is merged, so there are no sizes).
 
 How many are dropped (``count``):
-- ``count='fixed'`` (the default): r per block is given (``r``: an int for every block, or one per block),
-  a static schedule: every image of a batch drops the same count whatever the others are, and the forward
-  compiles (fullgraph) and exports to ONNX. A count calibrated on held-out images is the official rule run
-  once on them as one batch (``r_from_tokens`` turns its token counts into ``r``).
+- ``count='fixed'`` (the default): r per block is given (``r``: an int for every block, or one per block;
+  by default ``tome()``'s r (13) in every block, so that ``saint()`` and ``tome()`` remove the same number
+  of tokens per block), a static schedule: every image of a batch drops the same count whatever the others
+  are, and the forward compiles (fullgraph) and exports to ONNX. A count calibrated on held-out images is
+  the official rule run once on them as one batch (``r_from_tokens`` turns its token counts into ``r``).
 - ``count='batch'`` (the official rule): r = int(mean over the batch of #{a : n_a >= K}), the batch mean of
   the per-image counts of A tokens with at least K (official 5) edges, truncated; r = 0 drops nothing. The
   count is read to the host (``.item()``: a device synchronisation in every acting block), and an image's
@@ -60,15 +61,20 @@ from ..core.errors import SpecError
 from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method
 from ..core.schedule import Schedule, check_locs, compile_schedule
 from ..core.state import TokenState
+from .tome import ToMeConfig
 
 Count = Literal["fixed", "batch"]
 #: the share of the blocks, from the first, where the official example drops (``len(blocks) // 2``)
 OFFICIAL_SHARE = 0.5
+#: r of ``count='fixed'`` when none is given: tome()'s default, so that saint() and tome() drop and merge the
+#: same number of tokens in every block (dropping against merging at equal token counts) where neither clips it
+DEFAULT_R: int = ToMeConfig.r
 
 
 @dataclass(frozen=True)
 class SaintConfig:
-    """``r``: A tokens dropped per block with ``count='fixed'`` (an int for every block, or one per block);
+    """``r``: A tokens dropped per block with ``count='fixed'`` (an int for every block, or one per block;
+    None: ``DEFAULT_R`` in every block);
     ``threshold``: tau, the cosine similarity an edge needs; ``K``: the edges an A token needs to count
     towards the official batch count (``count='batch'`` only); ``gamma``: the score's sharpness; ``count``:
     'fixed' (r given, batch-independent) or 'batch' (the official batch-mean count, host-syncing);
@@ -89,9 +95,6 @@ class SaintConfig:
             raise SpecError(f"saint: K={self.K!r} must be a non-negative int (the official 5)")
         if not 0.0 <= self.gamma < math.inf:
             raise SpecError(f"saint: gamma={self.gamma!r} must be a non-negative number (the official 10.0)")
-        if self.count == "fixed" and self.r is None:
-            raise SpecError("saint: count='fixed' needs r, the tokens dropped per block (an int, or one per "
-                            "block); or choose count='batch', the official batch-mean count")
         if self.count == "fixed" and self.locs is not None:
             raise SpecError("saint: locs is for count='batch'; with count='fixed' give r as one int per block")
         if self.count == "batch" and self.r is not None:
@@ -140,7 +143,8 @@ class Saint(Reducer):
     def bind(self, host: Host) -> Schedule:
         c = self.cfg
         if c.count == "fixed":
-            return compile_schedule(host.num_patches, host.depth, self.name, where=self.where, r=c.r, max_r=max_drop)
+            r = DEFAULT_R if c.r is None else c.r
+            return compile_schedule(host.num_patches, host.depth, self.name, where=self.where, r=r, max_r=max_drop)
         locs = official_blocks(host.depth) if c.locs is None else check_locs(c.locs, host.depth, self.name)
         rs, n = [], host.num_patches
         for block in range(host.depth):  # the bound: as many A tokens as can go, in every acting block
@@ -150,10 +154,10 @@ class Saint(Reducer):
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p, c = state.num_prefix, self.cfg
-        score, counted = saint_score(info.keys.mean(dim=1)[:, p:], c.threshold, c.K, c.gamma)  # (B, |A|), (B,)
+        score, degree = saint_score(info.keys.mean(dim=1)[:, p:], c.threshold, c.gamma)  # (B, |A|) each
         t = x.shape[1] - p
         if c.count == "batch":  # the official count: a host sync, and the batch decides it
-            r = int(counted.float().mean().item())
+            r = int((degree >= c.K).sum(dim=-1).float().mean().item())
             if r <= 0:
                 return x
             count = t - r
@@ -165,27 +169,26 @@ class Saint(Reducer):
             parts.insert(0, ops.positions(0, p, 1, x.device).expand(batch, p))
         return state.gather(x, torch.cat(parts, dim=1))  # (B, p + count, C): prefix, kept A, B
 
-def saint_score(metric: Tensor, threshold: float, K: int, gamma: float) -> tuple[Tensor, Tensor]:
+def saint_score(metric: Tensor, threshold: float, gamma: float) -> tuple[Tensor, Tensor]:
     """SAINT's redundancy score of the A tokens (module docstring), as the official code computes it.
 
     Args:
         metric: (B, T, d) the patch tokens' keys averaged over heads; A = even, B = odd positions.
         threshold: tau, the similarity an edge needs.
-        K: the edges an A token needs to be counted.
         gamma: the score's sharpness.
     Returns:
-        score (B, ceil(T/2)), higher = more redundant, and (B,) the number of A tokens with at least K
-        edges (the per-image count whose batch mean is the official r).
+        score (B, ceil(T/2)), higher = more redundant, and the degree n_a (B, ceil(T/2)) of each A token
+        (the A tokens with at least K edges are the per-image count whose batch mean is the official r).
     """
     unit = metric / metric.norm(dim=-1, keepdim=True)
     a, b = unit[:, ::2], unit[:, 1::2]
-    sim = a @ b.transpose(-1, -2)  # (B, |A|, |B|)
+    sim = torch.bmm(a, b.transpose(1, 2))  # (B, |A|, |B|); matmul's kernel without its views
     edge = sim >= threshold
     degree = edge.sum(dim=-1)  # (B, |A|)
     mean_edge = (sim * edge).sum(dim=-1) / degree.clamp(min=1)
     linked = degree * torch.exp(gamma * (mean_edge - threshold))
     isolated = sim.sum(dim=-1) / sim.shape[-1]
-    return torch.where(degree > 0, linked, isolated), (degree >= K).sum(dim=-1)
+    return torch.where(degree > 0, linked, isolated), degree
 
 
 def max_drop(tokens: int) -> int:
