@@ -19,7 +19,10 @@ prefix tokens take no part):
     output: prefix, the kept A tokens by decreasing score, the B tokens   (B, N - r, C)
         (the order matters: the next acting block splits A and B by position again)
 The score ranks an A token by how many B tokens it nearly duplicates and how closely: a redundant token
-goes first. Nothing is learned; no proportional attention (nothing is merged, so there are no sizes).
+goes first (equal scores in the order the sort kernel gives them, as in the official code). Nothing is
+learned; no proportional attention (nothing is merged, so there are no sizes).
+Budget family: r = 1, 2, ... in each block of the official placement (the first half), clipped to the A
+tokens a block has.
 
 How many are dropped (``count``):
 - ``count='fixed'`` (the default): r per block is given (``r``: an int for every block, or one per block;
