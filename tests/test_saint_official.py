@@ -190,7 +190,8 @@ def test_the_batch_count_is_batch_dependent_and_the_fixed_count_is_not() -> None
         batch = model(images)
         alone = torch.cat([model(images[i:i + 1]) for i in range(3)])
         model(images)
-        calibrated = r_from_tokens(tr.get_info(model).tokens_per_block, 1, 64)
+        info = tr.get_info(model)  # as docs/methods/saint.md calibrates
+        calibrated = r_from_tokens(info.tokens_per_block, info.host.num_prefix, info.schedule.num_patches)
         tr.apply(model, f"saint(r={calibrated}, threshold=0.3)")
         fixed = model(images)
         fixed_alone = torch.cat([model(images[i:i + 1]) for i in range(3)])
