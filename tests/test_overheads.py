@@ -39,6 +39,10 @@ BUDGETS: dict[str, int | tuple[int, ...]] = {
     # positions (7), merge (17 without autograd), index (1), log-size bias of the next block (2)
     "tome(r=8)": 42,
     "tome(r=(8, 0, 8, 0))": 42,
+    # keys mean, patch slice, normalise (2), A/B slices, transpose, bmm, edges and degree (2), closeness (mul,
+    # sum, clamp, div), score (sub, mul, exp, mul), isolated (sum, div), gt + where, argsort + slice, A positions
+    # (1), prefix and B positions (2 expands), cat, gathers of the index (1) and x (3)
+    "saint(r=8)": 32,
     # merging blocks 0 and 2, pruning (re-scoring) blocks 1 and 3. A merging block (58): CLS row (8), scores:
     # head mean, prefix fill, bottom-S top-k, sort (4); keys mean, gather the subset (4), normalise (3), A/B
     # slices, transpose, bmm, max, top-r (6), src and dst positions (5), kept positions (zeros, scatter,

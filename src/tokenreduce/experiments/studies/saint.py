@@ -1,0 +1,139 @@
+"""SAINT: dropping redundant tokens against merging them (ToMe, PiToMe) at equal MACs, each against its random
+pruner, and the official batch-mean count against a calibrated fixed one.
+
+"Similarity-Aware Token Pruning: Your VLM but Faster", arXiv 2503.11549. Its ViT claims, off the shelf on
+ImageNet-1k: dropping similar tokens beats merging them at the same cost, and SAINT doubles the throughput of
+ViT-H/14 at 224 px for 0.6 top-1 points, 0.8 above the strongest baseline (the abstract). The official
+timm path (github.com/ArmenJeddi/saint, ViT/example_timm.py) drops in the first half of the blocks, with a
+count per block that is the batch mean of the per-image counts (``saint(count='batch')``): an image's
+prediction depends on the other images of its evaluation batch.
+
+``scenes`` (experiments/beds.py): the shipped reference, 12 blocks, 196 patches. The picks are by analytic
+MACs on it (bench/budgets.py's family and rule 'macs', not timed): SAINT's spec nearest 1.5x and 2x in its
+family (r per block in the first six blocks), ``r=12`` (1.498x) and ``r=19`` (1.999x). At each, ToMe with r
+per block (within 0.11% and 0.19% of SAINT's MACs) and PiToMe (``keep=0.934``, 0.7% more MACs, the nearest
+its floors allow; ``keep=0.886``, within 0.06%). Each of the three has its matched random pruner: the random
+pruner at its own per-block counts (its schedule's speed limit, no scoring).
+
+The official count: ``saint(count='batch')`` at the official threshold 0.75, K 5, gamma 10, scored in the
+recipe's evaluation batches of 250, against the same rule made batch-independent, the fixed count calibrated
+on 1 000 held-out training scenes as one batch (``methods.saint.r_from_tokens``): 196 -> 115 -> 80 -> 63 ->
+53 -> 46 -> 43 patches in the first six blocks (3.84x fewer MACs). The claim: the batch dependence changes
+top-1 by less than half a point.
+
+Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
+(``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
+disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``). The measure
+``free`` evaluates every fixed-count spec again in one interleaved timing run (MACs, img/s at batch 32,
+latency at batch 1); a claim reads "at equal measured speed" only where it timed both arms within 0.05x of
+each other. The official count is not timed: its MACs follow the batch.
+
+Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 scenes): 14 arms x 3 folds of
+~3 300 scenes (~15 s each) and one timing run of 13 cases (~8 min): about 20 minutes.
+"""
+
+from __future__ import annotations
+
+from ...train.recipes import get_recipe
+from ..beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
+from ..study import REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+
+_SOURCE = "SAINT, arXiv 2503.11549"
+_RESULTS = (f"{_SOURCE} (abstract: dropping similar tokens beats merging them; ViT-H/14 2x throughput at -0.6 top-1 "
+            "on ImageNet-1k, 0.8 above the strongest baseline)")
+_GRID = (Axis("seed", (0, 1, 2), "s"),)
+#: "at equal measured speed" only where the speed measure timed both arms within 0.05x (its one interleaved run)
+_SPEED = ("free", 0.05)
+_BLOCKS = tuple(range(12))
+
+
+def _random(counts: tuple[int, ...]) -> str:
+    """The random pruner at ``counts`` patches after the first len(counts) blocks, its seed the run's."""
+    return f"random(counts={counts}, locs={_BLOCKS[:len(counts)]}, where='attn', seed={{seed}})"
+
+
+#: target -> method -> (its spec at SAINT's MACs, its matched random pruner), on the scene reference
+PICKS = {
+    "1.5x": {
+        "saint": ("saint(r=(12, 12, 12, 12, 12, 12, 0, 0, 0, 0, 0, 0))", _random((184, 172, 160, 148, 136, 124))),
+        "tome": ("tome(r=(10, 10, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9))",
+                 _random((186, 176, 167, 158, 149, 140, 131, 122, 113, 104, 95, 86))),
+        "pitome": ("pitome(keep=0.934)", _random((184, 172, 161, 151, 142, 133, 125, 117, 110, 103, 97, 91))),
+    },
+    "2x": {
+        "saint": ("saint(r=(19, 19, 19, 19, 19, 19, 0, 0, 0, 0, 0, 0))", _random((177, 158, 139, 120, 101, 82))),
+        "tome": ("tome(r=(15, 15, 15, 15, 15, 15, 14, 14, 14, 14, 14, 14))",
+                 _random((181, 166, 151, 136, 121, 106, 92, 78, 64, 50, 36, 22))),
+        "pitome": ("pitome(keep=0.886)", _random((174, 155, 138, 123, 109, 97, 86, 77, 69, 62, 55, 49))),
+    },
+}
+_NAMES = {"saint": "SAINT", "tome": "ToMe", "pitome": "PiToMe"}
+#: the official count at the official threshold, K and gamma, and the same rule's counts calibrated on 1 000
+#: held-out training scenes as one batch (the module docstring)
+OFFICIAL = "saint(count='batch', threshold=0.75)"
+CALIBRATED = "saint(r=(81, 35, 17, 10, 7, 3, 0, 0, 0, 0, 0, 0), threshold=0.75)"
+
+_ARMS = {
+    **{f"{method}-{target}": Arm(f"{_NAMES[method]} {target}: {spec}", spec=spec, evaluates=REFERENCE)
+       for target, picks in PICKS.items() for method, (spec, _) in picks.items()},
+    **{f"random_{method}-{target}": Arm(f"random at {_NAMES[method]} {target}'s counts", spec=rand,
+                                        evaluates=REFERENCE)
+       for target, picks in PICKS.items() for method, (_, rand) in picks.items()},
+    "saint_batch": Arm(f"SAINT, the official batch-mean count: {OFFICIAL}", spec=OFFICIAL, evaluates=REFERENCE),
+    "saint_calibrated": Arm(f"SAINT, the count calibrated on held-out scenes: {CALIBRATED}", spec=CALIBRATED,
+                            evaluates=REFERENCE),
+}
+_COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
+            Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),
+            Col("top1", "top-1 %"), Col("top1_std", "± std"))
+
+
+def _drop_beats(merge: str, target: str) -> Expect:
+    return Expect(f"at ~{target} MACs dropping (SAINT) keeps more top-1 than merging ({_NAMES[merge]}) at equal MACs "
+                  "({at_speed}), off the shelf", _RESULTS, arm=f"saint-{target}", baseline=f"{merge}-{target}",
+                  metric="top1", direction=1, speed=_SPEED, unit="item")
+
+
+def _beats_random(method: str, target: str) -> Expect:
+    return Expect(f"at ~{target} MACs {_NAMES[method]} beats the random pruner at its own counts, off the shelf",
+                  f"{_SOURCE} (each informed reduction against this project's random floor; the paper has none)",
+                  arm=f"{method}-{target}", baseline=f"random_{method}-{target}", metric="top1", direction=1,
+                  unit="item")
+
+
+_BATCH = Expect("the official batch-mean count keeps the top-1 of the same rule's count calibrated on held-out scenes "
+                "(within half a point), off the shelf", f"{_SOURCE}; the official ViT/saint/prune.py (r = the batch "
+                "mean of the per-image counts, read with .item())", arm="saint_batch", baseline="saint_calibrated",
+                metric="top1", direction=1, margin=0.5, kind="equivalent", unit="item",
+                why="half a top-1 point: below the published gaps between the methods compared here (SAINT over "
+                    "the strongest baseline 0.8, PiToMe over ToMe 0.67 to 1.17), so a batch dependence within it "
+                    "could not reverse them")
+
+
+@register_study("saint")
+class SaintStudy(Study):
+    title = "SAINT: dropping against merging (ToMe, PiToMe) at equal MACs, and its official batch-mean count"
+    claim = ("dropping redundant tokens by SAINT's similarity graph keeps more top-1 than merging them (ToMe, PiToMe) "
+             "at the same MACs; the official count's batch dependence does not change top-1")
+    source = f"{_SOURCE}, image classification (ViTs off the shelf)"
+    expect = (*(_drop_beats(m, t) for t in PICKS for m in ("tome", "pitome")),
+              *(_beats_random(m, t) for t in PICKS for m in _NAMES), _BATCH)
+    beds = {
+        "scenes": Bed(
+            testbed=SCENES,
+            title="SAINT on the scene test bed: against ToMe and PiToMe at SAINT's 1.5x and 2x MACs, each against "
+                  "the random pruner at its counts, and the official batch-mean count against a calibrated one",
+            recipe={**shortened(get_recipe("fmnist-vit-ft")), "eval_subset": None},
+            arms=_ARMS, baseline="saint-1.5x", grid=_GRID,
+            columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
+                     Col("top1", "Δ top-1 vs SAINT 1.5x", paired=True)),
+            measures=(
+                Measure("free", reference=None, at={}, columns=_COLUMNS,
+                        specs=(*(spec.format(seed=0) for picks in PICKS.values() for pair in picks.values()
+                                 for spec in pair), CALIBRATED),
+                        title="Off the shelf, one interleaved timing run: every fixed-count arm's spec on the "
+                              "reference (the random pruners at pattern seed 0)"),
+            ),
+            smoke=scene_smoke(measure=SMOKE_MEASURE),
+            budget="42 fold evaluations of ~15 s and one timing run of ~8 min on 2 CPU cores: about 20 minutes"),
+    }
