@@ -18,17 +18,18 @@ import torch
 from conftest import Interrupted, stop_at
 from PIL import Image
 from test_guards import TINY, TINY_FLAGS, data, one_line, tiny_config  # noqa: F401 - data: a fixture
+from test_study_scenes import oracle_smoke  # noqa: F401 - a fixture
 
 import tokenreduce
 from tokenreduce import TokenReduceError
 from tokenreduce.cli import main
 from tokenreduce.experiments import records, stats
-from tokenreduce.experiments.runner import Layout, load_runs
+from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.study import get_study
 from tokenreduce.experiments.tables import ci_text, item_pair, p_text, verdicts, word
 from tokenreduce.models import CheckpointError, build_model, read_checkpoint, read_meta, resolve, save_checkpoint
 from tokenreduce.models.checkpoint import SIGNED, UNVERIFIED
-from tokenreduce.models.references import SHIPPED_DIR
+from tokenreduce.models.references import SHIPPED_DIR, file_sha256
 from tokenreduce.tasks.items import decode, encode
 from tokenreduce.train import loop
 from tokenreduce.train.loop import train
@@ -408,6 +409,24 @@ def test_per_item_results_missing_from_one_fold_are_named(diffrate, eet):
              and (j.expect.arm, j.expect.baseline) == ("b_ctp", "a_unpruned"))
     assert j.items is None and j.items_why == ("seed-level only: eet/scenes/b_ctp-t937-b16-s0 hold no per-item "
                                                "map_asym (the other seeds' records do)")
+
+
+def test_an_evaluated_arm_refuses_a_swapped_checkpoint_and_records_what_it_read(oracle_smoke, tmp_path):  # noqa: F811
+    runner, runs = oracle_smoke
+    trained, oracle = runs["b_ctp-b8-s0"], runs["e_oracle-b8-s0"]
+    path = records.resolve(trained["metrics"]["checkpoint"], runner.layout)
+    assert trained["checkpoint_sha256"] == file_sha256(path)  # the digest of the checkpoint it wrote
+    assert oracle["read"] == [{"path": "{checkpoints}/b_ctp-b8-s0/model.safetensors",
+                               "sha256": trained["checkpoint_sha256"]}]
+    shutil.copytree(runner.layout.results, tmp_path / "s")  # a copy: the fixture's study stays as it is
+    copy = Runner(runner.study, layout_for(runner.study, str(tmp_path / "s")), threads=1, log=lambda m: None)
+    shutil.copy(copy.layout.checkpoints / "a_unpruned-b8-s0" / "model.safetensors",
+                copy.layout.checkpoints / "b_ctp-b8-s0" / "model.safetensors")  # another run's weights
+    copy.layout.json("e_oracle-b8-s0").unlink()
+    with pytest.raises(TokenReduceError, match=r"b_ctp-b8-s0/model.safetensors is not the checkpoint run "
+                                               r"b_ctp-b8-s0 wrote: its SHA-256 is"):
+        copy.run()
+    assert not copy.layout.json("e_oracle-b8-s0").exists()
 
 
 # ----------------------------------------------------------------------------- 7. paths in records
