@@ -429,6 +429,19 @@ def test_an_evaluated_arm_refuses_a_swapped_checkpoint_and_records_what_it_read(
     assert not copy.layout.json("e_oracle-b8-s0").exists()
 
 
+def test_a_bed_whose_records_were_all_deleted_loses_its_old_verdicts_and_figure(diffrate):
+    from tokenreduce.experiments.page import build_report
+
+    shutil.copytree(RESULTS / "figures", diffrate / "figures")
+    for path in (diffrate / "diffrate" / "scenes" / "runs").glob("*.json"):
+        path.unlink()
+    build_report(diffrate, names=["diffrate"])
+    text = (diffrate / "diffrate" / "scenes" / "summary.md").read_text()
+    assert "**reproduced**" not in text and "**contradicted**" not in text and "**not run**" in text
+    assert not (diffrate / "figures" / "diffrate-scenes.png").exists()
+    assert (diffrate / "figures" / "pitome-scenes.png").exists()  # another study's figure stays
+
+
 # ----------------------------------------------------------------------------- 7. paths in records
 
 
