@@ -431,6 +431,16 @@ def test_an_evaluated_arm_refuses_a_swapped_checkpoint_and_records_what_it_read(
     assert not copy.layout.json("e_oracle-b8-s0").exists()
 
 
+def test_one_seed_with_per_item_results_says_the_interval_needs_two_seeds(eet):
+    runs = eet / "eet" / "scenes" / "runs"
+    for arm in ("a_unpruned", "b_ctp"):
+        for seed in (1, 2):
+            (runs / f"{arm}-t937-b16-s{seed}.json").unlink()
+    judged = next(j for j in verdicts(get_study("eet")("scenes"), _runs(eet)) if j.expect.at.get("steps") == 937
+                  and (j.expect.arm, j.expect.baseline) == ("b_ctp", "a_unpruned"))
+    assert judged.items_why == "seed-level only: a seeds x items interval needs at least 2 seeds (n = 1)"
+
+
 def test_a_bed_whose_records_were_all_deleted_loses_its_old_verdicts_and_figure(diffrate):
     from tokenreduce.experiments.page import build_report
 
