@@ -18,18 +18,19 @@ import torch
 from conftest import Interrupted, stop_at
 from PIL import Image
 from test_guards import TINY, TINY_FLAGS, data, one_line, tiny_config  # noqa: F401 - data: a fixture
+from test_study_scenes import oracle_smoke  # noqa: F401 - a fixture
 
 import tokenreduce
 from tokenreduce import TokenReduceError
 from tokenreduce.cli import main
-from tokenreduce.experiments import records
-from tokenreduce.experiments.runner import Layout, load_runs
+from tokenreduce.experiments import records, stats
+from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.study import get_study
-from tokenreduce.experiments.tables import item_pair
+from tokenreduce.experiments.tables import ci_text, item_pair, p_text, verdicts, word
 from tokenreduce.models import CheckpointError, build_model, read_checkpoint, read_meta, resolve, save_checkpoint
 from tokenreduce.models.checkpoint import SIGNED, UNVERIFIED
-from tokenreduce.models.references import SHIPPED_DIR
-from tokenreduce.tasks.items import decode, encode
+from tokenreduce.models.references import SHIPPED_DIR, file_sha256
+from tokenreduce.tasks.items import decode, encode, metric_of
 from tokenreduce.train import loop
 from tokenreduce.train.loop import train
 
@@ -226,8 +227,10 @@ def test_a_broken_record_is_one_line_naming_the_file(damage, eet, capsys):
 def test_per_item_results_over_other_test_items_are_one_line_naming_both_records(eet, capsys):
     path = eet / "eet" / "scenes" / "runs" / "e_oracle-t937-b16-s1.json"
 
-    def drop_last_item(doc):
-        doc["metrics"]["items"]["map_asym"] = encode(decode(doc["metrics"]["items"]["map_asym"])[:-1])
+    def drop_last_item(doc):  # the metric kept consistent with its items: only the pairing is wrong
+        values = decode(doc["metrics"]["items"]["map_asym"])[:-1]
+        doc["metrics"]["items"]["map_asym"] = encode(values)
+        doc["metrics"]["map_asym"] = metric_of(values)
 
     _edit(path, drop_last_item)
     one_line(capsys, ["report", "--out", str(eet), "--readme", ""],
@@ -264,6 +267,191 @@ def test_temporary_files_of_a_killed_write_are_not_records(eet):
     before = len(_runs(eet))
     (runs / ".b_ctp-b16-s0.json.abc123.tmp").write_text('{"half": ')
     assert len(_runs(eet)) == before > 0
+
+
+# ----------------------------------------------------------------------------- records and statistics that lied
+
+
+@pytest.fixture
+def diffrate(tmp_path: Path) -> Path:
+    """A copy of the committed DiffRate records (off the shelf, per-item results, the test items as the unit)."""
+    shutil.copytree(RESULTS / "diffrate", tmp_path / "diffrate")
+    return tmp_path
+
+
+def _diffrate_runs(root: Path):
+    study = get_study("diffrate")("scenes")
+    return study, load_runs(Layout(root / study.key, root / study.key), study)
+
+
+def _set_items(path: Path, metric: str, values) -> None:
+    _edit(path, lambda d: d["metrics"]["items"].update({metric: encode(values)}))
+
+
+@pytest.mark.parametrize("items", ["all correct", "values 3.0", "another run's"])
+def test_per_item_results_that_do_not_reproduce_their_metric_are_refused(items, diffrate, capsys):
+    path = diffrate / "diffrate" / "scenes" / "runs" / "diffrate-s0.json"
+    n = len(decode(json.loads(path.read_text())["metrics"]["items"]["top1"]))
+    if items == "all correct":  # the metric left at 59.60: the claims flipped to "reproduced" at p 1e-198
+        _set_items(path, "top1", torch.ones(n, dtype=torch.bool))
+    elif items == "values 3.0":
+        _set_items(path, "top1", torch.full((n,), 3.0))
+    else:
+        other = json.loads((path.parent / "merge_only-s0.json").read_text())["metrics"]["items"]["top1"]
+        _edit(path, lambda d: d["metrics"]["items"].update(top1=other))
+    with pytest.raises(records.RecordError, match=f"{re.escape(str(path))}: field 'metrics.items.top1'"):
+        _diffrate_runs(diffrate)
+    one_line(capsys, ["study", "diffrate", "--out", str(path.parent.parent), "--summarize"],
+             f"{path}: field 'metrics.items.top1'")
+
+
+@pytest.mark.parametrize(("damage", "why"), [
+    ("n", "3336 values stored, 3339 declared"), ("base64", "not an encoded entry"), ("dtype", "unknown dtype 'int8'"),
+    ("nan", "does not reproduce metrics.top1"), ("all nan", "no item has a value"),
+])
+def test_a_malformed_per_item_entry_is_one_line_naming_the_record_and_field(damage, why, diffrate, capsys):
+    path = diffrate / "diffrate" / "scenes" / "runs" / "diffrate-s0.json"
+    values = decode(json.loads(path.read_text())["metrics"]["items"]["top1"])
+
+    def change(doc):
+        entry = doc["metrics"]["items"]["top1"]
+        if damage == "n":
+            entry["n"] = 3339
+        elif damage == "base64":
+            entry["data"] = "not base64!"
+        elif damage == "dtype":
+            entry["dtype"] = "int8"
+        else:  # a float32 entry with NaN in it (every other value, or all): was a traceback in --summarize
+            nan = values.copy()
+            nan[::2 if damage == "nan" else 1] = float("nan")
+            doc["metrics"]["items"]["top1"] = encode(nan)
+
+    _edit(path, change)
+    one_line(capsys, ["study", "diffrate", "--out", str(path.parent.parent), "--summarize"],
+             f"{path}: field 'metrics.items.top1': " if damage in ("n", "base64", "dtype") else
+             f"{path}: field 'metrics.items.top1' ")
+    with pytest.raises(records.RecordError, match=re.escape(why)):
+        _diffrate_runs(diffrate)
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("map_asym", 1945.6, "not a number in [0, 100]"), ("map_asym", 1.5e308, "not a number in [0, 100]"),
+    ("top1", -0.5, "not a number in [0, 100]"), ("n_query", 2000.5, "not an integer >= 0"),
+    ("train_time_s", 0, "not a number > 0"),
+])
+def test_an_impossible_metric_is_refused_naming_its_range(field, value, why, eet, capsys):
+    path = eet / "eet" / "scenes" / "runs" / "b_ctp-b16-s0.json"
+    _edit(path, lambda d: d["metrics"].update({field: value}))
+    with pytest.raises(records.RecordError, match=re.escape(f"{path}: field 'metrics.{field}' is {value!r}, {why}")):
+        _runs(eet)
+    if value == 1.5e308:  # was an OverflowError in the statistics
+        one_line(capsys, ["study", "eet", "--out", str(path.parent.parent), "--summarize"], f"{path}: field")
+
+
+def test_an_impossible_speed_in_a_measure_is_refused(eet):
+    path = eet / "eet" / "scenes" / "runs" / "speed.json"
+    _edit(path, lambda d: d["result"]["results"][1].update(speedup=-1.4))
+    with pytest.raises(records.RecordError, match=re.escape(f"{path}: field 'result.results[1].speedup' is -1.4")):
+        _runs(eet)
+
+
+@pytest.mark.parametrize("edited", [("id", "run"), ("id", "run", "point")])
+def test_a_record_copied_to_another_seeds_name_is_refused(edited, eet):
+    runs = eet / "eet" / "scenes" / "runs"
+    shutil.copy(runs / "b_ctp-b16-s1.json", runs / "b_ctp-b16-s0.json")
+
+    def relabel(doc):
+        doc.update(id="eet/scenes/b_ctp-b16-s0", run="b_ctp-b16-s0")
+        if "point" in edited:
+            doc["point"]["seed"] = 0
+
+    _edit(runs / "b_ctp-b16-s0.json", relabel)
+    field = "config.seed" if "point" in edited else "point"
+    with pytest.raises(records.RecordError, match=f"b_ctp-b16-s0.json: field '{field}' is"):
+        _runs(eet)
+
+
+def test_an_evaluated_record_copied_to_another_seeds_name_is_refused(eet):
+    runs = eet / "eet" / "scenes" / "runs"
+    shutil.copy(runs / "e_oracle-b16-s1.json", runs / "e_oracle-b16-s0.json")
+    _edit(runs / "e_oracle-b16-s0.json", lambda d: (d.update(id="eet/scenes/e_oracle-b16-s0", run="e_oracle-b16-s0"),
+                                                    d["point"].update(seed=0)))
+    with pytest.raises(records.RecordError, match="field 'evaluates' is 'b_ctp-b16-s1', not 'b_ctp-b16-s0'"):
+        _runs(eet)
+
+
+def test_differences_without_spread_decide_nothing():
+    v = stats.verdict([-0.01, -0.01], direction=-1, effect=-2.0)  # was "reproduced" at p 0
+    assert v.word == "inconclusive" and v.tests == () and v.interval is None and "no variance" in v.why
+    zero = stats.verdict([0.0, 0.0], direction=-1, effect=-1.95)  # the smoke's "not reproduced" from 0.00 ± 0.00
+    assert zero.word == "inconclusive" and zero.p("effect") is None
+
+
+def test_a_claim_whose_seeds_differ_by_the_same_amount_reads_inconclusive(eet):
+    runs = eet / "eet" / "scenes" / "runs"
+    for seed in (0, 1, 2):
+        base = json.loads((runs / f"a_unpruned-b64-s{seed}.json").read_text())["metrics"]["map_asym"]
+        _edit(runs / f"b_ctp-b64-s{seed}.json", lambda d, base=base: d["metrics"].update(map_asym=base - 0.01))
+    study = get_study("eet")("scenes")
+    judged = next(j for j in verdicts(study, _runs(eet)) if j.expect.at == {"bits": 64}
+                  and (j.expect.arm, j.expect.baseline) == ("b_ctp", "a_unpruned"))
+    assert word(judged) == "inconclusive" and p_text(judged) == "-" and ci_text(judged) == "-"
+    assert "no variance" in judged.why
+
+
+def test_per_item_results_missing_from_one_fold_are_named(diffrate, eet):
+    path = diffrate / "diffrate" / "scenes" / "runs" / "diffrate-s0.json"
+    _edit(path, lambda d: d["metrics"].pop("items"))
+    study, runs = _diffrate_runs(diffrate)
+    judged = [j for j in verdicts(study, runs) if j.verdict and j.expect.arm == "diffrate"]
+    assert judged and all("left out: diffrate/scenes/diffrate-s0 hold no per-item top1" in j.why for j in judged)
+    _edit(eet / "eet" / "scenes" / "runs" / "b_ctp-t937-b16-s0.json", lambda d: d["metrics"].pop("items"))
+    eet_study = get_study("eet")("scenes")
+    j = next(j for j in verdicts(eet_study, _runs(eet)) if j.expect.at.get("steps") == 937
+             and (j.expect.arm, j.expect.baseline) == ("b_ctp", "a_unpruned"))
+    assert j.items is None and j.items_why == ("seed-level only: eet/scenes/b_ctp-t937-b16-s0 hold no per-item "
+                                               "map_asym (the other seeds' records do)")
+
+
+def test_an_evaluated_arm_refuses_a_swapped_checkpoint_and_records_what_it_read(oracle_smoke, tmp_path):  # noqa: F811
+    runner, runs = oracle_smoke
+    trained, oracle = runs["b_ctp-b8-s0"], runs["e_oracle-b8-s0"]
+    path = records.resolve(trained["metrics"]["checkpoint"], runner.layout)
+    assert trained["checkpoint_sha256"] == file_sha256(path)  # the digest of the checkpoint it wrote
+    assert oracle["read"] == [{"path": "{checkpoints}/b_ctp-b8-s0/model.safetensors",
+                               "sha256": trained["checkpoint_sha256"]}]
+    shutil.copytree(runner.layout.results, tmp_path / "s")  # a copy: the fixture's study stays as it is
+    copy = Runner(runner.study, layout_for(runner.study, str(tmp_path / "s")), threads=1, log=lambda m: None)
+    shutil.copy(copy.layout.checkpoints / "a_unpruned-b8-s0" / "model.safetensors",
+                copy.layout.checkpoints / "b_ctp-b8-s0" / "model.safetensors")  # another run's weights
+    copy.layout.json("e_oracle-b8-s0").unlink()
+    with pytest.raises(TokenReduceError, match=r"b_ctp-b8-s0/model.safetensors is not the checkpoint run "
+                                               r"b_ctp-b8-s0 wrote: its SHA-256 is"):
+        copy.run()
+    assert not copy.layout.json("e_oracle-b8-s0").exists()
+
+
+def test_one_seed_with_per_item_results_says_the_interval_needs_two_seeds(eet):
+    runs = eet / "eet" / "scenes" / "runs"
+    for arm in ("a_unpruned", "b_ctp"):
+        for seed in (1, 2):
+            (runs / f"{arm}-t937-b16-s{seed}.json").unlink()
+    judged = next(j for j in verdicts(get_study("eet")("scenes"), _runs(eet)) if j.expect.at.get("steps") == 937
+                  and (j.expect.arm, j.expect.baseline) == ("b_ctp", "a_unpruned"))
+    assert judged.items_why == "seed-level only: a seeds x items interval needs at least 2 seeds (n = 1)"
+
+
+def test_a_bed_whose_records_were_all_deleted_loses_its_old_verdicts_and_figure(diffrate):
+    from tokenreduce.experiments.page import build_report
+
+    shutil.copytree(RESULTS / "figures", diffrate / "figures")
+    for path in (diffrate / "diffrate" / "scenes" / "runs").glob("*.json"):
+        path.unlink()
+    build_report(diffrate, names=["diffrate"])
+    text = (diffrate / "diffrate" / "scenes" / "summary.md").read_text()
+    assert "**reproduced**" not in text and "**contradicted**" not in text and "**not run**" in text
+    assert not (diffrate / "figures" / "diffrate-scenes.png").exists()
+    assert (diffrate / "figures" / "pitome-scenes.png").exists()  # another study's figure stays
 
 
 # ----------------------------------------------------------------------------- 7. paths in records

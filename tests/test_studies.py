@@ -111,8 +111,10 @@ def test_every_registered_study_runs_its_smoke(name: str, bed: str, tmp_path: Pa
 
 def _comparable(doc: Any) -> Any:
     """``doc`` without what differs between two executions of the same run: provenance (also the git
-    revision train() records in the metrics), times, paths (a probe's spec names its checkpoint)."""
+    revision train() records in the metrics), times, paths (a probe's spec names its checkpoint), checkpoint
+    digests (a checkpoint file holds its own path and provenance)."""
     drop = {"provenance", "git", "command", "experiment", "out", "checkpoint", "figures", "data", "time_s",
+            "checkpoint_sha256", "sha256",
             "train_time_s", "threads",
             "img_per_s", "img_per_s_iqr", "latency_ms", "latency_ms_iqr", "speedup", "latency_speedup", "runs",
             "img_per_s_runs", "latency_ms_runs", "speed", "reference", "wall_s"}

@@ -30,7 +30,8 @@ def test_the_paired_t_test_and_interval_agree_and_summarize():
     assert stats.paired_t_test(diffs, hi + 1e-6) < 0.05 < stats.paired_t_test(diffs, hi - 1e-6)
     assert stats.paired_t_test(diffs, 0, "less") == pytest.approx(stats.paired_t_test(diffs, 0) / 2)
     assert stats.paired_t_test([1.0]) is None and stats.paired_t_interval([1.0]) is None
-    assert stats.paired_t_test([2.0, 2.0, 2.0], 0, "greater") == 0.0  # no spread: the sign is certain
+    # no spread: the t statistic is undefined, so no p (never a 0 that claims certainty) and no interval
+    assert stats.paired_t_test([2.0, 2.0, 2.0], 0, "greater") is None and stats.paired_t_interval([2.0, 2.0]) is None
     assert stats.summarize([1.0, 2.0, 3.0]).text() == "2.00 ± 1.00"
     assert stats.summarize([4.0]).text() == "4.00 (n = 1)" and stats.summarize([]).text() == "-"
 

@@ -96,7 +96,8 @@ def test_a_measure_reads_the_test_bed_reference_every_seed_of_its_arms_and_its_b
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"id": f"{study.key}/{run_id}", "study": study.name, "bed": study.bed_name,
                                     "run": run_id, "kind": "train", "testbed": study.bed.describe(),
-                                    "config": {"model": model, "seed": int(run_id[-1])},
+                                    "point": {"seed": int(run_id[-1])}, "config": {"model": model,
+                                                                                   "seed": int(run_id[-1])},
                                     "metrics": {"checkpoint": f"gone/{run_id}", "top1": 50.0}}))
     runner.run_one(unit)
     assert seen["ref"] == "REF" and seen["specs"] == ("random(keep=0.55, locs=(1, 3, 4))",)

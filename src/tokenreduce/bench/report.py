@@ -8,6 +8,7 @@ experiment); :func:`read_provenance` reads it back from any results file, older 
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import json
 import math
@@ -16,6 +17,7 @@ import platform
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,51 @@ from ..models.checkpoint import atomic_write
 
 #: The fixed metric names used in results files.
 METRICS = ("img_per_s", "latency_ms", "macs", "tokens_per_block", "speedup")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a metric may take: a number in [``low``, ``high``] (above ``low`` when ``above``), an
+    integer when ``integer``; a list (tokens per block) when each of its entries is."""
+
+    low: float
+    high: float = math.inf
+    above: bool = False
+    integer: bool = False
+
+    def text(self) -> str:
+        what = "an integer" if self.integer else "a number"
+        if self.high == math.inf:
+            return f"{what} {'>' if self.above else '>='} {self.low:g}"
+        return f"{what} in [{self.low:g}, {self.high:g}]"
+
+    def holds(self, value: Any) -> bool:
+        if isinstance(value, list):
+            return all(self.holds(v) for v in value)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            return False
+        if self.integer and not float(value).is_integer():
+            return False
+        return (value > self.low if self.above else value >= self.low) and value <= self.high
+
+
+PERCENT, POSITIVE, COUNT = Range(0, 100), Range(0, above=True), Range(0, integer=True)
+#: The range of each metric results files and run records hold (fnmatch patterns, the first match decides;
+#: a name none matches, such as a loss term, is checked only for being a finite number where it is read).
+RANGES = (
+    ("*_drop", Range(-100, 100)), ("top1", PERCENT), ("map", PERCENT), ("map_*", PERCENT), ("p@*_*", PERCENT),
+    ("miou*", PERCENT), ("pixel_acc", PERCENT), ("train_*acc", PERCENT),
+    ("img_per_s", POSITIVE), ("latency_ms", POSITIVE), ("macs", POSITIVE), ("gmacs", POSITIVE),
+    ("speedup", POSITIVE), ("*_speedup", POSITIVE), ("train_time_s", POSITIVE), ("loss", Range(0)),
+    ("tokens_per_block", COUNT), ("n", COUNT), ("n_*", COUNT), ("epochs", COUNT), ("steps", COUNT),
+    ("bits", COUNT), ("batch_size", COUNT), ("batch", COUNT), ("world_size", COUNT),
+    ("spearman", Range(-1, 1)), ("overlap", Range(0, 1)),
+)
+
+
+def metric_range(name: str) -> Range | None:
+    """The declared :data:`RANGES` entry of the metric ``name``; None for a name without one."""
+    return next((r for pattern, r in RANGES if fnmatch.fnmatchcase(name, pattern)), None)
 
 
 def git_revision() -> str | None:

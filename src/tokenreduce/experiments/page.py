@@ -129,7 +129,9 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
              f"- runs: {len(runs)} of {len(plan(study))} stored under `{study.key}/runs/`"
              + (f"; budget: {study.budget}" if study.budget else "")
              + (f"; {cost}" if (cost := as_run(study, runs)) else "")]
-    if not runs:
+    if not runs:  # figures drawn from records deleted since go with them
+        for stale in [root / "figures" / f"{slug}.png", *(root / "figures").glob(f"{slug}-*.png")]:
+            stale.unlink(missing_ok=True)
         why = study.pending or f"no run JSON under `{study.key}/runs/`"
         return [*lines, "", f"{NOT_RUN}: {why}.", ""]
     note = provenance_note(runs)
@@ -286,7 +288,7 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
     root = Path(root)
     studies, judgement = judged_results(root, names)
     for study, runs in studies:
-        if runs:
+        if runs or (root / study.key / "summary.md").exists():  # a bed whose records were all deleted: not run
             write_text(root / study.key / "summary.md", summary(study, runs, judgement))
     if readme is not None:
         write_headline(Path(readme), headline(root))

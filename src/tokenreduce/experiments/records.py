@@ -6,8 +6,13 @@ alike: it must be a JSON object (not truncated, empty or conflicted), of this st
 ``id``, ``run`` and ``testbed`` match the folder it is in and the file's name), of a known ``kind`` (the
 plan's, for a run of the plan), a run of the study's plan, and, for a training or evaluated run, hold
 ``metrics``: an object whose declared metrics (those the study's tables and claims read) are finite
-numbers (never a string, null or a boolean). A record that fails is refused with a
-:class:`RecordError` naming the file and the field; nothing is dropped or counted silently.
+numbers (never a string, null or a boolean). Every metric with a declared range (bench/report.py ``RANGES``:
+a percentage in [0, 100], a speed or MACs above 0, a count a non-negative integer) lies in it, in ``metrics``
+and in a measure's or bench's result rows. Per-item results (tasks/items.py) decode, and reproduce the metric
+they decompose (:data:`ITEM_TOLERANCE`). A run of the grid is the run its id names: its ``point`` is the plan's,
+a training run's ``config.seed`` its seed, an evaluated run ``evaluates`` the run the plan says. A record that
+fails is refused with a :class:`RecordError` naming the file and the field; nothing is dropped or counted
+silently.
 
 Paths: a record holds no machine paths. A path under the study's checkpoint folder is written
 ``{checkpoints}/<id>/...``, one under the cache ``{cache}/...``, one of a shipped reference
@@ -25,7 +30,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..bench.report import metric_range
 from ..core.errors import TokenReduceError
+from ..tasks.items import decode, metric_of
 
 if TYPE_CHECKING:
     from .runner import Layout
@@ -35,6 +42,14 @@ if TYPE_CHECKING:
 KINDS = ("train", "evaluate", "measure", "probe", "bench")
 #: Kinds whose record holds the run's ``metrics`` (the arm tables and claims read them).
 WITH_METRICS = ("train", "evaluate")
+
+
+#: How far (in points) a metric may lie from 100 x the mean of its per-item results. Metrics are stored
+#: unrounded but summed in float32, and the items are stored as float32 (or bits): in the committed records the
+#: two differ by at most 3e-6 points. 1e-3 is far above that, yet below the weight of one item (100 / n points)
+#: for any test set under 100 000 items and below the 0.01 the tables print: items of another run, or a metric
+#: edited by hand, are refused.
+ITEM_TOLERANCE = 1e-3
 
 
 class RecordError(TokenReduceError):
@@ -99,6 +114,7 @@ def read_record(path: str | os.PathLike, study: Study | None = None, *, units: d
                           f"its runs: {', '.join(units)}")
     if units[run].kind != kind:
         raise RecordError(f"{path}: field 'kind' is {kind!r}, but {run} is a {units[run].kind} run of {study.key}")
+    _check_coordinates(path, doc, units[run], {a.name: a.implicit for a in study.axes() if a.implicit is not None})
     if kind in WITH_METRICS:
         metrics = doc.get("metrics")
         if not isinstance(metrics, dict):
@@ -112,10 +128,75 @@ def read_record(path: str | os.PathLike, study: Study | None = None, *, units: d
             if name in claimed and name not in metrics:
                 raise RecordError(f"{path}: field 'metrics.{name}' is missing; a claim of {study.key} reads it from "
                                   f"arm {doc.get('arm')!r}; restore the record, or delete it to run that run again")
+        _check_ranges(path, "metrics", metrics)
+        _check_items(path, metrics)
     elif not isinstance(doc.get("result"), dict):
         raise RecordError(f"{path}: field 'result' must be an object (the {kind}'s result), it is "
                           f"{type(doc.get('result')).__name__ if 'result' in doc else 'missing'}")
+    else:
+        rows = doc["result"].get("results")
+        for i, row in enumerate(rows if isinstance(rows, list) else []):
+            if isinstance(row, dict):
+                _check_ranges(path, f"result.results[{i}]", row)
     return doc
+
+
+_AGAIN = "restore the record, or delete it to run that run again"
+
+
+def _check_coordinates(path: Path, doc: dict[str, Any], unit: Any, implicit: dict[str, Any]) -> None:
+    """A run of the grid holds the grid point its id names (a record copied to another run's name with its
+    ``id`` and ``run`` edited still says where it was made). ``implicit``: axis -> the value its id leaves out,
+    which a record made before the axis existed does not name."""
+    if unit.point is None:
+        return
+    want = unit.point.values
+    point = doc.get("point")
+    named = {**{k: v for k, v in implicit.items() if k in want}, **point} if isinstance(point, dict) else None
+    if named != want:
+        raise RecordError(f"{path}: field 'point' is {doc.get('point')!r}, not {want!r}: the record of another run "
+                          f"(copied to this name?); {_AGAIN}")
+    config = doc.get("config")
+    if "seed" in want and isinstance(config, dict) and config.get("seed", want["seed"]) != want["seed"]:
+        raise RecordError(f"{path}: field 'config.seed' is {config.get('seed')!r}, but {unit.id} is the run of seed "
+                          f"{want['seed']}: the record of another run (copied to this name?); {_AGAIN}")
+    if unit.evaluated and unit.needs and doc.get("evaluates") != unit.needs[0]:
+        raise RecordError(f"{path}: field 'evaluates' is {doc.get('evaluates')!r}, not {unit.needs[0]!r}: the record "
+                          f"of another run (copied to this name?); {_AGAIN}")
+
+
+def _check_ranges(path: Path, field: str, values: dict[str, Any]) -> None:
+    """Every value in ``values`` whose name has a declared range (bench/report.py ``RANGES``) lies in it."""
+    for name, v in values.items():
+        r = metric_range(name)
+        if r is None or not (isinstance(v, list) or (isinstance(v, (int, float)) and not isinstance(v, bool))):
+            continue
+        if not r.holds(v):
+            raise RecordError(f"{path}: field '{field}.{name}' is {v!r}, not {r.text()}; {_AGAIN}")
+
+
+def _check_items(path: Path, metrics: dict[str, Any]) -> None:
+    """Each per-item entry decodes and reproduces the metric it decomposes (within :data:`ITEM_TOLERANCE`)."""
+    items = metrics.get("items")
+    if items is None:
+        return
+    if not isinstance(items, dict):
+        raise RecordError(f"{path}: field 'metrics.items' must be an object (metric -> its per-item results), it "
+                          f"is {type(items).__name__}; {_AGAIN}")
+    for name, entry in items.items():
+        field = f"metrics.items.{name}"
+        try:
+            got = metric_of(decode(entry))
+        except TokenReduceError as e:
+            raise RecordError(f"{path}: field {field!r}: {e}; {_AGAIN}") from None
+        claimed = metrics.get(name)
+        if not _number(claimed):
+            raise RecordError(f"{path}: field {field!r} decomposes metrics.{name}, which is {claimed!r}, not a "
+                              f"finite number; {_AGAIN}")
+        if got is None or abs(got - claimed) > ITEM_TOLERANCE:
+            mean = "no item has a value" if got is None else f"100 x their mean is {got:.4f}"
+            raise RecordError(f"{path}: field {field!r} does not reproduce metrics.{name} {claimed:.4f} ({mean}, "
+                              f"tolerance {ITEM_TOLERANCE:g}): per-item results edited or of another run; {_AGAIN}")
 
 
 def load_records(folder: Path, study: Study | None = None) -> dict[str, dict[str, Any]]:

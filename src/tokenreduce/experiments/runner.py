@@ -16,6 +16,12 @@ fine-tuned run's own final evaluation, made on the same test items, from its rec
 times its model and spec afresh (weights do not change the cost), so a study spread over machines or
 checkouts measures runs whose checkpoints are long gone. A run that needs a checkpoint that is gone (a
 probe, a second training phase) runs its source again first (:meth:`Runner._checkpoint`).
+
+Digests: a training run's record names the SHA-256 of the checkpoint it wrote (``checkpoint_sha256``); a
+run that reads a run's checkpoint (an evaluated arm, a probe, a measure, a second phase) refuses one whose
+digest differs from its record's (a file swapped or changed in the checkpoints folder), and names the digest of
+each checkpoint it read under ``read``. Records made before digests were kept hold none: their checkpoints are
+read unchecked.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
+from ..models.references import file_sha256
 from .records import load_records, read_record, relative, resolved
 from .study import REFERENCE, Bench, Measure, Point, Probe, Study
 from .tables import item_pair
@@ -136,6 +143,7 @@ class Runner:
         self.by_id = {u.id: u for u in everything}
         self.units = select(study, everything, where) if where else everything
         self.where = " ".join(f"{k}={','.join(sorted(v))}" for k, v in (where or {}).items())
+        self._read: list[dict[str, str]] = []  # the checkpoints the run being made read, with their digests
 
     # -- state
 
@@ -180,13 +188,28 @@ class Runner:
 
     def _run_one(self, unit: Unit) -> dict[str, Any]:
         from ..bench.report import provenance, write_json
-        from . import entries
 
         missing = [n for n in unit.needs if not self.layout.json(n).is_file()]
         if missing:
             raise TokenReduceError(f"run {unit.id} reads the runs {missing}, which are not done; run them first")
         t0 = time.perf_counter()
         work = self.layout.checkpoints / unit.id
+        outer, self._read = self._read, []  # a gone checkpoint is made again inside this run: its own list
+        try:
+            doc = self._make(unit, work)
+        finally:
+            read, self._read = self._read, outer
+        if read:
+            doc["read"] = read
+        doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,
+                                       amp=self.amp, wall_s=round(time.perf_counter() - t0, 1))
+        write_json(self.layout.json(unit.id), relative(doc, self.layout))
+        return doc
+
+    def _make(self, unit: Unit, work: Path) -> dict[str, Any]:
+        """``unit``'s record without its provenance: what it ran and what that gave."""
+        from . import entries
+
         doc: dict[str, Any] = {"id": f"{self.study.key}/{unit.id}", "study": self.study.name,
                                "bed": self.study.bed_name, "run": unit.id, "kind": unit.kind,
                                "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
@@ -222,9 +245,6 @@ class Runner:
                                           device=self.device, amp=self.amp, argv=self.command(unit), log=self.log)
         else:
             doc.update(self._probe(unit, work))
-        doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,
-                                       amp=self.amp, wall_s=round(time.perf_counter() - t0, 1))
-        write_json(self.layout.json(unit.id), relative(doc, self.layout))
         return doc
 
     def _off_the_shelf(self, unit: Unit) -> dict[str, Any]:
@@ -270,7 +290,8 @@ class Runner:
                       device=self.device)
         if self.amp != "off":  # off leaves a study's own amp (none of them sets one today) standing
             fields["amp"] = self.amp
-        return entries.train_run(fields)
+        made = entries.train_run(fields)
+        return {**made, "checkpoint_sha256": file_sha256(made["metrics"]["checkpoint"])}
 
     def _doc(self, run_id: str) -> dict[str, Any]:
         """The record of run ``run_id``, checked, its paths resolved where the study is now."""
@@ -288,6 +309,13 @@ class Runner:
         doc = self._doc(run_id)
         path = doc["metrics"]["checkpoint"]  # resolved (_doc)
         if Path(path).is_file():
+            digest, recorded = file_sha256(path), doc.get("checkpoint_sha256")
+            if recorded is not None and digest != recorded:
+                raise TokenReduceError(f"{path} is not the checkpoint run {run_id} wrote: its SHA-256 is "
+                                       f"{digest[:12]}..., its record {self.layout.json(run_id)} names "
+                                       f"{recorded[:12]}... (the file was replaced or changed); restore it, or "
+                                       f"delete it to make it again by running {run_id} again")
+            self._read.append({"path": path, "sha256": digest})
             return path
         unit = self.unit(run_id)
         if unit.kind != "train":
@@ -309,6 +337,7 @@ class Runner:
                                        f"recorded {doc['metrics'][metric]} (its record now holds the new run), and "
                                        f"the done runs {readers} read the old run: delete their records to make "
                                        "them again from the new one")
+        self._read.append({"path": again["metrics"]["checkpoint"], "sha256": again["checkpoint_sha256"]})
         return again["metrics"]["checkpoint"]
 
     def _model(self, run_id: str) -> dict[str, Any]:

@@ -24,7 +24,9 @@ or "equivalent" (|d| < |margin|, by TOST):
     equivalent within ±δ    the claim's test does not reject, and TOST at ±``delta`` (declared) does;
     not reproduced          the claim's test does not reject, and the test of H0: d = ``effect`` (the
                             published size) against the side of the null does;
-    inconclusive            none of these rejects, or n < 2 (one seed admits no test).
+    inconclusive            none of these rejects, or no test is possible: n < 2 (one seed), or the
+                            differences have no spread (all equal: a t statistic is undefined, and a
+                            p of 0 would claim certainty two equal draws cannot give).
 The p-values deciding are the adjusted ones the caller passes (Holm within a study, Benjamini-Hochberg
 over the report: experiments/tables.py); without them the raw ones.
 """
@@ -41,6 +43,8 @@ from scipy import stats as _scipy
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
+#: a sample sd at or below this fraction of the differences' size (at least 1) counts as no spread
+NO_SPREAD = 1e-9
 VERDICTS = ("reproduced", "contradicted", "equivalent", "not reproduced", "inconclusive")
 KINDS = ("superior", "noninferior", "equivalent")
 
@@ -73,27 +77,33 @@ def summarize(values: Sequence[float]) -> Summary:
 # ----------------------------------------------------------------------------- tests and intervals
 
 
-def paired_t_test(diffs: Sequence[float], null: float = 0.0, alternative: str = "two-sided") -> float | None:
-    """The p-value of the paired t-test of the mean of ``diffs`` (arm minus baseline, one per seed)
-    against ``null``: ``alternative`` "two-sided", "greater" or "less" (scipy.stats.ttest_1samp). None for
-    n < 2; with no spread the sign is certain (p 0 or 1)."""
+def testable(diffs: Sequence[float]) -> str | None:
+    """None when a t-test of ``diffs`` is defined; else why not (n < 2, or no spread: equal differences)."""
     s = summarize(diffs)
     if s.n < 2:
+        return f"n = {s.n}: no test possible (a paired t-test needs at least 2 seeds)"
+    # a spread this far below the values is the rounding of equal differences (a - b per seed in float64), not
+    # variance: a t statistic on it would be a huge number from noise
+    if s.std <= NO_SPREAD * max(1.0, max(abs(d) for d in diffs)):
+        return (f"n = {s.n}, no variance: every paired difference is {s.mean:+.4g}, so the t statistic is undefined "
+                "and no test is possible (equal differences decide nothing)")
+    return None
+
+
+def paired_t_test(diffs: Sequence[float], null: float = 0.0, alternative: str = "two-sided") -> float | None:
+    """The p-value of the paired t-test of the mean of ``diffs`` (arm minus baseline, one per seed)
+    against ``null``: ``alternative`` "two-sided", "greater" or "less" (scipy.stats.ttest_1samp). None where
+    the test is undefined: n < 2, or no spread (:func:`testable`)."""
+    if testable(diffs) is not None:
         return None
-    if not s.std:
-        above, below = s.mean > null, s.mean < null
-        hit = {"greater": above, "less": below, "two-sided": above or below}[alternative]
-        return 0.0 if hit else 1.0
     return float(_scipy.ttest_1samp(list(diffs), null, alternative=alternative).pvalue)
 
 
 def paired_t_interval(diffs: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
-    """The two-sided paired t confidence interval of the mean of ``diffs`` (None for n < 2)."""
-    s = summarize(diffs)
-    if s.n < 2:
+    """The two-sided paired t confidence interval of the mean of ``diffs`` (None where :func:`testable` says no)."""
+    if testable(diffs) is not None:
         return None
-    if not s.std:
-        return s.mean, s.mean
+    s = summarize(diffs)
     lo, hi = _scipy.t.interval(confidence, s.n - 1, loc=s.mean, scale=s.std / math.sqrt(s.n))
     return float(lo), float(hi)
 
@@ -181,12 +191,13 @@ def _sided(p: float) -> float:
 
 def hypotheses(diffs: Sequence[float], *, kind: str = "superior", direction: int, margin: float = 0.0,
                level: float = 0.05, effect: float | None = None, delta: float | None = None) -> list[Hypothesis]:
-    """The tests a claim declares (module docstring), on its paired differences; none for n < 2."""
+    """The tests a claim declares (module docstring), on its paired differences; none where no test is
+    possible (:func:`testable`)."""
     if direction not in (1, -1):
         raise ValueError(f"direction must be +1 or -1, got {direction}")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if len(diffs) < 2:
+    if testable(diffs) is not None:
         return []
     half = f"{level / 2:g}"
     if kind == "equivalent":
@@ -242,8 +253,7 @@ def verdict(diffs: Sequence[float], *, kind: str = "superior", direction: int, m
     s = summarize(diffs)
     interval = paired_t_interval(diffs, 1.0 - level)
     if not tests:
-        return Verdict("inconclusive", s.n, s.mean, s.std, level, (), (), None,
-                       f"n = {s.n}: no test possible (a paired t-test needs at least 2 seeds)", delta)
+        return Verdict("inconclusive", s.n, s.mean, s.std, level, (), (), None, testable(diffs) or "", delta)
     adjusted = tuple(adjusted) if adjusted is not None else tuple(h.p for h in tests)
     if len(adjusted) != len(tests):
         raise ValueError(f"{len(adjusted)} adjusted p-values for {len(tests)} tests")

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
 from .study import REFERENCE, Bench, BenchTable, Expect, Measure, Probe, Study
@@ -231,14 +233,24 @@ def item_pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[A
 def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
     """The per-item differences ``e.arm`` minus ``e.baseline`` on ``e.metric``, in percent (100 x the item
     values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (for
-    arms evaluated off the shelf each seed is a fold of the test items: every item once)."""
+    arms evaluated off the shelf each seed is a fold of the test items: every item once; :func:`without_items`
+    names the folds left out). An item without a value in either record (NaN) is left out, as the metric
+    leaves it out."""
     mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
     out: list[float] = []
     for seed in planned_seeds(study):
         pair = item_pair(mine[seed], theirs[seed], e.metric) if seed in mine and seed in theirs else None
         if pair is not None:
-            out += (100.0 * (pair[0] - pair[1])).tolist()
+            d = 100.0 * (pair[0] - pair[1])
+            out += d[~np.isnan(d)].tolist()
     return out
+
+
+def without_items(study: Study, runs: dict[str, dict], e: Expect) -> list[str]:
+    """The ids of the records, of the seeds where both of ``e``'s arms ran, that hold no per-item ``e.metric``."""
+    mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
+    return [d.get("id", "?") for s in planned_seeds(study) if s in mine and s in theirs
+            for d in (mine[s], theirs[s]) if _items(d, e.metric) is None]
 
 
 def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
@@ -247,8 +259,13 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
     mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
     seeds = paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)
     pairs = [item_pair(mine[s], theirs[s], e.metric) for s in seeds]
-    if len(pairs) < 2 or any(p is None for p in pairs):
-        return None, "seed-level only: the records hold no per-item results"
+    if pairs and all(p is None for p in pairs):
+        return None, "seed-level only: the records hold no per-item results (runs made from now on store them)"
+    if any(p is None for p in pairs):
+        return None, (f"seed-level only: {', '.join(without_items(study, runs, e))} hold no per-item {e.metric} "
+                      "(the other seeds' records do)")
+    if len(pairs) < 2:
+        return None, f"seed-level only: a seeds x items interval needs at least 2 seeds (n = {len(pairs)})"
     return stats.paired_item_bootstrap([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
 
 
@@ -349,8 +366,11 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
                           effect=e.effect, delta=e.delta, adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
             (None, "the test items are the unit") if e.unit == "item" else item_interval(*runs_of[key], e)
-        judged[key].append(Judged(e, diffs, v, v.why + _power_text(*runs_of[key], e, v), text, items, items_why,
-                                  members))
+        left = without_items(*runs_of[key], e) if e.unit == "item" and not members else []
+        dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
+                  f"folds' {v.n} items only" if left else ""
+        judged[key].append(Judged(e, diffs, v, v.why + dropped + _power_text(*runs_of[key], e, v), text, items,
+                                  items_why, members))
     return Judgement(judged, holm_sizes, len(ps), scope)
 
 
@@ -463,7 +483,7 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
                       "folds of the test items; their test and t-interval are over the per-item differences of all "
                       "folds (n = the test items), which is the sampling such a claim has."]
     if without:
-        lines += ["", f"Intervals: {'; '.join(without)} (runs made from now on store them), so the t-interval "
+        lines += ["", f"Intervals: {'; '.join(without)}, so the t-interval "
                       "over seeds is the only interval; it leaves out test-item sampling (every seed is scored "
                       "on the same test items)."]
     return lines
@@ -502,6 +522,8 @@ def previous_verdict(diffs: list[float], e: Expect) -> tuple[str, str]:
     s = stats.summarize(diffs)
     if s.n < 2:
         return "inconclusive", "n < 2"
+    if stats.testable(diffs) is not None:
+        return "inconclusive", "no variance"
     p_for = stats.paired_t_test(diffs, margin, "greater" if e.direction > 0 else "less")
     p_against = stats.paired_t_test(diffs, margin, "less" if e.direction > 0 else "greater")
     if p_against < e.level:

@@ -7,7 +7,8 @@ metric is 100 x the mean of its items. Encoded compactly (a record stays readabl
 metric): booleans as packed bits, reals as float32, both base64.
 
     encode(values)      (n,) bool or float tensor / array -> {"dtype", "n", "data"}
-    decode(entry)       -> (n,) float64 array (booleans as 0.0 / 1.0)
+    decode(entry)       -> (n,) float64 array (booleans as 0.0 / 1.0), each in [0, 1] or NaN (no value)
+    metric_of(values)   the metric they decompose: 100 x the mean of the items that have a value
 """
 
 from __future__ import annotations
@@ -40,9 +41,22 @@ def decode(entry: dict[str, Any]) -> np.ndarray:
     if dtype == "bool":
         out = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:n].astype(np.float64)
     elif dtype == "float32":
+        if len(raw) % 4:
+            raise TokenReduceError(f"per-item results: {len(raw)} bytes of float32 values (not a multiple of 4)")
         out = np.frombuffer(raw, dtype="<f4").astype(np.float64)
     else:
         raise TokenReduceError(f"per-item results: unknown dtype {dtype!r}; choose from bool, float32")
     if out.size != n:
         raise TokenReduceError(f"per-item results: {out.size} values stored, {n} declared")
+    bad = out[(out < 0) | (out > 1)]
+    if bad.size:
+        raise TokenReduceError(f"per-item results: {bad.size} values outside [0, 1] (e.g. {bad[0]:g}); an item is "
+                               "correct (1) or not (0), or a fraction such as a query's AP")
     return out
+
+
+def metric_of(values: np.ndarray) -> float | None:
+    """100 x the mean of ``values`` (decoded) over the items that have one (a NaN is an item without a value,
+    e.g. a query with no relevant item); None when none has."""
+    defined = values[~np.isnan(values)]
+    return 100.0 * float(defined.mean()) if defined.size else None
