@@ -105,25 +105,43 @@ def test_one_paired_value_is_inconclusive_with_its_reason_and_no_nan():
     assert one.n == 1 and one.tests == () and one.interval is None and one.p() is None
 
 
-def test_the_paired_item_bootstrap_is_centred_on_the_t_intervals_centre_and_widens_with_item_noise():
+def _crossed(rng: np.random.Generator, sd_seed: float, sd_item: float, sd_res: float, n_seeds: int = 3,
+             n_items: int = 10_000, mean: float = 0.02) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per-item values of two arms on the same items in every seed: the differences follow the crossed model
+    mean + seed effect + item effect (shared by the seeds) + residual."""
+    item = rng.normal(0.0, sd_item, n_items)
+    base = [rng.random(n_items) for _ in range(n_seeds)]
+    arm = [b + mean + rng.normal(0.0, sd_seed) + item + rng.normal(0.0, sd_res, n_items) for b in base]
+    return arm, base
+
+
+def test_the_crossed_interval_is_centred_on_the_mean_difference_and_leaves_out_missing_items():
     rng = np.random.default_rng(1)
-    n_items, shifts = 2000, [0.02, 0.04, 0.03]  # per seed the arm is 2-4 points better on the same items
+    arm, base = _crossed(rng, 0.01, 0.05, 0.05, n_items=2000)
+    arm[0][:10] = np.nan  # items without a value in any seed are left out of every seed
+    lo, hi, centre = stats.crossed_interval(arm, base)
+    keep = slice(10, None)
+    mean = 100 * np.mean([np.mean(a[keep] - b[keep]) for a, b in zip(arm, base, strict=True)])
+    assert centre == pytest.approx(mean) and lo < centre < hi
+    assert stats.crossed_interval(arm, base) == (lo, hi, centre)  # no randomness: the same bytes
+    noisy = stats.crossed_interval(*_crossed(np.random.default_rng(1), 0.01, 0.5, 0.05, n_items=2000))
+    assert noisy[1] - noisy[0] > hi - lo  # item noise shared by the seeds widens it
+    assert stats.crossed_interval(arm[:1], base[:1]) is None
+    with pytest.raises(ValueError, match="not crossed"):
+        stats.crossed_interval([arm[0], arm[1][:5]], [base[0], base[1][:5]])
 
-    def seeds(noise: float):
-        base = [rng.random(n_items) for _ in shifts]
-        arm = [b + s + rng.normal(0, noise, n_items) for b, s in zip(base, shifts, strict=True)]
-        return arm, base
 
-    arm, base = seeds(0.05)
-    arm[0][:10] = np.nan  # items without a value are left out of the mean
-    diffs = [100 * (np.nanmean(a) - np.nanmean(b)) for a, b in zip(arm, base, strict=True)]
-    lo, hi, centre = stats.paired_item_bootstrap(arm, base, seed=0)
-    t_lo, t_hi = stats.paired_t_interval(diffs)
-    assert centre == pytest.approx((t_lo + t_hi) / 2, abs=0.05) and lo < centre < hi
-    assert stats.paired_item_bootstrap(arm, base, seed=0) == (lo, hi, centre)  # fixed seed: the same bytes
-    noisy = stats.paired_item_bootstrap(*seeds(0.5), seed=0)
-    assert noisy[1] - noisy[0] > hi - lo
-    assert stats.paired_item_bootstrap(arm[:1], base[:1]) is None
+@pytest.mark.parametrize("sd_seed", [0.0, 0.002, 0.01, 0.05])
+def test_the_crossed_interval_covers_at_the_studies_n_from_negligible_to_dominant_seed_variance(sd_seed):
+    """3 seeds x 10 000 items (the one-epoch runs), item and residual spread of per-item differences of
+    correctness, seed spread from none to dominant (0.05: 5 points a seed against ~0.1 from the items)."""
+    rng = np.random.default_rng(int(sd_seed * 1e4))
+    reps, hits = 600, 0
+    for _ in range(reps):
+        arm, base = _crossed(rng, sd_seed, 0.3, 0.4)
+        lo, hi, _ = stats.crossed_interval(arm, base)
+        hits += lo <= 100 * 0.02 <= hi
+    assert hits / reps >= 0.93
 
 
 def test_power_before_running():

@@ -184,7 +184,7 @@ def probe_text(decl: Probe, doc: dict[str, Any] | None) -> list[str]:
 class Judged:
     """An expectation, its paired differences and the verdict on them (None: not run, ``why``). ``claim``:
     its text as printed (a speed-matched claim's ``{at_speed}`` resolved); ``items``: the seed x item
-    bootstrap interval (low, high, centre) where the records hold per-item results, else None and
+    crossed-design interval (low, high, centre) where the records hold per-item results, else None and
     ``items_why``; ``members``: a family claim's number of claims (0: a claim of its own)."""
 
     expect: Expect
@@ -242,14 +242,15 @@ def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
 
 
 def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
-    """The paired bootstrap over seeds and test items of ``e`` (stats.paired_item_bootstrap) where every
-    paired seed's two records hold ``e.metric``'s per-item results; else None and why not."""
+    """The interval over seeds and test items of ``e`` (stats.crossed_interval: every seed is scored on the
+    same items, so seeds and items cross) where every paired seed's two records hold ``e.metric``'s per-item
+    results; else None and why not."""
     mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
     seeds = paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)
     pairs = [item_pair(mine[s], theirs[s], e.metric) for s in seeds]
     if len(pairs) < 2 or any(p is None for p in pairs):
         return None, "seed-level only: the records hold no per-item results"
-    return stats.paired_item_bootstrap([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
+    return stats.crossed_interval([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
 
 
 def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:
@@ -400,7 +401,7 @@ def measured(j: Judged) -> str:
 
 
 def ci_text(j: Judged) -> str:
-    """The (1 - level) paired t-interval, and the seed x item bootstrap where the records allow one."""
+    """The (1 - level) paired t-interval, and the crossed seeds x items interval where the records allow one."""
     ci = j.verdict.interval if j.verdict else None
     text = f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "-"
     if j.items is not None:
