@@ -160,13 +160,15 @@ def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgem
 METHODS = ("How the verdicts are reached: each claim is a paired contrast (arm minus baseline, paired by seed) "
            "tested by the paired t-test its study declares. " + STATISTICS +
            " Multiplicity: p-values are adjusted by Holm within each study (all its test beds' tests together) "
-           "and by Benjamini-Hochberg over the whole report; the verdict comes from the larger adjusted p, the "
-           "raw p is shown beside it. A claim declared for several methods is also tested as one family "
+           "and by Benjamini-Hochberg over the whole report, each over the tests declared, run or not (a test "
+           "not yet run counts at p = 1, so a run that arrives never weakens another verdict); the verdict comes "
+           "from the larger adjusted p, the raw p is shown beside it. A claim declared for several methods is also "
+           "tested as one family "
            "claim, seeds as the unit. Every \"costs nothing / at or above / keeps\" claim is a non-inferiority "
            "test against a declared margin, given with its reason. Where runs store per-item results (the one-epoch "
            "runs) an interval over seeds and test items is shown beside the t-interval: every seed is scored on "
            "the same items, so seeds and items cross, and the interval adds the variance of the items the seeds "
-           "share to the seed t-interval's (a two-way random-effects model; it covers at least 0.95 by "
+           "share to the seed t-interval's (a two-way random-effects model; its coverage is checked by "
            "simulation at 3 seeds x 10 000 items). The 100-step records hold none, so their intervals are "
            "seed-level only.")
 

@@ -178,7 +178,10 @@ def power_paired_t(effect: float, sd: float, n: int, level: float = 0.05) -> flo
 
 
 def seeds_for_power(effect: float, sd: float, power: float = 0.8, level: float = 0.05) -> int:
-    """The smallest n of seeds at which :func:`power_paired_t` reaches ``power``."""
+    """The smallest n of seeds at which :func:`power_paired_t` reaches ``power`` (2, the least a test needs,
+    when two already do: statsmodels' root finder returns NaN for such large effects)."""
+    if power_paired_t(effect, sd, 2, level) >= power:
+        return 2
     n = TTestPower().solve_power(effect_size=effect / sd, alpha=level / 2, power=power, alternative="larger")
     return max(2, math.ceil(float(n)))
 

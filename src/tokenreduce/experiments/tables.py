@@ -12,7 +12,7 @@ import itertools
 import math
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -200,13 +200,15 @@ class Judged:
 @dataclass(frozen=True)
 class Judgement:
     """Every judged claim of some study beds (``judged``: study key -> its claims), and the families their
-    p-values were adjusted in: ``holm`` (study name -> the number of tests of all its beds, Holm) and
-    ``bh`` (the number of tests over all of them, Benjamini-Hochberg)."""
+    p-values were adjusted in, each the declared tests whether run or not: ``holm`` (study name -> the number
+    of tests of all its beds, Holm), ``bh`` (the number of tests over all of them, Benjamini-Hochberg) and
+    ``waiting`` (study name -> how many of its tests are not yet run, counted at p = 1)."""
 
     judged: dict[str, list[Judged]]
     holm: dict[str, int]
     bh: int
     scope: str = "the report"
+    waiting: dict[str, int] = field(default_factory=dict)
 
 
 def _items(doc: dict[str, Any], metric: str) -> Any:
@@ -310,8 +312,15 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
 
 
 def _test(e: Expect, diffs: list[float]) -> list[stats.Hypothesis]:
-    return stats.hypotheses(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
-                            effect=e.effect, delta=e.delta)
+    """The tests ``e`` declares, on ``diffs``; a claim not yet testable (fewer than two seeds) keeps its place
+    in the family with each of its tests at p = 1, so the family is the declared one, not the one run so far:
+    Holm and Benjamini-Hochberg are monotone in every p, so a run that arrives later can only lower the
+    other claims' adjusted p-values, never raise them."""
+    def declared(d: list[float]) -> list[stats.Hypothesis]:
+        return stats.hypotheses(d, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
+                                effect=e.effect, delta=e.delta)
+
+    return declared(diffs) or [replace(h, p=1.0) for h in declared([0.0, 1.0])]
 
 
 def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report") -> Judgement:
@@ -331,6 +340,8 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     ps = [h.p for t in tests for h in t]
     adjusted = stats.benjamini_hochberg(ps)
     holm_sizes: dict[str, int] = {}
+    waiting = Counter(name for (_, name, _, diffs, *_), t in zip(rows, tests, strict=True) if len(diffs) < 2
+                      for _ in t)
     for name in dict.fromkeys(name for _, name in flat):
         where = [k for k, (_, n) in enumerate(flat) if n == name]
         holm_sizes[name] = len(where)
@@ -352,7 +363,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
             (None, "the test items are the unit") if e.unit == "item" else item_interval(*runs_of[key], e)
         judged[key].append(Judged(e, diffs, v, v.why + _power_text(*runs_of[key], e, v), text, items, items_why,
                                   members))
-    return Judgement(judged, holm_sizes, len(ps), scope)
+    return Judgement(judged, holm_sizes, len(ps), scope, dict(waiting))
 
 
 def verdicts(study: Study, runs: dict[str, dict]) -> list[Judged]:
@@ -434,10 +445,13 @@ def _contrast(j: Judged) -> str:
 
 
 def adjustment_text(judgement: Judgement, study: Study) -> str:
-    m = judgement.holm.get(study.name, 0)
-    return (f"Multiplicity: each p is adjusted by Holm over the {m} tests of study {study.name} judged together "
-            f"and by Benjamini-Hochberg over the {judgement.bh} tests of {judgement.scope}; a test rejects only "
-            "when both adjusted p-values lie below its level (the adjusted p shown is the larger).")
+    m, waiting = judgement.holm.get(study.name, 0), judgement.waiting.get(study.name, 0)
+    unrun = f", {waiting} of them not yet run and counted at p = 1" if waiting else ""
+    return (f"Multiplicity: each p is adjusted by Holm over the {m} tests study {study.name} declares{unrun}, and "
+            f"by Benjamini-Hochberg over the {judgement.bh} declared tests of {judgement.scope} "
+            f"({sum(judgement.waiting.values())} not yet run); the families are fixed by the declarations, so a "
+            "run that arrives can only lower another claim's adjusted p. A test rejects only when both adjusted "
+            "p-values lie below its level (the adjusted p shown is the larger).")
 
 
 def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> list[str]:
