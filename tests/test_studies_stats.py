@@ -167,8 +167,9 @@ def _study(expect, arms=("a", "b", "c"), measures=(), name="synthetic"):
     return Synthetic()
 
 
-def _runs(values: dict[str, list[float]]) -> dict[str, dict]:
-    return {f"{arm}-s{s}": {"metrics": {"m": v}} for arm, vs in values.items() for s, v in enumerate(vs)}
+def _runs(values: dict[str, list[float]], git: str = "0123abc") -> dict[str, dict]:
+    return {f"{arm}-s{s}": {"id": f"{arm}-s{s}", "metrics": {"m": v}, "provenance": {"git": git}}
+            for arm, vs in values.items() for s, v in enumerate(vs)}
 
 
 def test_a_study_with_one_seed_done_renders_its_tables_and_verdicts():
@@ -340,6 +341,28 @@ def test_the_provenance_note_names_uncommitted_and_unrecorded_code():
     note = provenance_note(runs)
     assert "2 of its 4 runs were made from uncommitted code" in note and "1 of its 4 runs record no git" in note
     assert provenance_note({"a-s1": {"provenance": {"git": "abc"}}}) == ""
+
+
+@pytest.mark.parametrize("gap", ["dirty", "none"])
+def test_a_record_from_uncommitted_or_unrecorded_code_makes_the_claims_reading_it_provisional(gap: str):
+    from tokenreduce.experiments import Expect
+    from tokenreduce.experiments.tables import PROVISIONAL, verdict_table, verdicts, word
+
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
+                    Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1)])
+    runs = _runs({"a": [0, 0, 0], "b": [1.0, 1.1, 0.9], "c": [3.0, 2.9, 3.1]})
+    assert [word(j) for j in verdicts(study, runs)] == ["reproduced", "reproduced"]
+    if gap == "dirty":
+        runs["c-s1"]["provenance"]["git"] += "-dirty"
+    else:
+        del runs["c-s1"]["provenance"]
+    b, c = verdicts(study, runs)
+    assert word(b) == "reproduced" and c.verdict.word == "reproduced" and word(c) == PROVISIONAL
+    assert c.uncommitted == ("c-s1",) and "provisional: as run it reads reproduced" in c.why
+    assert f"**{PROVISIONAL}**" in "\n".join(verdict_table(study, runs))
+    runs["b-s0"]["provenance"]["git"] += "-dirty"  # an inconclusive word stays what it is
+    runs.update(_runs({"b": [1.0, -1.0, 0.5]}, git="0123abc-dirty"))
+    assert word(verdicts(study, runs)[0]) == "inconclusive"
 
 
 def test_a_claim_over_lengths_says_when_its_difference_reverses_though_its_verdict_does_not():

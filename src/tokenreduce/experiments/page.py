@@ -32,6 +32,7 @@ from .tables import (
     paired,
     paired_by_seed,
     planned_seeds,
+    revision_gap,
     split_values,
     summary,
     values,
@@ -56,13 +57,10 @@ def provenance_text(runs: dict[str, dict]) -> str:
 
 def provenance_note(runs: dict[str, dict]) -> str:
     """What the runs' recorded git revisions say against reproducing them: made from uncommitted code
-    (``-dirty``) or without a revision (the record's ``provenance`` / ``run``, or its metrics'); '' if neither."""
-    dirty, none = [], []
-    for rid, doc in sorted(runs.items()):
-        prov = doc.get("provenance") or doc.get("run") or {}
-        inner = doc.get("metrics", {}).get("provenance", {}) if isinstance(doc.get("metrics"), dict) else {}
-        revs = [str(r) for r in (prov.get("git_revision", prov.get("git")), inner.get("git")) if r]
-        (dirty if any(r.endswith("-dirty") for r in revs) else none if not revs else []).append(rid)
+    (``-dirty``) or without a revision (:func:`~.tables.revision_gap`); '' if neither. A claim reading such a
+    record is decided only provisionally (:func:`~.tables.word`)."""
+    gaps = {rid: revision_gap(doc) for rid, doc in sorted(runs.items())}
+    dirty, none = [r for r, g in gaps.items() if g == "dirty"], [r for r, g in gaps.items() if g == "none"]
     said = []
     if dirty:
         said.append(f"{len(dirty)} of its {len(runs)} runs were made from uncommitted code (a git revision ending "

@@ -185,7 +185,9 @@ class Judged:
     """An expectation, its paired differences and the verdict on them (None: not run, ``why``). ``claim``:
     its text as printed (a speed-matched claim's ``{at_speed}`` resolved); ``items``: the seed x item
     crossed-design interval (low, high, centre) where the records hold per-item results, else None and
-    ``items_why``; ``members``: a family claim's number of claims (0: a claim of its own)."""
+    ``items_why``; ``members``: a family claim's number of claims (0: a claim of its own).; ``uncommitted``:
+    the records it reads that name no clean commit (:func:`revision_gap`), which make a decided word
+    provisional."""
 
     expect: Expect
     diffs: list[float]
@@ -195,6 +197,7 @@ class Judged:
     items: tuple[float, float, float] | None = None
     items_why: str = ""
     members: int = 0
+    uncommitted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,24 @@ def item_pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[A
         raise TokenReduceError(f"{arm.get('id')} and {base.get('id')}: {metric} over {len(a)} and {len(b)} test "
                                f"items; a paired contrast needs the same items in both records")
     return a, b
+
+
+def revision_gap(doc: dict[str, Any]) -> str:
+    """What keeps a record from naming the committed code that made it: "dirty" (a git revision ending
+    ``-dirty``: made from uncommitted changes), "none" (no revision recorded: its ``provenance`` / ``run``
+    and its metrics' provenance name none), or "" (a clean commit)."""
+    prov = doc.get("provenance") or doc.get("run") or {}
+    inner = doc.get("metrics", {}).get("provenance", {}) if isinstance(doc.get("metrics"), dict) else {}
+    revs = [str(r) for r in (prov.get("git_revision", prov.get("git")), inner.get("git")) if r]
+    return "dirty" if any(r.endswith("-dirty") for r in revs) else "" if revs else "none"
+
+
+def _uncommitted(study: Study, runs: dict[str, dict], claims: list[Expect]) -> tuple[str, ...]:
+    """The ids of the records ``claims`` read (their arms' and baselines' runs at their grid points, and the
+    speed record a speed-matched claim reads) that name no clean commit."""
+    docs = [d for e in claims for arm in (e.arm, e.baseline) for d in _runs_of(study, runs, arm, e.at).values()]
+    docs += [runs[e.speed[0]] for e in claims if e.speed and e.speed[0] in runs]
+    return tuple(sorted({str(d.get("id", d.get("run"))) for d in docs if revision_gap(d)}))
 
 
 def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
@@ -287,7 +308,7 @@ def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
     return e.claim.format(at_speed=f"at its own pick (measured {a:.2f}x against {b:.2f}x: not within {tol:g}x)")
 
 
-def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, dict[Any, float], int]]:
+def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, dict[Any, float], list[Expect]]]:
     """Each declared family of at least two claims at one grid point: a claim of its own whose paired
     value per seed is the mean of its members' (seeds where every member has one)."""
     groups: dict[tuple, list[Expect]] = {}
@@ -307,7 +328,7 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
         fam = Expect(first.family, first.source, arm=f"the mean over {len(members)} claims' arms",
                      baseline="their baselines", metric=first.metric, direction=first.direction, at=first.at,
                      margin=first.margin, level=first.level, kind=first.kind, delta=first.delta, why=first.why)
-        out.append((fam, {s: statistics.fmean(p[s] for p in per) for s in seeds}, len(members)))
+        out.append((fam, {s: statistics.fmean(p[s] for p in per) for s in seeds}, members))
     return out
 
 
@@ -327,15 +348,17 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     """Every claim (and family claim) of ``studies`` judged, its p-values adjusted by Holm within each study
     (all its beds' tests together) and by Benjamini-Hochberg over all; a test rejects only when both
     adjusted p-values lie below its level, so the adjusted p shown is the larger of the two."""
-    rows: list[tuple[str, str, Expect, list[float], int, str]] = []  # key, study name, claim, diffs, members, text
-    for study, runs in studies:
+    rows: list[tuple[str, str, Expect, list[float], int, str, tuple[str, ...]]] = []
+    for study, runs in studies:  # key, study name, claim, diffs, members, text, records from uncommitted code
         for e in study.expect:
             diffs = paired_items(study, runs, e) if e.unit == "item" else \
                 paired(study, runs, e.arm, e.baseline, e.metric, e.at)
-            rows.append((study.key, study.name, e, diffs, 0, claim_text(study, runs, e)))
-        for fam, diffs, k in _family_claims(study, runs):
-            rows.append((study.key, study.name, fam, list(diffs.values()), k, fam.claim))
-    tests = [_test(e, diffs) for _, _, e, diffs, _, _ in rows]
+            rows.append((study.key, study.name, e, diffs, 0, claim_text(study, runs, e),
+                         _uncommitted(study, runs, [e])))
+        for fam, diffs, members in _family_claims(study, runs):
+            rows.append((study.key, study.name, fam, list(diffs.values()), len(members), fam.claim,
+                         _uncommitted(study, runs, members)))
+    tests = [_test(e, diffs) for _, _, e, diffs, *_ in rows]
     flat = [(i, name) for i, (_, name, *_) in enumerate(rows) for _ in tests[i]]
     ps = [h.p for t in tests for h in t]
     adjusted = stats.benjamini_hochberg(ps)
@@ -350,7 +373,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     judged: dict[str, list[Judged]] = {study.key: [] for study, _ in studies}
     runs_of = {study.key: (study, runs) for study, runs in studies}
     k = 0
-    for (key, _, e, diffs, members, text), t in zip(rows, tests, strict=True):
+    for (key, _, e, diffs, members, text, uncommitted), t in zip(rows, tests, strict=True):
         adj, k = adjusted[k:k + len(t)], k + len(t)
         if not diffs:
             what = "'s per-item results" if e.unit == "item" else ""
@@ -361,8 +384,11 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
                           effect=e.effect, delta=e.delta, adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
             (None, "the test items are the unit") if e.unit == "item" else item_interval(*runs_of[key], e)
-        judged[key].append(Judged(e, diffs, v, v.why + _power_text(*runs_of[key], e, v), text, items, items_why,
-                                  members))
+        why = v.why + _power_text(*runs_of[key], e, v)
+        if uncommitted and v.word != "inconclusive":
+            why += (f"; provisional: as run it reads {v.label}, but {len(uncommitted)} of the records it reads name "
+                    f"no clean commit ({', '.join(uncommitted)}), so it is decided only when re-run from one")
+        judged[key].append(Judged(e, diffs, v, why, text, items, items_why, members, uncommitted))
     return Judgement(judged, holm_sizes, len(ps), scope, dict(waiting))
 
 
@@ -426,8 +452,14 @@ def p_text(j: Judged) -> str:
     return f"{p[0]:.3g} / {p[1]:.3g}" if p else "-"
 
 
+PROVISIONAL = "provisional (uncommitted code)"
+
+
 def word(j: Judged) -> str:
-    return j.verdict.label if j.verdict else NOT_RUN
+    """The verdict as printed: a decided word only where every record the claim reads names a clean commit."""
+    if j.verdict is None:
+        return NOT_RUN
+    return PROVISIONAL if j.uncommitted and j.verdict.word != "inconclusive" else j.verdict.label
 
 
 def interval_header(judged: list[Judged]) -> str:
