@@ -278,7 +278,10 @@ def test_margins_and_power_plans_are_declared_with_their_reasons():
     study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1, power=plan),
                     Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=2.0)])
     judged = verdicts(study, _runs({"a": [0, 0, 0], "b": [1.0, 2.0, 0.5], "c": [3.0, 1.0, 2.5]}))
-    assert "power plan (declared before the runs): n = 10 seeds give 80% power" in judged[0].why
+    # planned at the level the claim is decided at: 0.05 over the 3 tests of the study (b's; c's and its effect's)
+    assert stats.seeds_for_power(1.0, 1.0) == 10 and stats.seeds_for_power(1.0, 1.0, level=0.05 / 3) == 14
+    assert "power plan (declared before the runs): n = 14 seeds give 80% power" in judged[0].why
+    assert "one-sided 0.0083: 0.05 over the 3 tests of its Holm family" in judged[0].why
     assert "the pilot study's three seeds" in judged[0].why and "post hoc" not in judged[0].why
     assert "no power plan was declared before the runs; post hoc" in judged[1].why
 
@@ -293,7 +296,7 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
     from tokenreduce.experiments.beds import at_longer
     from tokenreduce.experiments.runner import Layout, load_runs
     from tokenreduce.experiments.study import Power, get_study
-    from tokenreduce.experiments.tables import paired, verdicts
+    from tokenreduce.experiments.tables import judge, paired, verdicts
 
     study = get_study("bspf")("scenes")
     root = Path(__file__).resolve().parents[1] / "results" / study.key
@@ -301,7 +304,9 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
     claim = "W_q = W_k costs no accuracy from a fair start"
     j = next(j for j in verdicts(study, runs) if j.claim.startswith(claim) and j.expect.at == {"steps": 937})
     sd = statistics.stdev(paired(study, runs, "bspf_tied2", "bspf_untied2", "top1", {"steps": 100}))
-    n = stats.seeds_for_power(0.5, sd, 0.8, 0.05)
+    family = judge([(study, runs)]).holm["bspf"]  # every test the bed declares, run or not
+    n = stats.seeds_for_power(0.5, sd, 0.8, 0.05 / family)
+    assert n > stats.seeds_for_power(0.5, sd, 0.8, 0.05)  # the deciding level asks for more seeds
     assert f"n = {n} seeds give 80% power to detect Δ = 0.5 at the pilot sd {sd:.2g}" in j.why
     assert "the same contrast at steps 100, n = 3" in j.why and "post hoc" not in j.why
     assert ("not run yet" in j.why) == (j.verdict is None)

@@ -174,7 +174,8 @@ METHODS = ("How the verdicts are reached: each claim is a paired contrast (arm m
 def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
     """:data:`METHODS` and which claims declared a power plan before their runs (the rest: post hoc)."""
     planned = [s.name for s, _ in studies if any(e.power is not None for e in s.expect)]
-    before = (f"Power plans declared before the runs (the n of seeds that gives 80% power, beside the n run): "
+    before = (f"Power plans declared before the runs (the n of seeds that gives 80% power at the level "
+              "the claim is decided at, its level over the tests of its Holm family, beside the n run): "
               f"the longer fine-tunes of {', '.join(dict.fromkeys(planned))}. Elsewhere no plan was declared: "
               if planned else "No study here declared a power plan before its runs: ")
     return (f"{METHODS} {before}where a claim gives a published effect, the power its n had for it at the observed "

@@ -117,8 +117,9 @@ class Col:
 class Power:
     """A power plan declared before the runs: the smallest ``effect`` (paired difference, toward the claim)
     the claim's test must detect, at the per-seed spread ``sd`` of the ``pilot`` (named: the runs or study
-    the spread was read from), with ``power`` (80%); the report states the n of seeds that gives it
-    (experiments/stats.py, :func:`~.stats.seeds_for_power`) beside the n run. ``at`` instead of ``sd``: the
+    the spread was read from), with ``power`` (80%); the report states the n of seeds that gives it at the
+    level the claim is decided at (its level over the tests of its study's Holm family: experiments/stats.py,
+    :func:`~.stats.seeds_for_power`) beside the n run. ``at`` instead of ``sd``: the
     pilot is the same contrast at that grid point of the study's own records (its paired differences' sd is
     read from them, so the number lives in the records alone)."""
 

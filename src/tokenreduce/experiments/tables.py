@@ -373,18 +373,19 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     judged: dict[str, list[Judged]] = {study.key: [] for study, _ in studies}
     runs_of = {study.key: (study, runs) for study, runs in studies}
     k = 0
-    for (key, _, e, diffs, members, text, uncommitted), t in zip(rows, tests, strict=True):
+    for (key, name, e, diffs, members, text, uncommitted), t in zip(rows, tests, strict=True):
         adj, k = adjusted[k:k + len(t)], k + len(t)
         if not diffs:
             what = "'s per-item results" if e.unit == "item" else ""
             judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}{what}"
-                                      + _power_text(*runs_of[key], e, None), text, members=members))
+                                      + _power_text(*runs_of[key], e, None, holm_sizes[name]), text,
+                                      members=members))
             continue
         v = stats.verdict(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
                           effect=e.effect, delta=e.delta, adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
             (None, "the test items are the unit") if e.unit == "item" else item_interval(*runs_of[key], e)
-        why = v.why + _power_text(*runs_of[key], e, v)
+        why = v.why + _power_text(*runs_of[key], e, v, holm_sizes[name])
         if uncommitted and v.word != "inconclusive":
             why += (f"; provisional: as run it reads {v.label}, but {len(uncommitted)} of the records it reads name "
                     f"no clean commit ({', '.join(uncommitted)}), so it is decided only when re-run from one")
@@ -398,9 +399,13 @@ def verdicts(study: Study, runs: dict[str, dict]) -> list[Judged]:
     return judge([(study, runs)], scope="this test bed").judged[study.key]
 
 
-def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict | None) -> str:
+def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict | None, family: int) -> str:
     """The declared power plan (its pilot sd read from the records where it names a grid point); else, for
-    a published effect, the power n had for it, labelled post hoc."""
+    a published effect, the power n had for it, labelled post hoc. Both at the level the claim is decided at:
+    ``e.level`` over the ``family`` tests of its study (Holm's first step, the strictest it may have to pass;
+    Bonferroni's level)."""
+    deciding = e.level / max(1, family)
+    at = f"one-sided {deciding / 2:.2g}: {e.level:g} over the {family} tests of its Holm family, two-sided"
     if e.power is not None:
         p = e.power
         sd, pilot = p.sd, p.pilot
@@ -411,17 +416,17 @@ def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict
         ran = f"run with n = {v.n}" if v is not None else "not run yet"
         if not sd:
             return f"; power plan (declared before the runs): Δ = {p.effect:g}, its pilot ({pilot}) not stored; {ran}"
-        n = stats.seeds_for_power(p.effect, sd, p.power, e.level)
+        n = stats.seeds_for_power(p.effect, sd, p.power, deciding)
         return (f"; power plan (declared before the runs): n = {n} seeds give {p.power:.0%} power to detect "
-                f"Δ = {p.effect:g} at the pilot sd {sd:.2g} ({pilot}; one-sided {e.level / 2:g}, unadjusted); {ran}")
+                f"Δ = {p.effect:g} at the pilot sd {sd:.2g} ({pilot}; {at}); {ran}")
     if v is None:
         return ""
     toward = None if e.effect is None else (e.effect - e.margin) * e.direction
     if not toward or toward <= 0 or not v.std:
         return ""
-    power = stats.power_paired_t(toward, v.std, v.n, e.level)
+    power = stats.power_paired_t(toward, v.std, v.n, deciding)
     return (f"; no power plan was declared before the runs; post hoc, at the observed sd {v.std:.2f}, n = {v.n} "
-            f"had {power:.0%} power for the published {e.effect:+.2f} (one-sided {e.level / 2:g}, unadjusted)")
+            f"had {power:.0%} power for the published {e.effect:+.2f} ({at})")
 
 
 def where_text(at: dict[str, Any]) -> str:
