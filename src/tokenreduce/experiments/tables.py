@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
 from .study import REFERENCE, Bench, BenchTable, Expect, Measure, Probe, Study
@@ -119,7 +121,8 @@ def measure_table(decl: Measure, doc: dict[str, Any] | None) -> list[str]:
     for r in doc["result"]["results"]:
         lines.append("| " + " | ".join(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-"
                                        for c in decl.columns) + " |")
-    return lines
+    noise = timing_noise(doc["result"]["results"])
+    return [*lines, "", noise] if noise else lines
 
 
 def bench_table(decl: Bench, doc: dict[str, Any] | None) -> list[str]:
@@ -137,7 +140,9 @@ def bench_table(decl: Bench, doc: dict[str, Any] | None) -> list[str]:
     said = (f"{model['name']} ({h}x{w}, {weights}), batch {settings['batch']} (latency: batch 1), "
             f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
             f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
-    return [said, "", "```", format_table(result["results"], columns_for(result["results"], decl.columns)), "```"]
+    noise = timing_noise(result["results"])
+    return [said, "", "```", format_table(result["results"], columns_for(result["results"], decl.columns)), "```",
+            *(["", noise] if noise else [])]
 
 
 def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
@@ -276,36 +281,86 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
     return stats.crossed_interval([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
 
 
-def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:
-    """Arm -> the measured speed-up (batch 32) in the record of ``measure``: of its fine-tuned runs, or, for an
-    arm evaluated off the shelf (study.REFERENCE), of the training-free row of its spec (at seed 0's
-    pattern); the median over its rows when several."""
+def _arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, list[dict]]:
+    """Arm -> its rows in the record of ``measure``: of its fine-tuned runs, or, for an arm evaluated off the
+    shelf (study.REFERENCE), the training-free row of its spec (at seed 0's pattern)."""
     doc, arm_of = runs.get(measure), {p.id: p.arm for p in study.points()}
     free = {a.spec.format(seed=0): name for name, a in study.arms.items() if a.evaluates == REFERENCE}
-    found: dict[str, list[float]] = {}
+    found: dict[str, list[dict]] = {}
     for row in (doc or {}).get("result", {}).get("results", []):
         arms = {arm_of.get(r.get("run")) for r in row.get("runs", [])}
         if row.get("kind") == "fine-tuned" and len(arms) == 1 and None not in arms and row.get("speedup"):
-            found.setdefault(arms.pop(), []).append(float(row["speedup"]))
+            found.setdefault(arms.pop(), []).append(row)
         elif row.get("kind") == "training-free" and row.get("spec") in free and row.get("speedup"):
-            found.setdefault(free[row["spec"]], []).append(float(row["speedup"]))
-    return {a: statistics.median(v) for a, v in found.items()}
+            found.setdefault(free[row["spec"]], []).append(row)
+    return found
+
+
+def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:
+    """Arm -> the measured speed-up (batch 32) in the record of ``measure`` (:func:`_arm_rows`); the median
+    over its rows when several."""
+    return {a: statistics.median(float(r["speedup"]) for r in rows)
+            for a, rows in _arm_rows(study, runs, measure).items()}
+
+
+def _round_speedups(rows: list[dict]) -> dict[int, np.ndarray]:
+    """Row index -> its speed-up (batch B) in each timed round of one interleaved run: its images/s over the
+    unpatched model's in the same round (bench/speed.py times every case once a round, round-robin)."""
+    base = next((r for r in rows if r.get("kind") == "unpatched" and r.get("img_per_s_runs")), None)
+    if base is None:
+        return {}
+    den = np.asarray(base["img_per_s_runs"], dtype=np.float64)
+    return {k: np.asarray(r["img_per_s_runs"], dtype=np.float64) / den for k, r in enumerate(rows)
+            if r.get("kind") != "unpatched" and len(r.get("img_per_s_runs") or ()) == den.size}
+
+
+def arm_rounds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, np.ndarray]:
+    """Arm -> its speed-up in each round of the ``measure`` record's interleaved run (the mean over its rows
+    in a round when several); arms whose rows hold no per-round timings are absent."""
+    rows = (runs.get(measure) or {}).get("result", {}).get("results", [])
+    per_row = _round_speedups(rows)
+    index = {id(r): k for k, r in enumerate(rows)}
+    out = {}
+    for arm, mine in _arm_rows(study, runs, measure).items():
+        got = [per_row[index[id(r)]] for r in mine if index[id(r)] in per_row]
+        if got and len(got) == len(mine):
+            out[arm] = np.mean(got, axis=0)
+    return out
+
+
+def timing_noise(rows: list[dict]) -> str:
+    """The measured timing noise of one interleaved speed run, as a sentence: the spread of a row's per-round
+    speed-up around its own median, pooled over the rows (sd), with what it means for a median shown."""
+    per_row = list(_round_speedups(rows).values())
+    if not per_row or min(len(r) for r in per_row) < 2:
+        return ""
+    n = min(len(r) for r in per_row)
+    sd = math.sqrt(statistics.fmean(float(np.var(r, ddof=1)) for r in per_row))
+    return (f"Timing noise, measured: a row's speed-up moves from round to round with a pooled sd of {sd:.3f}x "
+            f"({len(per_row)} rows, {n} interleaved rounds each); a median over {n} rounds has a standard error "
+            f"near {1.2533 * sd / math.sqrt(n):.3f}x.")
 
 
 def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
-    """``e.claim``, its ``{at_speed}`` read from the speed record: "at equal measured speed" only when the
-    measure timed both arms (one interleaved run) within the declared tolerance; else "at its own pick"
-    with both measured speeds."""
+    """``e.claim``, its ``{at_speed}`` read from the speed record: "at equal measured speed" only when an
+    equivalence test (TOST, two-sided at the claim's level) on the per-round differences of the two arms'
+    speed-ups, timed in one interleaved run, holds within the declared margin; else "at its own pick" with
+    both measured speeds."""
     if e.speed is None:
         return e.claim
-    measure, tol = e.speed
-    got = speeds(study, runs, measure)
-    if e.arm not in got or e.baseline not in got:
-        return e.claim.format(at_speed=f"at its own pick (no speed of both arms in the {measure} record)")
+    measure, margin = e.speed
+    rounds, got = arm_rounds(study, runs, measure), speeds(study, runs, measure)
+    if e.arm not in rounds or e.baseline not in rounds:
+        return e.claim.format(at_speed=f"at its own pick (no per-round timings of both arms in the {measure} "
+                                       "record)")
     a, b = got[e.arm], got[e.baseline]
-    if abs(a - b) < tol:
-        return e.claim.format(at_speed=f"at equal measured speed ({a:.2f}x and {b:.2f}x, within {tol:g}x)")
-    return e.claim.format(at_speed=f"at its own pick (measured {a:.2f}x against {b:.2f}x: not within {tol:g}x)")
+    diffs = (rounds[e.arm] - rounds[e.baseline]).tolist()
+    p = stats.tost(diffs, -margin, margin)
+    p = None if p is None else min(1.0, 2.0 * p)
+    test = f"TOST within ±{margin:g}x over {len(diffs)} interleaved rounds: p = " + ("-" if p is None else f"{p:.2g}")
+    if p is not None and p < e.level:
+        return e.claim.format(at_speed=f"at equal measured speed ({a:.2f}x and {b:.2f}x; {test})")
+    return e.claim.format(at_speed=f"at its own pick ({a:.2f}x against {b:.2f}x measured; not shown equal, {test})")
 
 
 def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, dict[Any, float], list[Expect]]]:
