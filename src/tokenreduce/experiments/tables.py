@@ -41,7 +41,7 @@ def split_values(study: Study) -> list[Any]:
     return list(next(a.values for a in study.axes() if a.name == study.split[0]))
 
 
-def _runs_of(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) -> dict[Any, dict]:
+def arm_runs(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) -> dict[Any, dict]:
     """seed -> doc of ``arm``'s runs at ``at`` that have a JSON."""
     at = study.complete(at)
     return {p.values["seed"]: runs[p.id] for p in study.points() if p.arm == arm and p.matches(at) and p.id in runs}
@@ -49,7 +49,7 @@ def _runs_of(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) 
 
 def values(study: Study, runs: dict[str, dict], arm: str, metric: str, at: dict[str, Any]) -> list[float]:
     """``metric`` of each of ``arm``'s runs at ``at`` that has it, in seed order."""
-    return [v for d in _runs_of(study, runs, arm, at).values() if (v := _metric(d, metric)) is not None]
+    return [v for d in arm_runs(study, runs, arm, at).values() if (v := _metric(d, metric)) is not None]
 
 
 def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
@@ -61,7 +61,7 @@ def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str
 def paired_by_seed(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
                    at: dict[str, Any]) -> dict[Any, float]:
     """Seed -> ``arm`` minus ``base`` on ``metric`` at ``at``, for each seed with both runs, in seed order."""
-    mine, theirs = _runs_of(study, runs, arm, at), _runs_of(study, runs, base, at)
+    mine, theirs = arm_runs(study, runs, arm, at), arm_runs(study, runs, base, at)
     out = {}
     for seed in planned_seeds(study):
         if seed in mine and seed in theirs:
@@ -91,12 +91,12 @@ def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[s
 
 def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dict[str, Any],
              planned: tuple[Any, ...]) -> str:
-    docs = _runs_of(study, runs, name, at)
+    docs = arm_runs(study, runs, name, at)
     if not docs:
         return f"| {label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns)
     missing = [s for s in planned if s not in docs]
     seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
-    both = len(docs.keys() & _runs_of(study, runs, study.baseline, at).keys())
+    both = len(docs.keys() & arm_runs(study, runs, study.baseline, at).keys())
 
     def cell(vals: list[float], of: int) -> str:  # a record without the column's metric: its n says so
         s = stats.summarize(vals)
@@ -251,7 +251,7 @@ def revision_gap(doc: dict[str, Any]) -> str:
 def _uncommitted(study: Study, runs: dict[str, dict], claims: list[Expect]) -> tuple[str, ...]:
     """The ids of the records ``claims`` read (their arms' and baselines' runs at their grid points, and the
     speed record a speed-matched claim reads) that name no clean commit."""
-    docs = [d for e in claims for arm in (e.arm, e.baseline) for d in _runs_of(study, runs, arm, e.at).values()]
+    docs = [d for e in claims for arm in (e.arm, e.baseline) for d in arm_runs(study, runs, arm, e.at).values()]
     docs += [runs[e.speed[0]] for e in claims if e.speed and e.speed[0] in runs]
     return tuple(sorted({str(d.get("id", d.get("run"))) for d in docs if revision_gap(d)}))
 
@@ -260,7 +260,7 @@ def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
     """The per-item differences ``e.arm`` minus ``e.baseline`` on ``e.metric``, in percent (100 x the item
     values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (for
     arms evaluated off the shelf each seed is a fold of the test items: every item once)."""
-    mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
+    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
     out: list[float] = []
     for seed in planned_seeds(study):
         pair = item_pair(mine[seed], theirs[seed], e.metric) if seed in mine and seed in theirs else None
@@ -273,7 +273,7 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
     """The interval over seeds and test items of ``e`` (stats.crossed_interval: every seed is scored on the
     same items, so seeds and items cross) where every paired seed's two records hold ``e.metric``'s per-item
     results; else None and why not."""
-    mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
+    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
     seeds = paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)
     pairs = [item_pair(mine[s], theirs[s], e.metric) for s in seeds]
     if len(pairs) < 2 or any(p is None for p in pairs):
