@@ -393,7 +393,12 @@ def test_a_claim_over_lengths_says_when_its_difference_reverses_though_its_verdi
 
     short, long = judged([-2.0, -1.5, -2.4]), judged([1.0, 1.3, 0.9])  # both inconclusive after adjustment
     text = stated([(100, short), (937, long)])
-    assert text.startswith("**inconclusive** at 937 steps, as at 100")
+    change = stats.welch_change([-2.0, -1.5, -2.4], [1.0, 1.3, 0.9])
+    assert change[0] == pytest.approx(3.0333, abs=1e-3) and change[1] < change[0] < change[2]
+    # the dose-response is the change of effect, tested (Welch), not the two words compared
+    assert text.startswith(f"**inconclusive** at 937 steps; from 100 steps its Δ changes by +3.03 "
+                           f"[{change[1]:+.2f}, {change[2]:+.2f}], Welch p = {change[3]:.2g} (the interaction")
+    assert stats.welch_change([1.0], [1.0, 2.0]) is None and stats.welch_change([1.0, 1.0], [2.0, 2.0]) is None
     assert "the difference reverses: its t-interval lies below 0 at 100 steps, above 0 at 937 steps (before" in text
     assert "reverses" not in stated([(100, judged([-0.5, 0.4, 0.1])), (937, long)])  # 0 inside at 100: no reversal
 
@@ -443,3 +448,23 @@ def test_a_run_that_arrives_never_weakens_another_claims_verdict(name: str):
                     assert rejected <= now[claim][2], (claim, rejected, now[claim][2], cut)
                     assert word == "inconclusive" or now[claim][1] != "inconclusive", (claim, word, cut)
             before = now
+
+
+def test_the_length_section_says_what_else_differs_between_lengths_and_the_front_matter_the_papers_schedules(
+        tmp_path):
+    from pathlib import Path
+
+    from tokenreduce.experiments.beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
+    from tokenreduce.experiments.lengths import section
+    from tokenreduce.experiments.page import judged_results, methods
+
+    studies, judgement = judged_results(Path(__file__).resolve().parents[1] / "results", ["baselines"])
+    study, runs = next((s, r) for s, r in studies if s.bed_name == "scenes")
+    (tmp_path / "figures").mkdir()
+    lines = section(study, runs, judgement.judged[study.key], tmp_path, "baselines-scenes")
+    assert ("Besides the steps, the lengths differ in what they train on and are scored on: 100 steps: 6400 "
+            f"training scenes, scored on 2000 test scenes; {EPOCH_STEPS} steps: all training scenes, scored on "
+            "10000 test scenes.") in lines
+    front = methods(studies)
+    assert f"against the papers' {PAPER_EPOCHS[0]}-{PAPER_EPOCHS[1]} epochs" in front
+    assert f"--where steps={TEN_EPOCHS} --device cuda" in front

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from . import lengths
+from .beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
 from .figures import colours, pyplot, set_title, write_png
 from .runner import Layout, load_runs, plan
 from .stats import summarize
@@ -178,8 +179,12 @@ def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
               "the claim is decided at, its level over the tests of its Holm family, beside the n run): "
               f"the longer fine-tunes of {', '.join(dict.fromkeys(planned))}. Elsewhere no plan was declared: "
               if planned else "No study here declared a power plan before its runs: ")
+    short, long = PAPER_EPOCHS
     return (f"{METHODS} {before}where a claim gives a published effect, the power its n had for it at the observed "
-            "sd is stated, labelled post hoc.")
+            f"sd is stated, labelled post hoc. Fine-tune length: the longest run here is one epoch ({EPOCH_STEPS} "
+            f"steps), against the papers' {short}-{long} epochs, so every verdict is of a short fine-tune; the "
+            f"ten-epoch level ({TEN_EPOCHS} steps) runs on a GPU (`tokenreduce study NAME --where "
+            f"steps={TEN_EPOCHS} --device cuda`).")
 
 
 #: the README's generated part lies between these two lines
@@ -190,13 +195,6 @@ def _row_arm(row: dict[str, Any]) -> str | None:
     """The arm a fine-tuned row of a measure stands for (its runs' ids, seed dropped)."""
     ids = {r["run"].rsplit("-s", 1)[0] for r in row.get("runs", []) if r.get("run")}
     return ids.pop() if len(ids) == 1 else None
-
-
-def _pool(doc: dict[str, Any]) -> str:
-    """What a training record trained on and was scored on, in words (its config's subset, its metrics' n)."""
-    subset, n = doc.get("config", {}).get("subset"), doc.get("metrics", {}).get("n_eval")
-    trained = f"{subset} training scenes" if subset else "all training scenes"
-    return trained + (f", scored on {int(n)} test scenes" if n else "")
 
 
 def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
@@ -232,7 +230,7 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
 
     def pool(at: dict[str, Any]) -> str:
         docs = [d for arm in speed for d in arm_runs(study, runs, arm, at).values()]
-        return _pool(docs[0]) if docs else ""
+        return lengths.pool_text(docs[0]) if docs else ""
 
     # the longer fine-tunes with a paired record: a column each, so a verdict that turns with training shows here
     axis = next((a for a in study.axes() if a.name == lengths.AXIS), None)

@@ -4,6 +4,7 @@
     paired_t_test           the paired t-test of the mean difference against a null value, one- or two-sided
     paired_t_interval       the paired t confidence interval of the mean difference
     tost                    two one-sided tests: equivalence of the mean difference within (low, high)
+    welch_change            the change of a mean between two independent sets of runs (Welch), with its interval
     crossed_interval        the interval of the mean paired difference where seeds and test items cross (every
                             seed scored on the same items): a two-way random-effects model, Satterthwaite's df
     holm                    Holm's step-down adjustment (family-wise error)
@@ -103,6 +104,20 @@ def tost(diffs: Sequence[float], low: float, high: float) -> float | None:
     p-values (it rejects at level a exactly when the (1 - 2a) t-interval lies inside (low, high))."""
     p_low, p_high = paired_t_test(diffs, low, "greater"), paired_t_test(diffs, high, "less")
     return None if p_low is None else max(p_low, p_high)
+
+
+def welch_change(before: Sequence[float], after: Sequence[float],
+                 confidence: float = 0.95) -> tuple[float, float, float, float] | None:
+    """How much the mean of ``after`` differs from the mean of ``before``, two independent sets of values
+    (e.g. a claim's paired differences at two fine-tune lengths: other runs, so the interaction of claim and
+    length): (change, low, high, two-sided p) by Welch's t (scipy.stats.ttest_ind, unequal variances);
+    None when either set has fewer than 2 values or neither has spread."""
+    a, b = list(after), list(before)
+    if len(a) < 2 or len(b) < 2 or not (statistics.stdev(a) or statistics.stdev(b)):
+        return None
+    res = _scipy.ttest_ind(a, b, equal_var=False)
+    lo, hi = res.confidence_interval(confidence)
+    return statistics.fmean(a) - statistics.fmean(b), float(lo), float(hi), float(res.pvalue)
 
 
 def crossed_interval(arm: Sequence[np.ndarray], base: Sequence[np.ndarray],
