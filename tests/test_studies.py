@@ -664,10 +664,14 @@ def test_the_readme_table_gains_a_column_per_longer_fine_tune_with_paired_record
     assert head.endswith("| Δ vs random at its counts | Δ after 937 steps |")
     dv = next(line for line in headline(root) if line.startswith("| dynamicvit-1.5x |"))
     assert dv.count("|") == 7 and not dv.endswith("| - |")
-    assert "fine-tuned for 937 steps (seeds 0, 1, 2):" in headline(root)[0]
+    intro = headline(root)[0]
+    assert "fine-tuned for 937 steps (all training scenes, scored on 10000 test scenes; seeds 0, 1, 2):" in intro
+    assert "100 steps of 64: 6400 training scenes, scored on 2000 test scenes" in intro  # what else differs
+    assert "chosen once by a measured budget search" in intro
+    assert dv.endswith("[+2.96, +3.46] reproduced |")  # each row's interval and verdict
     for record in (root / "baselines" / "scenes" / "runs").glob("random~*-t937-s2.json"):
         record.unlink()  # the intro names the seeds the cells are over
-    assert "fine-tuned for 937 steps (seeds 0, 1):" in headline(root)[0]
+    assert "seeds 0, 1):" in headline(root)[0]
     for record in (root / "baselines" / "scenes" / "runs").glob("random~*-t937-*.json"):
         record.unlink()  # the arm's longer runs alone pair with nothing
     assert all("937" not in line for line in headline(root))

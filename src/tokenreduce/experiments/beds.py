@@ -57,6 +57,9 @@ EPOCH_STEPS = 60_000 // BATCH
 
 #: ten epochs: the length a GPU adds to the curve (``tokenreduce study NAME --device cuda``)
 TEN_EPOCHS = 10 * EPOCH_STEPS
+#: the papers' schedules in epochs, shortest and longest (the 30-epoch fine-tunes of EViT, DynamicViT and
+#: Cropr; DeiT's 300 epochs from scratch, as EET and BSPF train): what the report sets the lengths run against
+PAPER_EPOCHS = (30, 300)
 #: the fine-tune length, a grid axis of the studies whose arms have learned parts: the shortened schedule
 #: (the runs made first keep their ids), one epoch and ten, the longer ones scored on all 10 000 test scenes;
 #: the recipe is otherwise the same (its schedule is in epochs of the training items: the warm-up stays a

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .figures import pyplot, set_title, write_png
-from .stats import summarize
+from .stats import summarize, welch_change
 from .study import Expect, Study
 from .tables import NOT_RUN, Judged, ci_text, measured, where_text, word
 
@@ -55,8 +55,9 @@ def _side(j: Judged) -> int:
 
 def stated(group: list[tuple[Any, Judged]]) -> str:
     """The claim's verdict at the longest length run with two seeds or more (a later length with one seed is
-    named apart: no test yet), and in words whether it changes with length;
-    also where the difference changes sign: its t-interval (before multiplicity) on one side of 0 at one
+    named apart: no test yet), and how its effect changes with length: the change of its mean paired
+    difference from each shorter length, with its Welch interval and p (the runs at two lengths are other
+    runs); also where the difference changes sign: its t-interval (before multiplicity) on one side of 0 at one
     length and on the other at another, whatever the verdicts (which multiplicity may leave alike)."""
     ran = [(s, j) for s, j in group if j.verdict is not None]
     if not ran:
@@ -67,17 +68,39 @@ def stated(group: list[tuple[Any, Judged]]) -> str:
     if not run:
         return f"**{word(ran[-1][1])}** at {ran[-1][0]} steps (one seed so far, no test yet)"
     last, long = run[-1]
-    before = [f"{word(j)} at {s}" for s, j in run[:-1] if word(j) != word(long)]
-    if before:
-        text = f"**{word(long)}** at {last} steps; it changes with length ({'; '.join(before)})"
-    else:
-        text = f"**{word(long)}** at {last} steps" + (f", as at {', '.join(str(s) for s, _ in run[:-1])}"
-                                                       if len(run) > 1 else "")
+    text = f"**{word(long)}** at {last} steps"
+    for first, short in run[:-1]:  # the dose-response: the change of effect, tested, not the words compared
+        change = welch_change(short.diffs, long.diffs)
+        if change is not None:
+            d, lo, hi, p = change
+            text += (f"; from {first} steps its Δ changes by {d:+.2f} [{lo:+.2f}, {hi:+.2f}], Welch p = {p:.2g} "
+                     "(the interaction with length, before multiplicity)")
     sides = [(s, _side(j)) for s, j in run if _side(j)]
     if {side for _, side in sides} == {-1, 1}:
         where = ", ".join(f"{'above' if side > 0 else 'below'} 0 at {s} steps" for s, side in sides)
         text += f"; the difference reverses: its t-interval lies {where} (before multiplicity)"
     return text + note
+
+
+def pool_text(doc: dict[str, Any]) -> str:
+    """What a training record trained on and was scored on, in words (its config's subset, its metrics' n)."""
+    subset, n = doc.get("config", {}).get("subset"), doc.get("metrics", {}).get("n_eval")
+    trained = f"{subset} training scenes" if subset else "all training scenes"
+    return trained + (f", scored on {int(n)} test scenes" if n else "")
+
+
+def _pools(study: Study, runs: dict[str, dict], lengths: list[Any]) -> str:
+    """What else differs between the lengths, read from a training record at each (the training pool, the
+    test set), as a sentence; '' where they agree."""
+    implicit, said = implicit_length(study), {}
+    for p in study.points():
+        s = p.values.get(AXIS, implicit)
+        if s in lengths and s not in said and p.id in runs and runs[p.id].get("config"):
+            said[s] = pool_text(runs[p.id])
+    if len(set(said.values())) < 2:
+        return ""
+    return ("Besides the steps, the lengths differ in what they train on and are scored on: "
+            + "; ".join(f"{s} steps: {t}" for s, t in sorted(said.items())) + ".")
 
 
 def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Path, slug: str) -> list[str]:
@@ -89,7 +112,9 @@ def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Pat
     lengths = sorted({s for g in groups for s, j in g})
     head = ["claim", "where", *(c for s in lengths for c in (f"Δ at {s} steps", f"interval at {s}", f"verdict at {s}")),
             "stated"]
-    lines = ["### Over the fine-tune length", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    pools = _pools(study, runs, lengths)
+    lines = ["### Over the fine-tune length", "", *([pools, ""] if pools else []), "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
     for g in groups:
         e = g[0][1].expect
         at = {s: j for s, j in g}

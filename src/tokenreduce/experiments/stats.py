@@ -4,8 +4,9 @@
     paired_t_test           the paired t-test of the mean difference against a null value, one- or two-sided
     paired_t_interval       the paired t confidence interval of the mean difference
     tost                    two one-sided tests: equivalence of the mean difference within (low, high)
-    paired_item_bootstrap   a percentile interval resampling seeds and, within each, test items (the same
-                            items for both arms), with a fixed seed
+    welch_change            the change of a mean between two independent sets of runs (Welch), with its interval
+    crossed_interval        the interval of the mean paired difference where seeds and test items cross (every
+                            seed scored on the same items): a two-way random-effects model, Satterthwaite's df
     holm                    Holm's step-down adjustment (family-wise error)
     benjamini_hochberg      the Benjamini-Hochberg adjustment (false discovery rate)
     power_paired_t          the power of a paired t-test at n; seeds_for_power: the n giving a power
@@ -115,32 +116,68 @@ def tost(diffs: Sequence[float], low: float, high: float) -> float | None:
     return None if p_low is None else max(p_low, p_high)
 
 
-def paired_item_bootstrap(arm: Sequence[np.ndarray], base: Sequence[np.ndarray], confidence: float = 0.95,
-                          resamples: int = 2000, seed: int = 0) -> tuple[float, float, float] | None:
-    """A percentile interval of the mean paired difference (x 100: points) over seeds and test items.
+def welch_change(before: Sequence[float], after: Sequence[float],
+                 confidence: float = 0.95) -> tuple[float, float, float, float] | None:
+    """How much the mean of ``after`` differs from the mean of ``before``, two independent sets of values
+    (e.g. a claim's paired differences at two fine-tune lengths: other runs, so the interaction of claim and
+    length): (change, low, high, two-sided p) by Welch's t (scipy.stats.ttest_ind, unequal variances);
+    None when either set has fewer than 2 values or neither has spread."""
+    a, b = list(after), list(before)
+    if len(a) < 2 or len(b) < 2 or not (statistics.stdev(a) or statistics.stdev(b)):
+        return None
+    res = _scipy.ttest_ind(a, b, equal_var=False)
+    lo, hi = res.confidence_interval(confidence)
+    return statistics.fmean(a) - statistics.fmean(b), float(lo), float(hi), float(res.pvalue)
 
-    ``arm[i]``, ``base[i]``: seed i's per-item values of the two arms on the same test items (NaN entries,
-    items without a value, are left out of a mean). Each resample draws the seeds with replacement and,
-    within each drawn seed, the test items with replacement, the same items for both arms; the statistic
-    is the mean over the drawn seeds of (arm mean - base mean). Returns (low, high, mean of the
-    resamples); None for fewer than 2 seeds. ``seed`` fixes the draws (tables rebuild byte-identical)."""
+
+def crossed_interval(arm: Sequence[np.ndarray], base: Sequence[np.ndarray],
+                     confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """The (``confidence``) interval of the mean paired difference (x 100: points) when seeds and test items
+    cross: seed s's per-item values ``arm[s]``, ``base[s]`` of the two arms on the same I test items, and
+    every seed scored on the same items. Returns (low, high, mean); None for fewer than 2 seeds.
+
+    The per-item differences d_si (S seeds x I items) follow the two-way random-effects model
+    d_si = mu + a_s + b_i + e_si, a_s ~ (0, sa^2) the seed's effect, b_i ~ (0, sb^2) the item's (shared by
+    every seed: this is what a nested resampling of items within seeds misses), e_si ~ (0, se^2). The grand
+    mean m has Var(m) = sa^2 / S + sb^2 / I + se^2 / (S I), and with the mean squares of the two-way table
+    (no replication)
+
+        MS_s = I sum_s (r_s - m)^2 / (S - 1),  MS_i = S sum_i (c_i - m)^2 / (I - 1),
+        MS_e = sum_si (d_si - r_s - c_i + m)^2 / ((S - 1)(I - 1))          (r_s, c_i: seed and item means)
+
+    E[MS_s] = I sa^2 + se^2 and E[MS_i - MS_e] = S sb^2, so Var(m) = (E[MS_s] + E[MS_i - MS_e]) / (S I): the
+    seeds' part A = MS_s / (S I) (S - 1 df: the seed t-interval's own variance) plus the items' part
+    B = max(0, MS_i - MS_e) / (S I) (the variance of the items every seed shares, which a seed t-interval
+    and a nested resampling of items within seeds both leave out). The half-width takes each part with its
+    own t quantile, sqrt(t(S - 1)^2 A + t(I - 1)^2 B): the seed t-interval where the items add nothing, the
+    items' interval where the seeds add nothing, and conservative in between. (Satterthwaite's pooled df,
+    estimated from 3 seeds, covers about 0.92 where the seeds dominate; tests/test_studies_stats.py.)
+
+    Items whose value is missing (NaN) in any seed of either arm are left out, so the table stays
+    balanced (the model's estimates assume it)."""
     if len(arm) != len(base) or len(arm) < 2:
         return None
-    rng = np.random.default_rng(seed)
-    n_seeds = len(arm)
-    per_seed = np.empty((n_seeds, resamples))
+    rows = []
     for i, (a, b) in enumerate(zip(arm, base, strict=True)):
         a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        if a.shape != b.shape:
-            raise ValueError(f"seed {i}: {a.size} items for the arm, {b.size} for the baseline (not paired)")
-        for start in range(0, resamples, 250):  # in blocks: 250 x 10 000 item draws at a time
-            idx = rng.integers(0, a.size, size=(min(250, resamples - start), a.size))
-            per_seed[i, start:start + len(idx)] = np.nanmean(a[idx], axis=1) - np.nanmean(b[idx], axis=1)
-    pick = rng.integers(0, n_seeds, size=(resamples, n_seeds))
-    stat = 100.0 * per_seed[pick, np.arange(resamples)[:, None]].mean(axis=1)
-    alpha = 1.0 - confidence
-    lo, hi = np.quantile(stat, [alpha / 2, 1 - alpha / 2])
-    return float(lo), float(hi), float(stat.mean())
+        if a.shape != b.shape or (rows and a.shape != rows[0].shape):
+            raise ValueError(f"seed {i}: {a.size} items for the arm, {b.size} for the baseline"
+                             + (f", {rows[0].size} in seed 0" if rows else "") + " (not crossed)")
+        rows.append(100.0 * (a - b))
+    d = np.stack(rows)  # (S, I)
+    d = d[:, ~np.isnan(d).any(axis=0)]
+    n_s, n_i = d.shape
+    if n_i < 2:
+        return None
+    m = float(d.mean())
+    r, c = d.mean(axis=1), d.mean(axis=0)
+    ms_s = n_i * float(((r - m) ** 2).sum()) / (n_s - 1)
+    ms_i = n_s * float(((c - m) ** 2).sum()) / (n_i - 1)
+    ms_e = float(((d - r[:, None] - c[None, :] + m) ** 2).sum()) / ((n_s - 1) * (n_i - 1))
+    q = 0.5 + confidence / 2
+    half = math.sqrt((_scipy.t.ppf(q, n_s - 1) ** 2 * ms_s + _scipy.t.ppf(q, n_i - 1) ** 2 * max(0.0, ms_i - ms_e))
+                     / (n_s * n_i))
+    return m - half, m + half, m
 
 
 # ----------------------------------------------------------------------------- multiplicity
@@ -166,7 +203,10 @@ def power_paired_t(effect: float, sd: float, n: int, level: float = 0.05) -> flo
 
 
 def seeds_for_power(effect: float, sd: float, power: float = 0.8, level: float = 0.05) -> int:
-    """The smallest n of seeds at which :func:`power_paired_t` reaches ``power``."""
+    """The smallest n of seeds at which :func:`power_paired_t` reaches ``power`` (2, the least a test needs,
+    when two already do: statsmodels' root finder returns NaN for such large effects)."""
+    if power_paired_t(effect, sd, 2, level) >= power:
+        return 2
     n = TTestPower().solve_power(effect_size=effect / sd, alpha=level / 2, power=power, alternative="larger")
     return max(2, math.ceil(float(n)))
 

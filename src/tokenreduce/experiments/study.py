@@ -113,12 +113,19 @@ class Col:
     fmt: str = "{:.2f}"
 
 
+#: The margin within which two arms count as "at equal measured speed" (experiments/tables.py, claim_text):
+#: a tenth of the speed-up, the order the timing noise of one interleaved run on 2 CPU threads allows
+#: with ten rounds (each speed table prints its own measured noise); a tighter margin could not be shown.
+EQUAL_SPEED = 0.1
+
+
 @dataclass(frozen=True)
 class Power:
     """A power plan declared before the runs: the smallest ``effect`` (paired difference, toward the claim)
     the claim's test must detect, at the per-seed spread ``sd`` of the ``pilot`` (named: the runs or study
-    the spread was read from), with ``power`` (80%); the report states the n of seeds that gives it
-    (experiments/stats.py, :func:`~.stats.seeds_for_power`) beside the n run. ``at`` instead of ``sd``: the
+    the spread was read from), with ``power`` (80%); the report states the n of seeds that gives it at the
+    level the claim is decided at (its level over the tests of its study's Holm family: experiments/stats.py,
+    :func:`~.stats.seeds_for_power`) beside the n run. ``at`` instead of ``sd``: the
     pilot is the same contrast at that grid point of the study's own records (its paired differences' sd is
     read from them, so the number lives in the records alone)."""
 
@@ -151,9 +158,10 @@ class Expect:
 
     ``family``: claims of one study bed sharing this text are also tested as one family claim (per seed
     the mean of their paired differences, one test; they must share metric, direction, margin and
-    kind). ``speed``: (measure, tolerance): the claim is "at equal measured speed" only when that
-    measure's record timed both arms within ``tolerance`` (x) of each other; the claim text's
-    ``{at_speed}`` reads so, or "at its own pick" with both speeds. ``power``: a plan declared before
+    kind). ``speed``: (measure, margin): the claim is "at equal measured speed" only when an equivalence
+    test on that measure's per-round timings of both arms (one interleaved run) holds within ``margin`` (x,
+    e.g. :data:`EQUAL_SPEED`); the claim text's ``{at_speed}`` reads so, or "at its own pick" with both
+    speeds. ``power``: a plan declared before
     the runs (:class:`Power`). ``unit``: what the test pairs: "seed" (each seed's difference of the two
     runs), or "item" (each test item's difference, pooled over the paired seeds: the unit of arms evaluated
     off the shelf on the reference, whose seeds are disjoint folds of the test items, not replications of a

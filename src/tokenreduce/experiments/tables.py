@@ -12,7 +12,7 @@ import itertools
 import math
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ def split_values(study: Study) -> list[Any]:
     return list(next(a.values for a in study.axes() if a.name == study.split[0]))
 
 
-def _runs_of(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) -> dict[Any, dict]:
+def arm_runs(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) -> dict[Any, dict]:
     """seed -> doc of ``arm``'s runs at ``at`` that have a JSON."""
     at = study.complete(at)
     return {p.values["seed"]: runs[p.id] for p in study.points() if p.arm == arm and p.matches(at) and p.id in runs}
@@ -49,7 +49,7 @@ def _runs_of(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) 
 
 def values(study: Study, runs: dict[str, dict], arm: str, metric: str, at: dict[str, Any]) -> list[float]:
     """``metric`` of each of ``arm``'s runs at ``at`` that has it, in seed order."""
-    return [v for d in _runs_of(study, runs, arm, at).values() if (v := _metric(d, metric)) is not None]
+    return [v for d in arm_runs(study, runs, arm, at).values() if (v := _metric(d, metric)) is not None]
 
 
 def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
@@ -61,7 +61,7 @@ def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str
 def paired_by_seed(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
                    at: dict[str, Any]) -> dict[Any, float]:
     """Seed -> ``arm`` minus ``base`` on ``metric`` at ``at``, for each seed with both runs, in seed order."""
-    mine, theirs = _runs_of(study, runs, arm, at), _runs_of(study, runs, base, at)
+    mine, theirs = arm_runs(study, runs, arm, at), arm_runs(study, runs, base, at)
     out = {}
     for seed in planned_seeds(study):
         if seed in mine and seed in theirs:
@@ -91,12 +91,12 @@ def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[s
 
 def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dict[str, Any],
              planned: tuple[Any, ...]) -> str:
-    docs = _runs_of(study, runs, name, at)
+    docs = arm_runs(study, runs, name, at)
     if not docs:
         return f"| {label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns)
     missing = [s for s in planned if s not in docs]
     seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
-    both = len(docs.keys() & _runs_of(study, runs, study.baseline, at).keys())
+    both = len(docs.keys() & arm_runs(study, runs, study.baseline, at).keys())
 
     def cell(vals: list[float], of: int) -> str:  # a record without the column's metric: its n says so
         s = stats.summarize(vals)
@@ -121,7 +121,8 @@ def measure_table(decl: Measure, doc: dict[str, Any] | None) -> list[str]:
     for r in doc["result"]["results"]:
         lines.append("| " + " | ".join(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-"
                                        for c in decl.columns) + " |")
-    return lines
+    noise = timing_noise(doc["result"]["results"])
+    return [*lines, "", noise] if noise else lines
 
 
 def bench_table(decl: Bench, doc: dict[str, Any] | None) -> list[str]:
@@ -139,7 +140,9 @@ def bench_table(decl: Bench, doc: dict[str, Any] | None) -> list[str]:
     said = (f"{model['name']} ({h}x{w}, {weights}), batch {settings['batch']} (latency: batch 1), "
             f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
             f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
-    return [said, "", "```", format_table(result["results"], columns_for(result["results"], decl.columns)), "```"]
+    noise = timing_noise(result["results"])
+    return [said, "", "```", format_table(result["results"], columns_for(result["results"], decl.columns)), "```",
+            *(["", noise] if noise else [])]
 
 
 def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
@@ -186,8 +189,10 @@ def probe_text(decl: Probe, doc: dict[str, Any] | None) -> list[str]:
 class Judged:
     """An expectation, its paired differences and the verdict on them (None: not run, ``why``). ``claim``:
     its text as printed (a speed-matched claim's ``{at_speed}`` resolved); ``items``: the seed x item
-    bootstrap interval (low, high, centre) where the records hold per-item results, else None and
-    ``items_why``; ``members``: a family claim's number of claims (0: a claim of its own)."""
+    crossed-design interval (low, high, centre) where the records hold per-item results, else None and
+    ``items_why``; ``members``: a family claim's number of claims (0: a claim of its own).; ``uncommitted``:
+    the records it reads that name no clean commit (:func:`revision_gap`), which make a decided word
+    provisional."""
 
     expect: Expect
     diffs: list[float]
@@ -197,18 +202,21 @@ class Judged:
     items: tuple[float, float, float] | None = None
     items_why: str = ""
     members: int = 0
+    uncommitted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Judgement:
     """Every judged claim of some study beds (``judged``: study key -> its claims), and the families their
-    p-values were adjusted in: ``holm`` (study name -> the number of tests of all its beds, Holm) and
-    ``bh`` (the number of tests over all of them, Benjamini-Hochberg)."""
+    p-values were adjusted in, each the declared tests whether run or not: ``holm`` (study name -> the number
+    of tests of all its beds, Holm), ``bh`` (the number of tests over all of them, Benjamini-Hochberg) and
+    ``waiting`` (study name -> how many of its tests are not yet run, counted at p = 1)."""
 
     judged: dict[str, list[Judged]]
     holm: dict[str, int]
     bh: int
     scope: str = "the report"
+    waiting: dict[str, int] = field(default_factory=dict)
 
 
 def _items(doc: dict[str, Any], metric: str) -> Any:
@@ -230,13 +238,31 @@ def item_pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[A
     return a, b
 
 
+def revision_gap(doc: dict[str, Any]) -> str:
+    """What keeps a record from naming the committed code that made it: "dirty" (a git revision ending
+    ``-dirty``: made from uncommitted changes), "none" (no revision recorded: its ``provenance`` / ``run``
+    and its metrics' provenance name none), or "" (a clean commit)."""
+    prov = doc.get("provenance") or doc.get("run") or {}
+    inner = doc.get("metrics", {}).get("provenance", {}) if isinstance(doc.get("metrics"), dict) else {}
+    revs = [str(r) for r in (prov.get("git_revision", prov.get("git")), inner.get("git")) if r]
+    return "dirty" if any(r.endswith("-dirty") for r in revs) else "" if revs else "none"
+
+
+def _uncommitted(study: Study, runs: dict[str, dict], claims: list[Expect]) -> tuple[str, ...]:
+    """The ids of the records ``claims`` read (their arms' and baselines' runs at their grid points, and the
+    speed record a speed-matched claim reads) that name no clean commit."""
+    docs = [d for e in claims for arm in (e.arm, e.baseline) for d in arm_runs(study, runs, arm, e.at).values()]
+    docs += [runs[e.speed[0]] for e in claims if e.speed and e.speed[0] in runs]
+    return tuple(sorted({str(d.get("id", d.get("run"))) for d in docs if revision_gap(d)}))
+
+
 def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
     """The per-item differences ``e.arm`` minus ``e.baseline`` on ``e.metric``, in percent (100 x the item
     values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (for
     arms evaluated off the shelf each seed is a fold of the test items: every item once; :func:`without_items`
     names the folds left out). An item without a value in either record (NaN) is left out, as the metric
     leaves it out."""
-    mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
+    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
     out: list[float] = []
     for seed in planned_seeds(study):
         pair = item_pair(mine[seed], theirs[seed], e.metric) if seed in mine and seed in theirs else None
@@ -248,15 +274,16 @@ def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
 
 def without_items(study: Study, runs: dict[str, dict], e: Expect) -> list[str]:
     """The ids of the records, of the seeds where both of ``e``'s arms ran, that hold no per-item ``e.metric``."""
-    mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
+    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
     return [d.get("id", "?") for s in planned_seeds(study) if s in mine and s in theirs
             for d in (mine[s], theirs[s]) if _items(d, e.metric) is None]
 
 
 def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
-    """The paired bootstrap over seeds and test items of ``e`` (stats.paired_item_bootstrap) where every
-    paired seed's two records hold ``e.metric``'s per-item results; else None and why not."""
-    mine, theirs = _runs_of(study, runs, e.arm, e.at), _runs_of(study, runs, e.baseline, e.at)
+    """The interval over seeds and test items of ``e`` (stats.crossed_interval: every seed is scored on the
+    same items, so seeds and items cross) where every paired seed's two records hold ``e.metric``'s per-item
+    results; else None and why not."""
+    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
     seeds = paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)
     pairs = [item_pair(mine[s], theirs[s], e.metric) for s in seeds]
     if pairs and all(p is None for p in pairs):
@@ -266,42 +293,92 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
                       "(the other seeds' records do)")
     if len(pairs) < 2:
         return None, f"seed-level only: a seeds x items interval needs at least 2 seeds (n = {len(pairs)})"
-    return stats.paired_item_bootstrap([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
+    return stats.crossed_interval([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
 
 
-def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:
-    """Arm -> the measured speed-up (batch 32) in the record of ``measure``: of its fine-tuned runs, or, for an
-    arm evaluated off the shelf (study.REFERENCE), of the training-free row of its spec (at seed 0's
-    pattern); the median over its rows when several."""
+def _arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, list[dict]]:
+    """Arm -> its rows in the record of ``measure``: of its fine-tuned runs, or, for an arm evaluated off the
+    shelf (study.REFERENCE), the training-free row of its spec (at seed 0's pattern)."""
     doc, arm_of = runs.get(measure), {p.id: p.arm for p in study.points()}
     free = {a.spec.format(seed=0): name for name, a in study.arms.items() if a.evaluates == REFERENCE}
-    found: dict[str, list[float]] = {}
+    found: dict[str, list[dict]] = {}
     for row in (doc or {}).get("result", {}).get("results", []):
         arms = {arm_of.get(r.get("run")) for r in row.get("runs", [])}
         if row.get("kind") == "fine-tuned" and len(arms) == 1 and None not in arms and row.get("speedup"):
-            found.setdefault(arms.pop(), []).append(float(row["speedup"]))
+            found.setdefault(arms.pop(), []).append(row)
         elif row.get("kind") == "training-free" and row.get("spec") in free and row.get("speedup"):
-            found.setdefault(free[row["spec"]], []).append(float(row["speedup"]))
-    return {a: statistics.median(v) for a, v in found.items()}
+            found.setdefault(free[row["spec"]], []).append(row)
+    return found
+
+
+def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:
+    """Arm -> the measured speed-up (batch 32) in the record of ``measure`` (:func:`_arm_rows`); the median
+    over its rows when several."""
+    return {a: statistics.median(float(r["speedup"]) for r in rows)
+            for a, rows in _arm_rows(study, runs, measure).items()}
+
+
+def _round_speedups(rows: list[dict]) -> dict[int, np.ndarray]:
+    """Row index -> its speed-up (batch B) in each timed round of one interleaved run: its images/s over the
+    unpatched model's in the same round (bench/speed.py times every case once a round, round-robin)."""
+    base = next((r for r in rows if r.get("kind") == "unpatched" and r.get("img_per_s_runs")), None)
+    if base is None:
+        return {}
+    den = np.asarray(base["img_per_s_runs"], dtype=np.float64)
+    return {k: np.asarray(r["img_per_s_runs"], dtype=np.float64) / den for k, r in enumerate(rows)
+            if r.get("kind") != "unpatched" and len(r.get("img_per_s_runs") or ()) == den.size}
+
+
+def arm_rounds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, np.ndarray]:
+    """Arm -> its speed-up in each round of the ``measure`` record's interleaved run (the mean over its rows
+    in a round when several); arms whose rows hold no per-round timings are absent."""
+    rows = (runs.get(measure) or {}).get("result", {}).get("results", [])
+    per_row = _round_speedups(rows)
+    index = {id(r): k for k, r in enumerate(rows)}
+    out = {}
+    for arm, mine in _arm_rows(study, runs, measure).items():
+        got = [per_row[index[id(r)]] for r in mine if index[id(r)] in per_row]
+        if got and len(got) == len(mine):
+            out[arm] = np.mean(got, axis=0)
+    return out
+
+
+def timing_noise(rows: list[dict]) -> str:
+    """The measured timing noise of one interleaved speed run, as a sentence: the spread of a row's per-round
+    speed-up around its own median, pooled over the rows (sd), with what it means for a median shown."""
+    per_row = list(_round_speedups(rows).values())
+    if not per_row or min(len(r) for r in per_row) < 2:
+        return ""
+    n = min(len(r) for r in per_row)
+    sd = math.sqrt(statistics.fmean(float(np.var(r, ddof=1)) for r in per_row))
+    return (f"Timing noise, measured: a row's speed-up moves from round to round with a pooled sd of {sd:.3f}x "
+            f"({len(per_row)} rows, {n} interleaved rounds each); a median over {n} rounds has a standard error "
+            f"near {1.2533 * sd / math.sqrt(n):.3f}x.")
 
 
 def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
-    """``e.claim``, its ``{at_speed}`` read from the speed record: "at equal measured speed" only when the
-    measure timed both arms (one interleaved run) within the declared tolerance; else "at its own pick"
-    with both measured speeds."""
+    """``e.claim``, its ``{at_speed}`` read from the speed record: "at equal measured speed" only when an
+    equivalence test (TOST, two-sided at the claim's level) on the per-round differences of the two arms'
+    speed-ups, timed in one interleaved run, holds within the declared margin; else "at its own pick" with
+    both measured speeds."""
     if e.speed is None:
         return e.claim
-    measure, tol = e.speed
-    got = speeds(study, runs, measure)
-    if e.arm not in got or e.baseline not in got:
-        return e.claim.format(at_speed=f"at its own pick (no speed of both arms in the {measure} record)")
+    measure, margin = e.speed
+    rounds, got = arm_rounds(study, runs, measure), speeds(study, runs, measure)
+    if e.arm not in rounds or e.baseline not in rounds:
+        return e.claim.format(at_speed=f"at its own pick (no per-round timings of both arms in the {measure} "
+                                       "record)")
     a, b = got[e.arm], got[e.baseline]
-    if abs(a - b) < tol:
-        return e.claim.format(at_speed=f"at equal measured speed ({a:.2f}x and {b:.2f}x, within {tol:g}x)")
-    return e.claim.format(at_speed=f"at its own pick (measured {a:.2f}x against {b:.2f}x: not within {tol:g}x)")
+    diffs = (rounds[e.arm] - rounds[e.baseline]).tolist()
+    p = stats.tost(diffs, -margin, margin)
+    p = None if p is None else min(1.0, 2.0 * p)
+    test = f"TOST within ±{margin:g}x over {len(diffs)} interleaved rounds: p = " + ("-" if p is None else f"{p:.2g}")
+    if p is not None and p < e.level:
+        return e.claim.format(at_speed=f"at equal measured speed ({a:.2f}x and {b:.2f}x; {test})")
+    return e.claim.format(at_speed=f"at its own pick ({a:.2f}x against {b:.2f}x measured; not shown equal, {test})")
 
 
-def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, dict[Any, float], int]]:
+def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, dict[Any, float], list[Expect]]]:
     """Each declared family of at least two claims at one grid point: a claim of its own whose paired
     value per seed is the mean of its members' (seeds where every member has one)."""
     groups: dict[tuple, list[Expect]] = {}
@@ -321,32 +398,43 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
         fam = Expect(first.family, first.source, arm=f"the mean over {len(members)} claims' arms",
                      baseline="their baselines", metric=first.metric, direction=first.direction, at=first.at,
                      margin=first.margin, level=first.level, kind=first.kind, delta=first.delta, why=first.why)
-        out.append((fam, {s: statistics.fmean(p[s] for p in per) for s in seeds}, len(members)))
+        out.append((fam, {s: statistics.fmean(p[s] for p in per) for s in seeds}, members))
     return out
 
 
 def _test(e: Expect, diffs: list[float]) -> list[stats.Hypothesis]:
-    return stats.hypotheses(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
-                            effect=e.effect, delta=e.delta)
+    """The tests ``e`` declares, on ``diffs``; a claim not yet testable (fewer than two seeds) keeps its place
+    in the family with each of its tests at p = 1, so the family is the declared one, not the one run so far:
+    Holm and Benjamini-Hochberg are monotone in every p, so a run that arrives later can only lower the
+    other claims' adjusted p-values, never raise them."""
+    def declared(d: list[float]) -> list[stats.Hypothesis]:
+        return stats.hypotheses(d, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
+                                effect=e.effect, delta=e.delta)
+
+    return declared(diffs) or [replace(h, p=1.0) for h in declared([0.0, 1.0])]
 
 
 def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report") -> Judgement:
     """Every claim (and family claim) of ``studies`` judged, its p-values adjusted by Holm within each study
     (all its beds' tests together) and by Benjamini-Hochberg over all; a test rejects only when both
     adjusted p-values lie below its level, so the adjusted p shown is the larger of the two."""
-    rows: list[tuple[str, str, Expect, list[float], int, str]] = []  # key, study name, claim, diffs, members, text
-    for study, runs in studies:
+    rows: list[tuple[str, str, Expect, list[float], int, str, tuple[str, ...]]] = []
+    for study, runs in studies:  # key, study name, claim, diffs, members, text, records from uncommitted code
         for e in study.expect:
             diffs = paired_items(study, runs, e) if e.unit == "item" else \
                 paired(study, runs, e.arm, e.baseline, e.metric, e.at)
-            rows.append((study.key, study.name, e, diffs, 0, claim_text(study, runs, e)))
-        for fam, diffs, k in _family_claims(study, runs):
-            rows.append((study.key, study.name, fam, list(diffs.values()), k, fam.claim))
-    tests = [_test(e, diffs) for _, _, e, diffs, _, _ in rows]
+            rows.append((study.key, study.name, e, diffs, 0, claim_text(study, runs, e),
+                         _uncommitted(study, runs, [e])))
+        for fam, diffs, members in _family_claims(study, runs):
+            rows.append((study.key, study.name, fam, list(diffs.values()), len(members), fam.claim,
+                         _uncommitted(study, runs, members)))
+    tests = [_test(e, diffs) for _, _, e, diffs, *_ in rows]
     flat = [(i, name) for i, (_, name, *_) in enumerate(rows) for _ in tests[i]]
     ps = [h.p for t in tests for h in t]
     adjusted = stats.benjamini_hochberg(ps)
     holm_sizes: dict[str, int] = {}
+    waiting = Counter(name for (_, name, _, diffs, *_), t in zip(rows, tests, strict=True) if len(diffs) < 2
+                      for _ in t)
     for name in dict.fromkeys(name for _, name in flat):
         where = [k for k, (_, n) in enumerate(flat) if n == name]
         holm_sizes[name] = len(where)
@@ -355,12 +443,13 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     judged: dict[str, list[Judged]] = {study.key: [] for study, _ in studies}
     runs_of = {study.key: (study, runs) for study, runs in studies}
     k = 0
-    for (key, _, e, diffs, members, text), t in zip(rows, tests, strict=True):
+    for (key, name, e, diffs, members, text, uncommitted), t in zip(rows, tests, strict=True):
         adj, k = adjusted[k:k + len(t)], k + len(t)
         if not diffs:
             what = "'s per-item results" if e.unit == "item" else ""
             judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}{what}"
-                                      + _power_text(*runs_of[key], e, None), text, members=members))
+                                      + _power_text(*runs_of[key], e, None, holm_sizes[name]), text,
+                                      members=members))
             continue
         v = stats.verdict(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
                           effect=e.effect, delta=e.delta, adjusted=adj)
@@ -369,9 +458,12 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         left = without_items(*runs_of[key], e) if e.unit == "item" and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
                   f"folds' {v.n} items only" if left else ""
-        judged[key].append(Judged(e, diffs, v, v.why + dropped + _power_text(*runs_of[key], e, v), text, items,
-                                  items_why, members))
-    return Judgement(judged, holm_sizes, len(ps), scope)
+        why = v.why + dropped + _power_text(*runs_of[key], e, v, holm_sizes[name])
+        if uncommitted and v.word != "inconclusive":
+            why += (f"; provisional: as run it reads {v.label}, but {len(uncommitted)} of the records it reads name "
+                    f"no clean commit ({', '.join(uncommitted)}), so it is decided only when re-run from one")
+        judged[key].append(Judged(e, diffs, v, why, text, items, items_why, members, uncommitted))
+    return Judgement(judged, holm_sizes, len(ps), scope, dict(waiting))
 
 
 def verdicts(study: Study, runs: dict[str, dict]) -> list[Judged]:
@@ -380,9 +472,13 @@ def verdicts(study: Study, runs: dict[str, dict]) -> list[Judged]:
     return judge([(study, runs)], scope="this test bed").judged[study.key]
 
 
-def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict | None) -> str:
+def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict | None, family: int) -> str:
     """The declared power plan (its pilot sd read from the records where it names a grid point); else, for
-    a published effect, the power n had for it, labelled post hoc."""
+    a published effect, the power n had for it, labelled post hoc. Both at the level the claim is decided at:
+    ``e.level`` over the ``family`` tests of its study (Holm's first step, the strictest it may have to pass;
+    Bonferroni's level)."""
+    deciding = e.level / max(1, family)
+    at = f"one-sided {deciding / 2:.2g}: {e.level:g} over the {family} tests of its Holm family, two-sided"
     if e.power is not None:
         p = e.power
         sd, pilot = p.sd, p.pilot
@@ -393,17 +489,17 @@ def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict
         ran = f"run with n = {v.n}" if v is not None else "not run yet"
         if not sd:
             return f"; power plan (declared before the runs): Δ = {p.effect:g}, its pilot ({pilot}) not stored; {ran}"
-        n = stats.seeds_for_power(p.effect, sd, p.power, e.level)
+        n = stats.seeds_for_power(p.effect, sd, p.power, deciding)
         return (f"; power plan (declared before the runs): n = {n} seeds give {p.power:.0%} power to detect "
-                f"Δ = {p.effect:g} at the pilot sd {sd:.2g} ({pilot}; one-sided {e.level / 2:g}, unadjusted); {ran}")
+                f"Δ = {p.effect:g} at the pilot sd {sd:.2g} ({pilot}; {at}); {ran}")
     if v is None:
         return ""
     toward = None if e.effect is None else (e.effect - e.margin) * e.direction
     if not toward or toward <= 0 or not v.std:
         return ""
-    power = stats.power_paired_t(toward, v.std, v.n, e.level)
+    power = stats.power_paired_t(toward, v.std, v.n, deciding)
     return (f"; no power plan was declared before the runs; post hoc, at the observed sd {v.std:.2f}, n = {v.n} "
-            f"had {power:.0%} power for the published {e.effect:+.2f} (one-sided {e.level / 2:g}, unadjusted)")
+            f"had {power:.0%} power for the published {e.effect:+.2f} ({at})")
 
 
 def where_text(at: dict[str, Any]) -> str:
@@ -420,7 +516,7 @@ def measured(j: Judged) -> str:
 
 
 def ci_text(j: Judged) -> str:
-    """The (1 - level) paired t-interval, and the seed x item bootstrap where the records allow one."""
+    """The (1 - level) paired t-interval, and the crossed seeds x items interval where the records allow one."""
     ci = j.verdict.interval if j.verdict else None
     text = f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "-"
     if j.items is not None:
@@ -434,8 +530,14 @@ def p_text(j: Judged) -> str:
     return f"{p[0]:.3g} / {p[1]:.3g}" if p else "-"
 
 
+PROVISIONAL = "provisional (uncommitted code)"
+
+
 def word(j: Judged) -> str:
-    return j.verdict.label if j.verdict else NOT_RUN
+    """The verdict as printed: a decided word only where every record the claim reads names a clean commit."""
+    if j.verdict is None:
+        return NOT_RUN
+    return PROVISIONAL if j.uncommitted and j.verdict.word != "inconclusive" else j.verdict.label
 
 
 def interval_header(judged: list[Judged]) -> str:
@@ -453,10 +555,13 @@ def _contrast(j: Judged) -> str:
 
 
 def adjustment_text(judgement: Judgement, study: Study) -> str:
-    m = judgement.holm.get(study.name, 0)
-    return (f"Multiplicity: each p is adjusted by Holm over the {m} tests of study {study.name} judged together "
-            f"and by Benjamini-Hochberg over the {judgement.bh} tests of {judgement.scope}; a test rejects only "
-            "when both adjusted p-values lie below its level (the adjusted p shown is the larger).")
+    m, waiting = judgement.holm.get(study.name, 0), judgement.waiting.get(study.name, 0)
+    unrun = f", {waiting} of them not yet run and counted at p = 1" if waiting else ""
+    return (f"Multiplicity: each p is adjusted by Holm over the {m} tests study {study.name} declares{unrun}, and "
+            f"by Benjamini-Hochberg over the {judgement.bh} declared tests of {judgement.scope} "
+            f"({sum(judgement.waiting.values())} not yet run); the families are fixed by the declarations, so a "
+            "run that arrives can only lower another claim's adjusted p. A test rejects only when both adjusted "
+            "p-values lie below its level (the adjusted p shown is the larger).")
 
 
 def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> list[str]:
