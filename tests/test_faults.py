@@ -7,10 +7,15 @@ model is not scored; one writer per output; records hold no machine paths.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,12 +26,20 @@ from test_guards import TINY, TINY_FLAGS, data, one_line, tiny_config  # noqa: F
 
 import tokenreduce
 from tokenreduce import TokenReduceError
-from tokenreduce.cli import main
+from tokenreduce.cli import BROKEN_PIPE, main
 from tokenreduce.experiments import records
 from tokenreduce.experiments.runner import Layout, load_runs
 from tokenreduce.experiments.study import get_study
 from tokenreduce.experiments.tables import item_pair
-from tokenreduce.models import CheckpointError, build_model, read_checkpoint, read_meta, resolve, save_checkpoint
+from tokenreduce.models import (
+    CheckpointError,
+    build_model,
+    checkpoint,
+    read_checkpoint,
+    read_meta,
+    resolve,
+    save_checkpoint,
+)
 from tokenreduce.models.checkpoint import SIGNED, UNVERIFIED
 from tokenreduce.models.references import SHIPPED_DIR
 from tokenreduce.tasks.items import decode, encode
@@ -484,3 +497,84 @@ def test_a_copied_study_folder_reads_its_own_checkpoints(tmp_path):
     assert copy._checkpoint("a_unpruned-b8-s0") == str(own)
     shutil.rmtree(own.parent)  # gone in the copy: made again there, never read from s1
     assert copy._checkpoint("a_unpruned-b8-s0") == str(own) and own.is_file()
+
+
+# ----------------------------------------------------------------------------- lost work, a full disk, tracebacks
+
+
+def test_each_force_keeps_the_run_before_it(data, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "r"
+    for seed in (1, 2, 3):  # the first run, then two --force
+        train(tiny_config(data, out, epochs=1, seed=seed, force=seed > 1))
+    err = capsys.readouterr().err
+    assert f"to {out / 'previous-run'}\n" in err and f"to {out / 'previous-run-2'}\n" in err
+    kept = ("previous-run", "previous-run-2", ".")
+    seeds = [read_meta(out / d / "model.safetensors")["config"]["seed"] for d in kept]
+    assert seeds == [1, 2, 3]  # the first run is not lost under the second --force
+
+
+@pytest.mark.parametrize("pixels", [900, 150], ids=["error", "warning-as-error"])
+def test_a_decompression_bomb_in_an_image_folder_is_a_data_error_naming_it(pixels, tmp_path, monkeypatch):
+    from tokenreduce.data import DataError, build_dataset
+
+    root = _folder(tmp_path / "imgs", n=1)
+    bomb = root / "train" / "ant" / "big.png"
+    Image.new("L", (pixels, 1)).save(bomb)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # over 2x: PIL's error; between 1x and 2x: its warning
+    ds = build_dataset(str(root), "train", img_size=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataError, match=rf"cannot read image {re.escape(str(bomb))}: .*decompression bomb"):
+            ds[[p for p, _ in ds.samples].index(bomb)]
+
+
+def test_a_closed_stdout_pipe_ends_quietly():
+    """``tokenreduce study eet --smoke --list | head -1``: the reader is gone before the output is written."""
+
+    proc = subprocess.Popen([sys.executable, "-m", "tokenreduce.cli", "study", "eet", "--smoke", "--list"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == BROKEN_PIPE and err == ""
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_run_resumes_bit_identical(data, tmp_path, monkeypatch,  # noqa: F811
+                                                                                    capsys):
+
+    full, real_fsync = [False], os.fsync
+
+    def fsync(fd: int) -> None:  # the disk fills up after step 3: the next checkpoint does not fit
+        if full[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    def filling(cfg, **kw):
+        return real_train(cfg, on_step=lambda step: full.__setitem__(0, step >= 3))
+
+    real_train = loop.train
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(loop, "train", filling)
+    out = tmp_path / "run"
+    flags = [*TINY_FLAGS, "--data", data, "--epochs", "2", "--ckpt-every", "1", "--out", str(out)]
+    line = one_line(capsys, ["train", *flags], f"cannot write {out / 'last.safetensors'}: No space left on device")
+    assert "last.safetensors is as it was" in line and "continue from the last checkpoint with: " in line
+    assert read_meta(out / "last.safetensors")["step"] == 3 and not list(out.glob(".*.tmp"))
+    monkeypatch.setattr(loop, "train", real_train)
+    full[0] = False
+    assert main([*shlex.split(line.split(" with: ")[1])[1:]]) == 0
+    assert main(["train", *flags[:-1], str(tmp_path / "whole")]) == 0  # the same run, never interrupted
+    resumed, whole = (read_checkpoint(p / "model.safetensors").weights for p in (out, tmp_path / "whole"))
+    assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+
+def test_a_full_disk_in_a_study_is_one_line(tmp_path, monkeypatch, capsys):
+
+    def fsync(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    out = tmp_path / "s"
+    one_line(capsys, ["study", "eet", "--smoke", "--run", "a_unpruned-b8-s0", "--out", str(out), "--threads", "1"],
+             "No space left on device")
+    assert not list(out.rglob(".*.tmp"))

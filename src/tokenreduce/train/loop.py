@@ -38,7 +38,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import sys
 import threading
@@ -247,14 +246,24 @@ def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
 
 #: The files of a run in its output directory that ``--force`` moves aside (with the figures metrics.json lists).
 RUN_FILES = ("model.safetensors", "model.json", "last.safetensors", "last.json", "metrics.json")
-#: Where ``--force`` moves the previous run (inside the output directory; the one before it is replaced).
+#: Where ``--force`` moves the previous run (inside the output directory): ``previous-run/``, or for a later
+#: ``--force`` the first of ``previous-run-2/``, ``previous-run-3/``, ... that does not exist (none is replaced).
 PREVIOUS = "previous-run"
 
 
+def _aside_dir(out: Path) -> Path:
+    """The first free ``--force`` folder in ``out``: ``previous-run``, then ``previous-run-2``, ..."""
+    n = 1
+    while (out / (PREVIOUS if n == 1 else f"{PREVIOUS}-{n}")).exists():
+        n += 1
+    return out / (PREVIOUS if n == 1 else f"{PREVIOUS}-{n}")
+
+
 def _move_aside(out: Path) -> None:
-    """``--force``: move the run in ``out`` (its checkpoints, metrics and figures) to ``out/previous-run/``
-    before anything of the new run is written, so that an interrupted forced run is the only run there and
-    resumes with the command it printed; other files in ``out`` stay."""
+    """``--force``: move the run in ``out`` (its checkpoints, metrics and figures) to a new folder in it
+    (:func:`_aside_dir`: the runs moved there by earlier ``--force`` stay) before anything of the new run is
+    written, so that an interrupted forced run is the only run there and resumes with the command it printed;
+    other files in ``out`` stay."""
     files = [out / n for n in RUN_FILES if (out / n).is_file()]
     if not files:
         return
@@ -264,9 +273,7 @@ def _move_aside(out: Path) -> None:
     except (OSError, ValueError, AttributeError):
         figures = []
     files += [out / Path(f).name for f in figures if isinstance(f, str) and (out / Path(f).name).is_file()]
-    aside = out / PREVIOUS
-    if aside.exists():
-        shutil.rmtree(aside)
+    aside = _aside_dir(out)
     aside.mkdir()
     for f in files:
         os.replace(f, aside / f.name)
