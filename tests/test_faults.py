@@ -7,6 +7,7 @@ model is not scored; one writer per output; records hold no machine paths.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -578,3 +579,28 @@ def test_a_full_disk_in_a_study_is_one_line(tmp_path, monkeypatch, capsys):
     one_line(capsys, ["study", "eet", "--smoke", "--run", "a_unpruned-b8-s0", "--out", str(out), "--threads", "1"],
              "No space left on device")
     assert not list(out.rglob(".*.tmp"))
+
+
+def test_resume_over_idx_files_rewritten_with_the_same_class_counts_is_refused_naming_the_file(tmp_path):
+    from tokenreduce.data.fashion_mnist import make_synthetic
+
+    folder = make_synthetic(tmp_path / "d", seed=0)
+    cfg = tiny_config(str(folder), tmp_path / "run", ckpt_every=1)
+    with pytest.raises(Interrupted):
+        train(cfg, on_step=stop_at(2))
+    make_synthetic(folder, seed=7)  # other images (in another order), the same number of each class
+    with pytest.raises(TokenReduceError, match=r"changed since it started \(train-images-idx3-ubyte holds other "
+                                               r"content; train-labels-idx1-ubyte holds other content\).*"
+                                               r"--allow-data-change"):
+        train(dataclasses.replace(cfg, resume=True))
+
+
+def test_a_checkpoint_fingerprinted_before_content_digests_still_resumes(data, tmp_path, monkeypatch):  # noqa: F811
+    cfg = tiny_config(data, tmp_path / "run", ckpt_every=1)
+    real = loop.fingerprint
+    monkeypatch.setattr(loop, "fingerprint", lambda ds: {k: v for k, v in real(ds).items() if k != "content"})
+    with pytest.raises(Interrupted):
+        train(cfg, on_step=stop_at(2))
+    assert "content" not in read_meta(tmp_path / "run" / "last.safetensors")["data_fingerprint"]
+    monkeypatch.setattr(loop, "fingerprint", real)
+    assert "checkpoint" in train(dataclasses.replace(cfg, resume=True))

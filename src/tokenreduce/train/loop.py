@@ -289,7 +289,8 @@ def _clean_temporaries(out: Path) -> None:
 
 def fingerprint(ds: Any) -> dict[str, Any]:
     """What identifies a training set: its size, its items per class and, for files (an image folder), a
-    SHA-256 over their paths (relative to the folder) and sizes; for another dataset its type."""
+    SHA-256 over their paths (relative to the folder) and sizes; for a dataset that digests its content
+    (``content_digest()``: Fashion-MNIST's idx files) that digest, per file; for another dataset its type."""
     targets = getattr(ds, "targets", None)
     classes = list(getattr(ds, "classes", []) or [])
     counts: dict[str, int] = {}
@@ -304,6 +305,9 @@ def fingerprint(ds: Any) -> dict[str, Any]:
             p = Path(path)
             h.update(f"{p.relative_to(root).as_posix()}|{p.stat().st_size}\n".encode())
         out["files"] = h.hexdigest()
+    digest = getattr(ds, "content_digest", None)
+    if callable(digest):
+        out["content"] = digest()
     return out
 
 
@@ -311,8 +315,8 @@ def _check_same_data(ckpt: Checkpoint, now: dict[str, Any], cfg: TrainConfig) ->
     """Refuse resuming over a training set that changed since the run started (its permutation would no
     longer be the one the run was drawing from), naming the difference; ``--allow-data-change`` goes on."""
     was = ckpt.meta.get("data_fingerprint")
-    if not was or was == now:
-        return  # a checkpoint written before fingerprints: nothing to compare
+    if not was or all(now.get(k) == v for k, v in was.items()):
+        return  # a checkpoint written before fingerprints (or before a part of them): nothing (more) to compare
     diff = []
     if was.get("n") != now.get("n"):
         diff.append(f"{was.get('n')} items then, {now.get('n')} now")
@@ -320,6 +324,8 @@ def _check_same_data(ckpt: Checkpoint, now: dict[str, Any], cfg: TrainConfig) ->
     for c in dict.fromkeys([*per_was, *per_now]):
         if per_was.get(c) != per_now.get(c):
             diff.append(f"class {c!r}: {per_was.get(c, 0)} -> {per_now.get(c, 0)}")
+    content_was, content_now = was.get("content") or {}, now.get("content") or {}
+    diff += [f"{name} holds other content" for name in content_was if content_now.get(name) != content_was[name]]
     if not diff:
         diff.append("the same counts, but other files or file sizes")
     if cfg.allow_data_change:
