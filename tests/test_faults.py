@@ -420,9 +420,31 @@ def test_eval_never_writes_into_a_training_run_and_one_eval_per_out(data, tmp_pa
 def test_two_timing_runs_of_one_study_are_refused(tmp_path, capsys):
     from tokenreduce.train import lock
 
-    with lock.hold(tmp_path / "s" / "checkpoints" / "speed", what="timing run speed"):
+    with lock.hold(tmp_path / "s", what="timing run speed"):
         one_line(capsys, ["study", "eet", "--smoke", "--run", "speed", "--out", str(tmp_path / "s")],
                  "is in use by another timing run speed")
+
+
+@pytest.mark.parametrize("held, run", [("study run b_ctp-b8-s1", "speed"), ("timing run speed", "a_unpruned-b8-s0")],
+                         ids=["timing-while-training", "training-while-timing"])
+def test_a_timing_and_another_run_into_one_study_output_exclude_each_other(held, run, tmp_path, capsys):
+    """Two studies into one --out: a timing run holds the output alone, or its speed-ups read low, silently."""
+    from tokenreduce.train import lock
+
+    with lock.hold(tmp_path / "s", what=held, shared=held.startswith("study")):
+        one_line(capsys, ["study", "eet", "--smoke", "--run", run, "--out", str(tmp_path / "s")],
+                 f"is in use by another {held} (pid ")
+    assert not (tmp_path / "s" / "runs").exists()
+
+
+def test_runs_that_train_share_a_study_output(tmp_path):
+    from tokenreduce.experiments.runner import Runner, layout_for
+    from tokenreduce.train import lock
+
+    study = get_study("eet")(smoke=True)
+    runner = Runner(study, layout_for(study, str(tmp_path / "s")), threads=1, log=lambda msg: None)
+    with lock.hold(tmp_path / "s", what="study run b_ctp-b8-s1", shared=True):  # another study's training run
+        assert runner.run_one(runner.unit("a_unpruned-b8-s0"))["kind"] == "train"
 
 
 # ----------------------------------------------------------------------------- unclear ones made clear
@@ -604,3 +626,36 @@ def test_a_checkpoint_fingerprinted_before_content_digests_still_resumes(data, t
     assert "content" not in read_meta(tmp_path / "run" / "last.safetensors")["data_fingerprint"]
     monkeypatch.setattr(loop, "fingerprint", real)
     assert "checkpoint" in train(dataclasses.replace(cfg, resume=True))
+
+
+@pytest.mark.parametrize("load_1min, warned", [(5.0, True), (0.5, False)])
+def test_a_timing_records_the_machines_load_and_says_when_it_was_loaded(load_1min, warned, tmp_path, monkeypatch):
+    from tokenreduce.bench import load
+    from tokenreduce.experiments import entries
+    from tokenreduce.experiments.runner import Runner, layout_for
+
+    monkeypatch.setattr(load.os, "getloadavg", lambda: (load_1min, 0.0, 0.0))
+    monkeypatch.setattr(entries, "bench", lambda *a, **kw: {"results": []})  # the timing itself is not under test
+    study = get_study("deit_bench")(smoke=True)
+    logged: list[str] = []
+    runner = Runner(study, layout_for(study, str(tmp_path)), threads=2, log=logged.append)
+    doc = runner.run_one(runner.unit("deit_small"))
+    assert doc["provenance"]["load_1min"] == {"before": load_1min, "after": load_1min}
+    warnings_ = [m for m in logged if m.startswith("warning: the machine was loaded")]
+    assert len(warnings_) == warned and (not warned or "above the 2 threads it used" in warnings_[0])
+    assert records.read_record(runner.layout.json("deit_small"), study)["provenance"]["load_1min"]
+
+
+def test_bench_into_a_study_output_holds_its_lock_and_records_the_load(tmp_path, monkeypatch, capsys):
+    from tokenreduce.bench import load
+    from tokenreduce.train import lock
+
+    out = tmp_path / "s"
+    argv = ["bench", "--model", "test_vit", "--img-size", "64", "--quick", "--spec", "tome(r=2)", "--threads", "1",
+            "--out", str(out)]
+    with lock.hold(out, what="study run b_ctp-b8-s1", shared=True):
+        one_line(capsys, argv, "is in use by another study run b_ctp-b8-s1")
+    monkeypatch.setattr(load.os, "getloadavg", lambda: (3.5, 0.0, 0.0))
+    assert main(argv) == 0
+    assert "warning: the machine was loaded during this timing" in capsys.readouterr().err
+    assert json.loads((out / "results.json").read_text())["provenance"]["load_1min"] == {"before": 3.5, "after": 3.5}
