@@ -659,3 +659,16 @@ def test_bench_into_a_study_output_holds_its_lock_and_records_the_load(tmp_path,
     assert main(argv) == 0
     assert "warning: the machine was loaded during this timing" in capsys.readouterr().err
     assert json.loads((out / "results.json").read_text())["provenance"]["load_1min"] == {"before": 3.5, "after": 3.5}
+
+
+@pytest.mark.parametrize("command", ["inspect", "bench", "export"])
+@pytest.mark.parametrize("size, nearest", [(8, "16"), (70, "64 or 80")])
+def test_an_img_size_that_is_not_whole_patches_is_one_line_naming_the_valid_sizes(command, size, nearest, tmp_path,
+                                                                                  capsys):
+    """Below one patch (bench: a conv2d traceback, inspect: 0 patches) or between two multiples (inspect
+    floored silently, bench and export pointed at a setting the CLI lacks): one error, the same everywhere."""
+    out = {"export": ["--onnx", str(tmp_path / "m.onnx")], "bench": ["--quick"]}.get(command, [])
+    one_line(capsys, [command, "--model", "test_vit", "--img-size", str(size), "--spec", "tome(r=1)", *out],
+             f"cannot take {size}x{size} images: its patches are 16x16, so the input size (--img-size) must be a "
+             f"multiple of 16, from 16 up (nearest: {nearest})")
+    assert not (tmp_path / "m.onnx").exists()
