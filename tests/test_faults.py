@@ -672,3 +672,22 @@ def test_an_img_size_that_is_not_whole_patches_is_one_line_naming_the_valid_size
              f"cannot take {size}x{size} images: its patches are 16x16, so the input size (--img-size) must be a "
              f"multiple of 16, from 16 up (nearest: {nearest})")
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_run_made_again_inside_a_timing_runs_under_the_timings_hold(tmp_path, monkeypatch):
+    """A measure whose reference checkpoint is gone trains it again (Runner._checkpoint) while it holds the output
+    alone: that run must not be refused by its own process's hold."""
+    from tokenreduce.experiments.runner import Runner, layout_for
+
+    study = get_study("eet")(smoke=True)
+    runner = Runner(study, layout_for(study, str(tmp_path / "s")), threads=1, log=lambda msg: None)
+    work = runner._work
+
+    def measure(unit, doc):
+        if unit.id != "speed":
+            return work(unit, doc)
+        doc["made_again"] = runner.run_one(runner.unit("a_unpruned-b8-s0"))["run"]
+
+    monkeypatch.setattr(runner, "_work", measure)
+    monkeypatch.setitem(runner.by_id, "speed", dataclasses.replace(runner.unit("speed"), needs=()))
+    assert runner.run_one(runner.unit("speed"))["made_again"] == "a_unpruned-b8-s0"
