@@ -691,3 +691,20 @@ def test_a_run_made_again_inside_a_timing_runs_under_the_timings_hold(tmp_path, 
     monkeypatch.setattr(runner, "_work", measure)
     monkeypatch.setitem(runner.by_id, "speed", dataclasses.replace(runner.unit("speed"), needs=()))
     assert runner.run_one(runner.unit("speed"))["made_again"] == "a_unpruned-b8-s0"
+
+
+def test_a_disk_full_before_a_run_starts_is_one_line(data, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from tokenreduce.train import lock
+
+    real = os.write
+
+    def write(fd: int, data: bytes) -> int:  # no room even for the lock file's line
+        if b"(pid " in data:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    monkeypatch.setattr(lock.os, "write", write)
+    out = tmp_path / "run"
+    one_line(capsys, ["train", *TINY_FLAGS, "--data", data, "--out", str(out)],
+             f"cannot write to the output directory {out}: No space left on device")
+    assert not (out / "last.safetensors").exists()

@@ -56,8 +56,10 @@ def hold(out: str | os.PathLike, what: str = "training run", *, shared: bool = F
                 pass
         f.seek(0)
         f.truncate()
-        f.write(f"{what} (pid {os.getpid()} on {socket.gethostname()})\n")
-        f.flush()
+        try:  # unbuffered: a full disk is met here, and not again when the file is closed
+            os.write(f.fileno(), f"{what} (pid {os.getpid()} on {socket.gethostname()})\n".encode())
+        except OSError as e:
+            raise TokenReduceError(f"cannot write to the output directory {out}: {e.strerror or e}") from None
         yield
     finally:
         f.close()  # releases the lock
