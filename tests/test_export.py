@@ -269,12 +269,31 @@ def test_export_command_exports_a_trained_checkpoint(tmp_path, capsys):
     (["--model", "test_vit", "--spec", "nosuch(r=1)"], "unknown method"),
     (["--model", "test_vit", "--spec", "tome(r=1)", "--exporter", "classic", "--opset", "13"],
      "needs ONNX opset >= 16"),
+    (["--model", "test_vit", "--spec", "tome(r=2)", "--amp", "bf16"], "--amp bf16 cannot be exported"),
 ])
 def test_export_command_errors_are_one_line(capsys, tmp_path, argv, match):
     assert main(["export", "--onnx", str(tmp_path / "x.onnx"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("tokenreduce export: error: ") and match in err[-1], err
     assert not any("Traceback" in line for line in err)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_graph_onnxruntime_refuses_is_one_line_and_leaves_no_file(tmp_path, monkeypatch):
+    from tokenreduce.bench import export as ex
+
+    model = make_host("deit").eval()
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"an earlier export")
+
+    def invalid(model, x, path, dynamic_batch, opset):  # what a bf16-autocast graph is to onnxruntime
+        path.write_bytes(b"not an onnx graph")
+
+    monkeypatch.setitem(ex._EXPORT, "dynamo", invalid)
+    with pytest.raises(TokenReduceError, match=rf"onnxruntime cannot run the exported graph \(\w+: .*\); nothing was "
+                                               rf"written to {out}"):
+        export_onnx(model, out)
+    assert out.read_bytes() == b"an earlier export" and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
 
 
 def test_export_command_dynamic_batch(tmp_path, capsys):
@@ -292,6 +311,7 @@ def test_export_command_dynamic_batch(tmp_path, capsys):
     sess = session(out)
     for b in (1, 3):
         assert run_session(sess, torch.randn(b, 3, 32, 32)).shape == (b, 5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.json", "model.onnx", "model.safetensors"]
 
 
 def test_an_exporter_limit_is_a_user_error_a_bug_keeps_its_traceback(tmp_path, monkeypatch):

@@ -7,10 +7,16 @@ model is not scored; one writer per output; records hold no machine paths.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
+import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,12 +28,20 @@ from test_study_scenes import oracle_smoke  # noqa: F401 - a fixture
 
 import tokenreduce
 from tokenreduce import TokenReduceError
-from tokenreduce.cli import main
+from tokenreduce.cli import BROKEN_PIPE, main
 from tokenreduce.experiments import records, stats
 from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
 from tokenreduce.experiments.study import get_study
 from tokenreduce.experiments.tables import ci_text, item_pair, p_text, verdicts, word
-from tokenreduce.models import CheckpointError, build_model, read_checkpoint, read_meta, resolve, save_checkpoint
+from tokenreduce.models import (
+    CheckpointError,
+    build_model,
+    checkpoint,
+    read_checkpoint,
+    read_meta,
+    resolve,
+    save_checkpoint,
+)
 from tokenreduce.models.checkpoint import SIGNED, UNVERIFIED
 from tokenreduce.models.references import SHIPPED_DIR, file_sha256
 from tokenreduce.tasks.items import decode, encode, metric_of
@@ -594,9 +608,31 @@ def test_eval_never_writes_into_a_training_run_and_one_eval_per_out(data, tmp_pa
 def test_two_timing_runs_of_one_study_are_refused(tmp_path, capsys):
     from tokenreduce.train import lock
 
-    with lock.hold(tmp_path / "s" / "checkpoints" / "speed", what="timing run speed"):
+    with lock.hold(tmp_path / "s", what="timing run speed"):
         one_line(capsys, ["study", "eet", "--smoke", "--run", "speed", "--out", str(tmp_path / "s")],
                  "is in use by another timing run speed")
+
+
+@pytest.mark.parametrize("held, run", [("study run b_ctp-b8-s1", "speed"), ("timing run speed", "a_unpruned-b8-s0")],
+                         ids=["timing-while-training", "training-while-timing"])
+def test_a_timing_and_another_run_into_one_study_output_exclude_each_other(held, run, tmp_path, capsys):
+    """Two studies into one --out: a timing run holds the output alone, or its speed-ups read low, silently."""
+    from tokenreduce.train import lock
+
+    with lock.hold(tmp_path / "s", what=held, shared=held.startswith("study")):
+        one_line(capsys, ["study", "eet", "--smoke", "--run", run, "--out", str(tmp_path / "s")],
+                 f"is in use by another {held} (pid ")
+    assert not (tmp_path / "s" / "runs").exists()
+
+
+def test_runs_that_train_share_a_study_output(tmp_path):
+    from tokenreduce.experiments.runner import Runner, layout_for
+    from tokenreduce.train import lock
+
+    study = get_study("eet")(smoke=True)
+    runner = Runner(study, layout_for(study, str(tmp_path / "s")), threads=1, log=lambda msg: None)
+    with lock.hold(tmp_path / "s", what="study run b_ctp-b8-s1", shared=True):  # another study's training run
+        assert runner.run_one(runner.unit("a_unpruned-b8-s0"))["kind"] == "train"
 
 
 # ----------------------------------------------------------------------------- unclear ones made clear
@@ -672,3 +708,191 @@ def test_a_copied_study_folder_reads_its_own_checkpoints(tmp_path):
     assert copy._checkpoint("a_unpruned-b8-s0") == str(own)
     shutil.rmtree(own.parent)  # gone in the copy: made again there, never read from s1
     assert copy._checkpoint("a_unpruned-b8-s0") == str(own) and own.is_file()
+
+
+# ----------------------------------------------------------------------------- lost work, a full disk, tracebacks
+
+
+def test_each_force_keeps_the_run_before_it(data, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "r"
+    for seed in (1, 2, 3):  # the first run, then two --force
+        train(tiny_config(data, out, epochs=1, seed=seed, force=seed > 1))
+    err = capsys.readouterr().err
+    assert f"to {out / 'previous-run'}\n" in err and f"to {out / 'previous-run-2'}\n" in err
+    kept = ("previous-run", "previous-run-2", ".")
+    seeds = [read_meta(out / d / "model.safetensors")["config"]["seed"] for d in kept]
+    assert seeds == [1, 2, 3]  # the first run is not lost under the second --force
+
+
+@pytest.mark.parametrize("pixels", [900, 150], ids=["error", "warning-as-error"])
+def test_a_decompression_bomb_in_an_image_folder_is_a_data_error_naming_it(pixels, tmp_path, monkeypatch):
+    from tokenreduce.data import DataError, build_dataset
+
+    root = _folder(tmp_path / "imgs", n=1)
+    bomb = root / "train" / "ant" / "big.png"
+    Image.new("L", (pixels, 1)).save(bomb)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # over 2x: PIL's error; between 1x and 2x: its warning
+    ds = build_dataset(str(root), "train", img_size=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataError, match=rf"cannot read image {re.escape(str(bomb))}: .*decompression bomb"):
+            ds[[p for p, _ in ds.samples].index(bomb)]
+
+
+def test_a_closed_stdout_pipe_ends_quietly():
+    """``tokenreduce study eet --smoke --list | head -1``: the reader is gone before the output is written."""
+
+    proc = subprocess.Popen([sys.executable, "-m", "tokenreduce.cli", "study", "eet", "--smoke", "--list"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == BROKEN_PIPE and err == ""
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_run_resumes_bit_identical(data, tmp_path, monkeypatch,  # noqa: F811
+                                                                                    capsys):
+
+    full, real_fsync = [False], os.fsync
+
+    def fsync(fd: int) -> None:  # the disk fills up after step 3: the next checkpoint does not fit
+        if full[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    def filling(cfg, **kw):
+        return real_train(cfg, on_step=lambda step: full.__setitem__(0, step >= 3))
+
+    real_train = loop.train
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(loop, "train", filling)
+    out = tmp_path / "run"
+    flags = [*TINY_FLAGS, "--data", data, "--epochs", "2", "--ckpt-every", "1", "--out", str(out)]
+    line = one_line(capsys, ["train", *flags], f"cannot write {out / 'last.safetensors'}: No space left on device")
+    assert "last.safetensors is as it was" in line and "continue from the last checkpoint with: " in line
+    assert read_meta(out / "last.safetensors")["step"] == 3 and not list(out.glob(".*.tmp"))
+    monkeypatch.setattr(loop, "train", real_train)
+    full[0] = False
+    assert main([*shlex.split(line.split(" with: ")[1])[1:]]) == 0
+    assert main(["train", *flags[:-1], str(tmp_path / "whole")]) == 0  # the same run, never interrupted
+    resumed, whole = (read_checkpoint(p / "model.safetensors").weights for p in (out, tmp_path / "whole"))
+    assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+
+def test_a_full_disk_in_a_study_is_one_line(tmp_path, monkeypatch, capsys):
+
+    def fsync(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    out = tmp_path / "s"
+    one_line(capsys, ["study", "eet", "--smoke", "--run", "a_unpruned-b8-s0", "--out", str(out), "--threads", "1"],
+             "No space left on device")
+    assert not list(out.rglob(".*.tmp"))
+
+
+def test_resume_over_idx_files_rewritten_with_the_same_class_counts_is_refused_naming_the_file(tmp_path):
+    from tokenreduce.data.fashion_mnist import make_synthetic
+
+    folder = make_synthetic(tmp_path / "d", seed=0)
+    cfg = tiny_config(str(folder), tmp_path / "run", ckpt_every=1)
+    with pytest.raises(Interrupted):
+        train(cfg, on_step=stop_at(2))
+    make_synthetic(folder, seed=7)  # other images (in another order), the same number of each class
+    with pytest.raises(TokenReduceError, match=r"changed since it started \(train-images-idx3-ubyte holds other "
+                                               r"content; train-labels-idx1-ubyte holds other content\).*"
+                                               r"--allow-data-change"):
+        train(dataclasses.replace(cfg, resume=True))
+
+
+def test_a_checkpoint_fingerprinted_before_content_digests_still_resumes(data, tmp_path, monkeypatch):  # noqa: F811
+    cfg = tiny_config(data, tmp_path / "run", ckpt_every=1)
+    real = loop.fingerprint
+    monkeypatch.setattr(loop, "fingerprint", lambda ds: {k: v for k, v in real(ds).items() if k != "content"})
+    with pytest.raises(Interrupted):
+        train(cfg, on_step=stop_at(2))
+    assert "content" not in read_meta(tmp_path / "run" / "last.safetensors")["data_fingerprint"]
+    monkeypatch.setattr(loop, "fingerprint", real)
+    assert "checkpoint" in train(dataclasses.replace(cfg, resume=True))
+
+
+@pytest.mark.parametrize("load_1min, warned", [(5.0, True), (0.5, False)])
+def test_a_timing_records_the_machines_load_and_says_when_it_was_loaded(load_1min, warned, tmp_path, monkeypatch):
+    from tokenreduce.bench import load
+    from tokenreduce.experiments import entries
+    from tokenreduce.experiments.runner import Runner, layout_for
+
+    monkeypatch.setattr(load.os, "getloadavg", lambda: (load_1min, 0.0, 0.0))
+    monkeypatch.setattr(entries, "bench", lambda *a, **kw: {"results": []})  # the timing itself is not under test
+    study = get_study("deit_bench")(smoke=True)
+    logged: list[str] = []
+    runner = Runner(study, layout_for(study, str(tmp_path)), threads=2, log=logged.append)
+    doc = runner.run_one(runner.unit("deit_small"))
+    assert doc["provenance"]["load_1min"] == {"before": load_1min, "after": load_1min}
+    warnings_ = [m for m in logged if m.startswith("warning: the machine was loaded")]
+    assert len(warnings_) == warned and (not warned or "above the 2 threads it used" in warnings_[0])
+    assert records.read_record(runner.layout.json("deit_small"), study)["provenance"]["load_1min"]
+
+
+def test_bench_into_a_study_output_holds_its_lock_and_records_the_load(tmp_path, monkeypatch, capsys):
+    from tokenreduce.bench import load
+    from tokenreduce.train import lock
+
+    out = tmp_path / "s"
+    argv = ["bench", "--model", "test_vit", "--img-size", "64", "--quick", "--spec", "tome(r=2)", "--threads", "1",
+            "--out", str(out)]
+    with lock.hold(out, what="study run b_ctp-b8-s1", shared=True):
+        one_line(capsys, argv, "is in use by another study run b_ctp-b8-s1")
+    monkeypatch.setattr(load.os, "getloadavg", lambda: (3.5, 0.0, 0.0))
+    assert main(argv) == 0
+    assert "warning: the machine was loaded during this timing" in capsys.readouterr().err
+    assert json.loads((out / "results.json").read_text())["provenance"]["load_1min"] == {"before": 3.5, "after": 3.5}
+
+
+@pytest.mark.parametrize("command", ["inspect", "bench", "export"])
+@pytest.mark.parametrize("size, nearest", [(8, "16"), (70, "64 or 80")])
+def test_an_img_size_that_is_not_whole_patches_is_one_line_naming_the_valid_sizes(command, size, nearest, tmp_path,
+                                                                                  capsys):
+    """Below one patch (bench: a conv2d traceback, inspect: 0 patches) or between two multiples (inspect
+    floored silently, bench and export pointed at a setting the CLI lacks): one error, the same everywhere."""
+    out = {"export": ["--onnx", str(tmp_path / "m.onnx")], "bench": ["--quick"]}.get(command, [])
+    one_line(capsys, [command, "--model", "test_vit", "--img-size", str(size), "--spec", "tome(r=1)", *out],
+             f"cannot take {size}x{size} images: its patches are 16x16, so the input size (--img-size) must be a "
+             f"multiple of 16, from 16 up (nearest: {nearest})")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_run_made_again_inside_a_timing_runs_under_the_timings_hold(tmp_path, monkeypatch):
+    """A measure whose reference checkpoint is gone trains it again (Runner._checkpoint) while it holds the output
+    alone: that run must not be refused by its own process's hold."""
+    from tokenreduce.experiments.runner import Runner, layout_for
+
+    study = get_study("eet")(smoke=True)
+    runner = Runner(study, layout_for(study, str(tmp_path / "s")), threads=1, log=lambda msg: None)
+    work = runner._work
+
+    def measure(unit, doc):
+        if unit.id != "speed":
+            return work(unit, doc)
+        doc["made_again"] = runner.run_one(runner.unit("a_unpruned-b8-s0"))["run"]
+
+    monkeypatch.setattr(runner, "_work", measure)
+    monkeypatch.setitem(runner.by_id, "speed", dataclasses.replace(runner.unit("speed"), needs=()))
+    assert runner.run_one(runner.unit("speed"))["made_again"] == "a_unpruned-b8-s0"
+
+
+def test_a_disk_full_before_a_run_starts_is_one_line(data, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from tokenreduce.train import lock
+
+    real = os.write
+
+    def write(fd: int, data: bytes) -> int:  # no room even for the lock file's line
+        if b"(pid " in data:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    monkeypatch.setattr(lock.os, "write", write)
+    out = tmp_path / "run"
+    one_line(capsys, ["train", *TINY_FLAGS, "--data", data, "--out", str(out)],
+             f"cannot write to the output directory {out}: No space left on device")
+    assert not (out / "last.safetensors").exists()

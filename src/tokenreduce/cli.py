@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .core.errors import TokenReduceError
@@ -43,13 +44,35 @@ def main(argv: list[str] | None = None) -> int:
     # Only the user-error family becomes a one-line message: anything else is a bug of ours and keeps
     # its traceback, so that it is reported rather than taken for bad input.
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader gone since the last write is met here, not at exit
+        return status
     except TokenReduceError as e:
         print(f"tokenreduce {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"tokenreduce {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _closed_stdout()
+
+
+#: Exit status when the reader of stdout went away (``... | head -1``): 128 + SIGPIPE, what the shell reports for
+#: a program that SIGPIPE ended, as 130 is 128 + SIGINT.
+BROKEN_PIPE = 141
+
+
+def _closed_stdout() -> int:
+    """Quietly end a command whose stdout reader closed the pipe: Python's documented idiom (the signal module's
+    note on SIGPIPE) points stdout at devnull so that the flush at exit raises no second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a file descriptor (captured): nothing is flushed to a pipe
+        pass
+    finally:
+        os.close(devnull)
+    return BROKEN_PIPE
 
 
 if __name__ == "__main__":

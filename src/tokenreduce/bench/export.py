@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,20 @@ def _exporter_errors() -> tuple[type[BaseException], ...]:
             continue
         found += [t for t in (getattr(mod, n, None) for n in names) if isinstance(t, type)]
     return tuple(found)
+
+
+def _runtime_errors() -> tuple[type[BaseException], ...]:
+    """The exception types by which onnxruntime refuses a graph it cannot load or run (an invalid model, an
+    operator or type without a kernel)."""
+    state = require("onnxruntime.capi.onnxruntime_pybind11_state")
+    names = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NotImplemented", "RuntimeException",
+             "EPFail")
+    return tuple(t for t in (getattr(state, n, None) for n in names) if isinstance(t, type))
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of ``e``'s message (its type's name when it has none)."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 @dataclass
@@ -223,36 +238,57 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, batch: int = 1, im
     tokens = hosts.info(model).tokens_per_block if reducer is not None else None
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # written under a temporary name and moved into place once onnxruntime has loaded (and run) it: a failed
+    # export or a graph onnxruntime refuses leaves no file behind, an earlier one at ``path`` stays as it was
+    fd, name = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=".tmp.onnx", dir=out.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        written = _export_to(model, x, tmp, exporter, dynamic_batch, opset, reducer)
+        if tokens is None:
+            n = model.patch_embed.num_patches + model.num_prefix_tokens
+            tokens = [n] * len(model.blocks)
+        diff = None
+        if check:
+            try:
+                sess = session(tmp)
+                got = [run_session(sess, c) for c in checks]
+            except _runtime_errors() as e:
+                raise TokenReduceError(f"onnxruntime cannot run the exported graph ({type(e).__name__}: "
+                                       f"{_first_line(e).replace(str(tmp), str(out))}); nothing was written to {out}"
+                                       ) from None
+            diff = max(float((g.to(torch.float64) - w.detach().cpu().to(torch.float64)).abs().max())
+                       for g, w in zip(got, wants, strict=True))
+        graph_tokens = graph_token_counts(tmp, None if dynamic_batch else shape[0], model.embed_dim)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    opsets = {o.domain: o.version for o in written.opset_import}
+    return ExportResult(
+        path=out, input_shape=shape, spec=reducer.spec() if reducer is not None else None,
+        tokens_per_block=tokens, graph_tokens=graph_tokens, max_abs_diff=diff, opset=opsets.get(""),
+        size_bytes=out.stat().st_size, dynamic_batch=dynamic_batch, exporter=exporter,
+    )
+
+
+def _export_to(model: nn.Module, x: Tensor, out: Path, exporter: str, dynamic_batch: bool, opset: int | None,
+               reducer: Any) -> Any:
+    """Run ``exporter`` on ``model`` at the images ``x`` into ``out``; its ModelProto. What the exporter cannot
+    translate is a TokenReduceError naming its first line; any other error is a bug and keeps its traceback."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the exporter's deprecation and tracing chatter
-            written = _EXPORT[exporter](model, x, out, dynamic_batch, opset)
+            return _EXPORT[exporter](model, x, out, dynamic_batch, opset)
     except TokenReduceError:
         raise
-    except _exporter_errors() as e:  # what the exporter cannot translate; anything else is a bug and propagates
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except _exporter_errors() as e:
         hint = "; the dynamo exporter (exporter='dynamo') may export it" if exporter == "classic" else ""
-        raise TokenReduceError(f"ONNX export failed ({exporter} exporter): {type(e).__name__}: {first}{hint}") from e
+        raise TokenReduceError(f"ONNX export failed ({exporter} exporter): {type(e).__name__}: {_first_line(e)}{hint}"
+                               ) from e
     finally:
         if reducer is not None:  # tracing recorded its forward on fake tensors: record the eager one again
             with torch.no_grad():
                 model(x)
-    if tokens is None:
-        n = model.patch_embed.num_patches + model.num_prefix_tokens
-        tokens = [n] * len(model.blocks)
-    diff = None
-    if check:
-        sess = session(out)
-        diff = max(float((run_session(sess, c).to(torch.float64) - w.detach().cpu().to(torch.float64)).abs().max())
-                   for c, w in zip(checks, wants, strict=True))
-    opsets = {o.domain: o.version for o in written.opset_import}
-    return ExportResult(
-        path=out, input_shape=shape, spec=reducer.spec() if reducer is not None else None,
-        tokens_per_block=tokens, graph_tokens=graph_token_counts(out, None if dynamic_batch else shape[0],
-                                                                 model.embed_dim),
-        max_abs_diff=diff, opset=opsets.get(""), size_bytes=out.stat().st_size,
-        dynamic_batch=dynamic_batch, exporter=exporter,
-    )
 
 
 def _export_dynamo(model: nn.Module, x: Tensor, out: Path, dynamic_batch: bool, opset: int | None) -> Any:

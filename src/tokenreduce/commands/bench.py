@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the weights' own precision (pure low precision, no autocast; default: %(default)s)")
     vocab.add_seed(p, of=" of the random weights and inputs")
-    vocab.add_out_dir(p, default=None, note="writes DIR/results.json (settings, provenance, every row)")
+    vocab.add_out_dir(p, default=None, note="writes DIR/results.json (settings, provenance with the machine's load, "
+                      "every row); held alone while timing: a study run working there is refused meanwhile")
     vocab.add_quick(p, f"batch {QUICK['batch']}, {QUICK['warmup']} warm-up round, {QUICK['repeats']} timed rounds")
     p.set_defaults(func=run)
 
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, settings: dict) -> int:
     import torch
 
+    from ..bench import load
     from ..bench.compare import bench_document, columns_for, with_stem
     from ..bench.evaluation import log
     from ..bench.report import format_table, write_json
@@ -170,10 +172,12 @@ def _run(args: argparse.Namespace, settings: dict) -> int:
         f"{args.dtype}, amp {args.amp}, backend {args.backend}")
     info = {"name": args.model, "hf_config": args.hf_config, "pretrained": args.pretrained, "weights": args.weights,
             "reference": args.checkpoint}
-    doc = bench_document(model, args.spec, model_info=info, settings=settings, control=args.control,
-                         match_random=args.match_random, img_size=args.img_size, threads=threads,
-                         backend=args.backend, device=args.device, dtype=args.dtype, seed=args.seed, argv=args.argv,
-                         stem=stem, amp=args.amp, compile_mode=args.compile_mode, progress=log)
+    with load.watched(threads, log) as seen:
+        doc = bench_document(model, args.spec, model_info=info, settings=settings, control=args.control,
+                             match_random=args.match_random, img_size=args.img_size, threads=threads,
+                             backend=args.backend, device=args.device, dtype=args.dtype, seed=args.seed,
+                             argv=args.argv, stem=stem, amp=args.amp, compile_mode=args.compile_mode, progress=log)
+    doc["provenance"][load.KEY] = seen
     rows, (h, w) = doc["results"], doc["model"]["img_size"]
     print(f"{args.model}  {h}x{w}  batch {settings['batch']} (latency: batch 1)  "
           f"{threads} threads  {args.device} {args.dtype}  backend {args.backend}  "

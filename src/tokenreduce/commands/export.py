@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="largest allowed |onnxruntime - eager| on the check inputs (default: %(default)s)")
     vocab.add_seed(p, of=" of the random check images")
     vocab.add_device(p, note="where the model is traced (onnxruntime checks the file on the CPU)")
-    vocab.add_amp(p, note="an autocast export holds the casts in the graph")
+    vocab.add_amp(p, note="an autocast export holds the casts in the graph; bf16 is refused (ONNX's Conv takes no "
+                  "bfloat16)")
     p.set_defaults(func=run)
 
 
@@ -50,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise TokenReduceError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.amp == "bf16":
+        raise TokenReduceError("--amp bf16 cannot be exported: the autocast graph feeds bfloat16 to ONNX operators "
+                               "that take none (the patch embedding's Conv), so onnxruntime refuses the file; give "
+                               "--amp fp16 (the casts held in the graph) or off")
     from ..precision import autocast
 
     checks.writable_file(args.onnx, "--onnx")

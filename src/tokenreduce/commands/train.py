@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import TokenReduceError
+from ..core.errors import DiskFullError, TokenReduceError
 from ..core.registry import format_spec, parse_spec
 from ..train.config import GROUPS, TrainConfig
 from . import checks, vocab
@@ -223,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"tokenreduce train: {interrupted(e, cfg)}; continue with: {resume_command(args, cfg)}",
               file=sys.stderr)
         return 130
+    except DiskFullError as e:
+        if cfg.out is None or not (Path(cfg.out) / "last.safetensors").is_file():
+            raise
+        raise DiskFullError(f"{e}, or continue from the last checkpoint with: {resume_command(args, cfg)}") from None
     if "checkpoint" not in metrics:  # not the main process
         return 0
     extra = " (reused; --force retrains)" if metrics.get("reused") else ""

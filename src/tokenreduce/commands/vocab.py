@@ -183,7 +183,8 @@ def add_model_source(p: argparse.ArgumentParser) -> None:
 
 
 def add_img_size(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> argparse.Action:
-    return _add(p, "--img-size", type=int, metavar="N", help="input resolution (default: the model's)")
+    return _add(p, "--img-size", type=int, metavar="N",
+                help="input resolution, a multiple of the patch size (default: the model's)")
 
 
 def add_pretrained(p: argparse.ArgumentParser | argparse._ArgumentGroup, *,

@@ -11,3 +11,8 @@ class SpecError(TokenReduceError):
 
 class UnsupportedModelError(TokenReduceError):
     """A model tokenreduce cannot patch (not a timm VisionTransformer, unknown block type...)."""
+
+
+class DiskFullError(TokenReduceError):
+    """A write that found no space (or no quota) left; the writer (models.checkpoint.atomic_write) replaced nothing
+    and left no temporary file."""

@@ -66,6 +66,9 @@ def load_image(path: Path, mode: str) -> Image.Image:
         img.load()
     except (OSError, UnidentifiedImageError) as e:
         raise DataError(f"cannot read image {path}: {e}") from e
+    # PIL refuses an image of over twice Image.MAX_IMAGE_PIXELS, and warns above it (an error under -W error)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise DataError(f"cannot read image {path}: {e}; shrink it or remove it from the folder") from None
     if img.mode not in EIGHT_BIT_MODES:
         raise DataError(f"image {path} has mode {img.mode!r} (16-/32-bit or float); convert it to 8-bit RGB or "
                         "grayscale (e.g. PIL: img.convert('RGB') after scaling) before training")

@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,10 @@ def layout_for(study: Study, out: str | None) -> Layout:
         return Layout(Path("results") / study.key, Path("runs") / study.key)
     root = Path("runs") / "studies" / f"{study.name}-{study.bed_name}-{'smoke' if study.is_smoke else study.bed.slug()}"
     return Layout(root, root / "checkpoints")
+
+
+#: The kinds of run that time (measures and benches): each runs last, alone, with every thread.
+TIMED = ("measure", "bench")
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,7 @@ class Runner:
         self.units = select(study, everything, where) if where else everything
         self.where = " ".join(f"{k}={','.join(sorted(v))}" for k, v in (where or {}).items())
         self._read: list[dict[str, str]] = []  # the checkpoints the run being made read, with their digests
+        self._holding = False  # whether run_one holds the study's output (train/lock.py) in this process
 
     # -- state
 
@@ -178,42 +184,56 @@ class Runner:
     # -- execution
 
     def run_one(self, unit: Unit) -> dict[str, Any]:
-        """Execute ``unit`` in-process (its needs must be done) and write its JSON; returns the document."""
-        if unit.kind in ("measure", "bench"):  # a timing: one at a time per run, sharing its cores with no twin
-            from ..train import lock
+        """Execute ``unit`` in-process (its needs must be done) and write its JSON; returns the document.
 
-            with lock.hold(self.layout.checkpoints / unit.id, what=f"timing run {unit.id}"):
+        Meanwhile the study's output is held (train/lock.py): shared by a run that trains or evaluates, alone
+        by a timing (a measure, a bench), which so shares its cores with no other run writing there, another
+        study's into the same ``--out`` included; the machine's load around it goes into its record
+        (bench/load.py)."""
+        if self._holding:  # a run made again inside another (_checkpoint): this process holds the output already
+            return self._run_one(unit)
+        from ..train import lock
+
+        timing = unit.kind in TIMED
+        with lock.hold(self.layout.results, what=f"{'timing' if timing else 'study'} run {unit.id}", shared=not timing):
+            self._holding = True
+            try:
                 return self._run_one(unit)
-        return self._run_one(unit)
+            finally:
+                self._holding = False
 
     def _run_one(self, unit: Unit) -> dict[str, Any]:
+        from ..bench import load
         from ..bench.report import provenance, write_json
 
         missing = [n for n in unit.needs if not self.layout.json(n).is_file()]
         if missing:
             raise TokenReduceError(f"run {unit.id} reads the runs {missing}, which are not done; run them first")
         t0 = time.perf_counter()
-        work = self.layout.checkpoints / unit.id
+        doc: dict[str, Any] = {"id": f"{self.study.key}/{unit.id}", "study": self.study.name,
+                               "bed": self.study.bed_name, "run": unit.id, "kind": unit.kind,
+                               "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
+                               "command": shlex.join(self.command(unit))}
+        timing = unit.kind in TIMED
         outer, self._read = self._read, []  # a gone checkpoint is made again inside this run: its own list
         try:
-            doc = self._make(unit, work)
+            with load.watched(self.threads, self.log) if timing else nullcontext() as seen:
+                self._work(unit, doc)
         finally:
             read, self._read = self._read, outer
         if read:
             doc["read"] = read
         doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,
-                                       amp=self.amp, wall_s=round(time.perf_counter() - t0, 1))
+                                       amp=self.amp, wall_s=round(time.perf_counter() - t0, 1),
+                                       **({load.KEY: seen} if timing else {}))
         write_json(self.layout.json(unit.id), relative(doc, self.layout))
         return doc
 
-    def _make(self, unit: Unit, work: Path) -> dict[str, Any]:
-        """``unit``'s record without its provenance: what it ran and what that gave."""
+    def _work(self, unit: Unit, doc: dict[str, Any]) -> None:
+        """Do ``unit``'s work, adding its results to its record ``doc``."""
         from . import entries
 
-        doc: dict[str, Any] = {"id": f"{self.study.key}/{unit.id}", "study": self.study.name,
-                               "bed": self.study.bed_name, "run": unit.id, "kind": unit.kind,
-                               "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
-                               "command": shlex.join(self.command(unit))}
+        work = self.layout.checkpoints / unit.id
         if unit.kind == "evaluate" and self.study.arms[unit.point.arm].evaluates == REFERENCE:
             doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=REFERENCE, **self._off_the_shelf(unit))
         elif unit.kind == "evaluate":
@@ -245,7 +265,6 @@ class Runner:
                                           device=self.device, amp=self.amp, argv=self.command(unit), log=self.log)
         else:
             doc.update(self._probe(unit, work))
-        return doc
 
     def _off_the_shelf(self, unit: Unit) -> dict[str, Any]:
         """An arm evaluated on the test bed's reference (study.REFERENCE): its spec off the shelf on the fold
@@ -395,7 +414,7 @@ class Runner:
             if sum(n > 0 for n in count.values()) > 1:
                 self.log(f"  to do by {axis.name}: " + ", ".join(f"{v}: {n}" for v, n in count.items() if n)
                          + f" (--where {axis.name}=V runs one)")
-        timed = [u for u in pending if u.kind in ("measure", "bench")]
+        timed = [u for u in pending if u.kind in TIMED]
         rest = [u for u in pending if u not in timed]
         waves = [([u for u in rest if not u.needs], jobs), ([u for u in rest if u.needs], jobs), (timed, 1)]
         for wave, lanes in waves:

@@ -204,10 +204,27 @@ def build_model(config: dict[str, Any]) -> nn.Module:
     # kwargs the model does not take or cannot build with
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"cannot build timm model {name!r} with {kwargs}: {e}") from e
+    _check_whole_patches(model, name)
     build_stem(stem, model)
     for t in transforms:
         apply_transform(t, model)
     return model
+
+
+def _check_whole_patches(model: nn.Module, name: str) -> None:
+    """Refuse a timm model whose input size is not a whole number of its patches, at least one per side: timm
+    builds it (its grid floors the size), then its patch embedding refuses every input of that size (with
+    ``dynamic_img_size`` too). One that pads its input to whole patches (``dynamic_img_pad``) passes."""
+    pe = getattr(model, "patch_embed", None)
+    if getattr(pe, "dynamic_img_pad", False) or getattr(pe, "img_size", None) is None \
+            or getattr(pe, "patch_size", None) is None:
+        return
+    (h, w), (ph, pw) = pe.img_size, pe.patch_size
+    if h < ph or w < pw or h % ph or w % pw:
+        sizes = sorted({max(1, h // ph) * ph, max(1, -(-h // ph)) * ph})
+        raise TokenReduceError(f"timm model {name!r} cannot take {h}x{w} images: its patches are {ph}x{pw}, so the "
+                               f"input size (--img-size) must be a multiple of {ph}, from {ph} up (nearest: "
+                               f"{' or '.join(map(str, sizes))})")
 
 
 def load_model(path: str | os.PathLike | Checkpoint,

@@ -37,6 +37,7 @@ A directory may be passed to the readers: ``model.safetensors`` in it, else ``la
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -54,7 +55,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
-from ..core.errors import TokenReduceError
+from ..core.errors import DiskFullError, TokenReduceError
 
 FORMAT = "tokenreduce-checkpoint"
 VERSION = 2
@@ -76,6 +77,10 @@ _SHIPPED = Path(__file__).resolve().parent.parent / "references"
 
 class CheckpointError(TokenReduceError):
     """A checkpoint that is missing, corrupted, or does not match the model it is loaded into."""
+
+
+#: The errors of a write that ran out of room: a full file system, an exhausted quota.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 @dataclass
@@ -258,11 +263,16 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
 
     The bytes go to a temporary file in the same directory (created if missing), are fsynced and
     moved into place with ``os.replace``; an interrupted write leaves the old file and no
-    temporary behind. The project's one atomic writer (checkpoints, sidecars, results JSON).
+    temporary behind. The project's one atomic writer (checkpoints, sidecars, results JSON). A full disk
+    is a :class:`DiskFullError` (the old file intact), not a traceback.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        _raise_if_full(e, path)
+        raise
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -270,8 +280,10 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            _raise_if_full(e, path)
         raise
     try:  # make the rename itself durable
         dfd = os.open(path.parent, os.O_RDONLY)
@@ -282,6 +294,23 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> Path:
     except OSError:
         pass
     return path
+
+
+def _raise_if_full(e: OSError, path: Path) -> None:
+    """A :class:`DiskFullError` for ``e`` when it says the file system (or the quota) is full."""
+    if e.errno in _FULL:
+        was = "is as it was" if path.exists() else "was not written"
+        raise DiskFullError(f"cannot write {path}: {e.strerror} ({_free_space(path.parent)} free); {path.name} {was} "
+                            "and nothing is half-written: free some space and run again") from None
+
+
+def _free_space(folder: Path) -> str:
+    """The space left on ``folder``'s file system, for people ('12.3 MB'), or 'unknown'."""
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):  # statvfs: POSIX only
+        return "unknown"
+    return f"{st.f_bavail * st.f_frsize / 1e6:.1f} MB"
 
 
 def save_checkpoint(

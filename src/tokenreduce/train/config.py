@@ -100,7 +100,7 @@ class TrainConfig:
     resume: bool = _setting(False, "continue the run in --out with its own settings (flags that contradict them are "
                             "refused; runtime ones such as --threads, --device, --workers may change)", "run")
     force: bool = _setting(False, "start the run in --out over (the previous one is moved to --out/previous-run/ "
-                           "first)", "run")
+                           "first; a later --force to previous-run-2/, -3/, ...: none is deleted)", "run")
     allow_data_change: bool = _setting(False, "with --resume: go on although the training set changed since the run "
                                        "started (it is refused otherwise, naming the difference)", "run")
     ckpt_every: int = _setting(500, "checkpoint every N optimizer steps", "run", metavar="STEPS")

@@ -6,6 +6,11 @@ refused. The lock is ``fcntl.flock`` on an open file: the operating system drops
 ends, however it ends (Ctrl-C, SIGKILL, a crash), so a killed run never leaves a stale lock behind.
 The file holds the holder's pid and host, only for the message the refused run prints. Where fcntl
 does not exist (Windows) or the file system cannot lock, runs are not locked.
+
+A study's output is held ``shared`` by each of its runs that trains or evaluates (several at once, from
+``--jobs`` or from two studies writing one folder, are fine) and exclusively by each timing run, which
+shares its cores with none of them: a timing waits for nothing and is refused while another run works
+there, and a run is refused while a timing holds the output.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ LOCK_NAME = ".lock"
 
 
 @contextmanager
-def hold(out: str | os.PathLike, what: str = "training run") -> Iterator[None]:
+def hold(out: str | os.PathLike, what: str = "training run", *, shared: bool = False) -> Iterator[None]:
     """Hold ``out``'s lock for the block (the directory is created); a TokenReduceError when another
     process holds it or ``out`` cannot be written. ``what``: the kind of run that holds it (the file says,
-    for the message of one refused)."""
+    for the message of one refused); ``shared``: other shared holders are let in, an exclusive one is not."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -41,7 +46,7 @@ def hold(out: str | os.PathLike, what: str = "training run") -> Iterator[None]:
     try:
         if fcntl is not None:
             try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.seek(0)
                 holder = f.read().strip() or "process"
@@ -51,8 +56,10 @@ def hold(out: str | os.PathLike, what: str = "training run") -> Iterator[None]:
                 pass
         f.seek(0)
         f.truncate()
-        f.write(f"{what} (pid {os.getpid()} on {socket.gethostname()})\n")
-        f.flush()
+        try:  # unbuffered: a full disk is met here, and not again when the file is closed
+            os.write(f.fileno(), f"{what} (pid {os.getpid()} on {socket.gethostname()})\n".encode())
+        except OSError as e:
+            raise TokenReduceError(f"cannot write to the output directory {out}: {e.strerror or e}") from None
         yield
     finally:
         f.close()  # releases the lock

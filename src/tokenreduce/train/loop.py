@@ -38,7 +38,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import sys
 import threading
@@ -247,14 +246,24 @@ def _finished(cfg: TrainConfig) -> dict[str, Any] | None:
 
 #: The files of a run in its output directory that ``--force`` moves aside (with the figures metrics.json lists).
 RUN_FILES = ("model.safetensors", "model.json", "last.safetensors", "last.json", "metrics.json")
-#: Where ``--force`` moves the previous run (inside the output directory; the one before it is replaced).
+#: Where ``--force`` moves the previous run (inside the output directory): ``previous-run/``, or for a later
+#: ``--force`` the first of ``previous-run-2/``, ``previous-run-3/``, ... that does not exist (none is replaced).
 PREVIOUS = "previous-run"
 
 
+def _aside_dir(out: Path) -> Path:
+    """The first free ``--force`` folder in ``out``: ``previous-run``, then ``previous-run-2``, ..."""
+    n = 1
+    while (out / (PREVIOUS if n == 1 else f"{PREVIOUS}-{n}")).exists():
+        n += 1
+    return out / (PREVIOUS if n == 1 else f"{PREVIOUS}-{n}")
+
+
 def _move_aside(out: Path) -> None:
-    """``--force``: move the run in ``out`` (its checkpoints, metrics and figures) to ``out/previous-run/``
-    before anything of the new run is written, so that an interrupted forced run is the only run there and
-    resumes with the command it printed; other files in ``out`` stay."""
+    """``--force``: move the run in ``out`` (its checkpoints, metrics and figures) to a new folder in it
+    (:func:`_aside_dir`: the runs moved there by earlier ``--force`` stay) before anything of the new run is
+    written, so that an interrupted forced run is the only run there and resumes with the command it printed;
+    other files in ``out`` stay."""
     files = [out / n for n in RUN_FILES if (out / n).is_file()]
     if not files:
         return
@@ -264,9 +273,7 @@ def _move_aside(out: Path) -> None:
     except (OSError, ValueError, AttributeError):
         figures = []
     files += [out / Path(f).name for f in figures if isinstance(f, str) and (out / Path(f).name).is_file()]
-    aside = out / PREVIOUS
-    if aside.exists():
-        shutil.rmtree(aside)
+    aside = _aside_dir(out)
     aside.mkdir()
     for f in files:
         os.replace(f, aside / f.name)
@@ -282,7 +289,8 @@ def _clean_temporaries(out: Path) -> None:
 
 def fingerprint(ds: Any) -> dict[str, Any]:
     """What identifies a training set: its size, its items per class and, for files (an image folder), a
-    SHA-256 over their paths (relative to the folder) and sizes; for another dataset its type."""
+    SHA-256 over their paths (relative to the folder) and sizes; for a dataset that digests its content
+    (``content_digest()``: Fashion-MNIST's idx files) that digest, per file; for another dataset its type."""
     targets = getattr(ds, "targets", None)
     classes = list(getattr(ds, "classes", []) or [])
     counts: dict[str, int] = {}
@@ -297,6 +305,9 @@ def fingerprint(ds: Any) -> dict[str, Any]:
             p = Path(path)
             h.update(f"{p.relative_to(root).as_posix()}|{p.stat().st_size}\n".encode())
         out["files"] = h.hexdigest()
+    digest = getattr(ds, "content_digest", None)
+    if callable(digest):
+        out["content"] = digest()
     return out
 
 
@@ -304,8 +315,8 @@ def _check_same_data(ckpt: Checkpoint, now: dict[str, Any], cfg: TrainConfig) ->
     """Refuse resuming over a training set that changed since the run started (its permutation would no
     longer be the one the run was drawing from), naming the difference; ``--allow-data-change`` goes on."""
     was = ckpt.meta.get("data_fingerprint")
-    if not was or was == now:
-        return  # a checkpoint written before fingerprints: nothing to compare
+    if not was or all(now.get(k) == v for k, v in was.items()):
+        return  # a checkpoint written before fingerprints (or before a part of them): nothing (more) to compare
     diff = []
     if was.get("n") != now.get("n"):
         diff.append(f"{was.get('n')} items then, {now.get('n')} now")
@@ -313,6 +324,8 @@ def _check_same_data(ckpt: Checkpoint, now: dict[str, Any], cfg: TrainConfig) ->
     for c in dict.fromkeys([*per_was, *per_now]):
         if per_was.get(c) != per_now.get(c):
             diff.append(f"class {c!r}: {per_was.get(c, 0)} -> {per_now.get(c, 0)}")
+    content_was, content_now = was.get("content") or {}, now.get("content") or {}
+    diff += [f"{name} holds other content" for name in content_was if content_now.get(name) != content_was[name]]
     if not diff:
         diff.append("the same counts, but other files or file sizes")
     if cfg.allow_data_change:
