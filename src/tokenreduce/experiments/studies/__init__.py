@@ -1,7 +1,7 @@
 """The registered studies, one module each, named as registered (and as their results folder,
 results/<name>/<bed>/): one per paper (``eet``, ``imagepiece``, ``cropr`` and ``cropr_seg``, ``bspf``,
-``pitome``, ``diffrate``), the baselines' benchmark (``baselines``), and the project's own records (``reference``,
-``platform``, ``deit_bench``, ``backends``). Importing this package registers them."""
+``pitome``, ``diffrate``, ``saint``), the baselines' benchmark (``baselines``), and the project's own records
+(``reference``, ``platform``, ``deit_bench``, ``backends``). Importing this package registers them."""
 
 from . import (  # noqa: F401
     backends,
@@ -16,4 +16,5 @@ from . import (  # noqa: F401
     pitome,
     platform,
     reference,
+    saint,
 )
