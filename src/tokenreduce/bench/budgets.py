@@ -62,7 +62,7 @@ from ..core.errors import TokenReduceError
 from ..core.method import build_reducer, get_method, list_methods
 from .macs import count_macs
 from .settings import BAND, BUDGET_ROUNDS, SPEED
-from .speed import Case, measure_speed
+from .speed import Case, measure_speed, paired_ratios
 
 REACH_TOLERANCE = 1.15  # a target this factor beyond every method's strongest candidate (by MACs) is refused
 #: Rule 'measured' times, per method and target t, the 'macs' picks for t ** p for each p here.
@@ -116,7 +116,7 @@ class Pick:
     measured_speedup: float | None  # its own median paired speed-up in the calibration run, if it was timed
     rule: str
     reached: bool  # the expected speed-up is within BAND of the target
-    expected_low: float | None = None  # the speed model's range (rule 'measured'): b from the rounds' quartiles
+    expected_low: float | None = None  # the speed model's range (rule 'measured'): b's interquartile range
     expected_high: float | None = None
     schedule_origin: str | None = None  # the model a published schedule was searched for (``Reducer.schedule_origin``)
 
@@ -203,7 +203,7 @@ def fit_exponent(points: Sequence[tuple[float, float]]) -> tuple[float, float, f
     pts.sort()
     total, cum = sum(w for _, w in pts), list(itertools.accumulate(w for _, w in pts))
 
-    def quantile(q: float) -> float:
+    def quantile(q: float) -> float:  # the first slope whose cumulative weight reaches q (less a rounding hair)
         return min(pts[bisect.bisect_left(cum, q * total * (1 - 1e-12))][0], 1.0)
 
     low, mid, high = quantile(0.25), quantile(0.5), quantile(0.75)
@@ -305,6 +305,4 @@ def _paired_rounds(model: nn.Module, specs: Sequence[str], *, img_size: int | No
     the unpatched model's in the same round."""
     settings = {**SPEED, **BUDGET_ROUNDS} | dict(speed or {})
     results = measure_speed(model, [Case(s, s) for s in specs], img_size=img_size, progress=progress, **settings)
-    base = results[0].img_per_s_runs
-    return {r.spec: [a / b for a, b in zip(r.img_per_s_runs, base, strict=True) if b > 0]
-            for r in results if r.spec is not None}
+    return {r.spec: paired_ratios(r.img_per_s_runs, results[0].img_per_s_runs) for r in results if r.spec is not None}

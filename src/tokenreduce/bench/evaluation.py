@@ -182,7 +182,7 @@ def budget_cases(model: nn.Module, targets: Sequence[float], methods: Sequence[s
     free, skipped = training_free(model, methods)
     for name, why in skipped.items():
         log(f"skipping {name}: {why}")
-    picks = find_budgets(model, free, list(targets), rule=rule, speed={**speed, **BUDGET_ROUNDS})
+    picks = find_budgets(model, free, list(targets), rule=rule, speed={**speed, **BUDGET_ROUNDS}, progress=log)
     for p in picks:
         spread = f" [{p.expected_low:.2f}, {p.expected_high:.2f}]" if p.expected_low is not None else ""
         miss = None if p.reached else f"not within {BAND:g}x of {p.target:g}x"
