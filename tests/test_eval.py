@@ -426,7 +426,7 @@ def test_rows_measured_outside_the_band_are_flagged_in_the_table_and_the_plot(tm
             (list(a[0]), kw.get("label"))) or real(ax, *a, **kw))
     plot_pareto(tmp_path / "p.png", rows)
     # the off-target pick is drawn on its own, marked, not on its method's line with the pick on target
-    assert ([1.08], "measured outside the band of its target (not comparable)") in drawn
+    assert ([1.08], "tome: measured off target (not comparable)") in drawn
     assert ([2.1], "tome") in drawn and not any(1.08 in xs and 2.1 in xs for xs, _ in drawn)
 
 

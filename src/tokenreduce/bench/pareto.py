@@ -6,7 +6,7 @@ against measured speed-up, one colour and marker per method, a line per method t
 black star at speed-up 1. Fine-tuned rows share their method's colour with open markers and a
 dashed line. A row picked for a target speed-up but measured outside the band of it (``in_band``
 False, bench/evaluation.py) is left out of its method's line and drawn as a grey-edged cross of its
-method's colour, with a legend entry saying so: it is not comparable with the rows on target.
+method's colour, its legend entry saying so: it is not comparable with the rows on target.
 matplotlib with the Agg backend (no display needed).
 
 ``write_csv``: the rows as CSV, one line per row; list-valued fields are joined with spaces and
@@ -35,7 +35,7 @@ CSV_COLUMNS = (
 )
 _SKIP = {"runs", "metrics", "img_per_s_runs", "latency_ms_runs"}
 _MARKERS = "osD^vP<>Xhp*"
-OFF_TARGET = "off target"  # the series of a method's rows measured outside the band of their target
+OFF_TARGET = "measured off target"  # the series of a method's rows measured outside the band of their target
 
 
 def _cell(v: Any) -> Any:
@@ -58,7 +58,7 @@ def write_csv(path: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> Path:
 
 def _series(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """(method, kind) -> its rows sorted by measured speed-up (rows without one are skipped), and
-    (method, 'off target') -> its rows measured outside the band of their target."""
+    (method, OFF_TARGET) -> its rows measured outside the band of their target."""
     out: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("kind") == "unpatched" or r.get("speedup") is None or r.get("value") is None:
@@ -80,7 +80,6 @@ def plot_pareto(path: str | os.PathLike, rows: Sequence[dict[str, Any]], title: 
     colours = plt.get_cmap("tab10")
     style = {m: (colours(i % 10), _MARKERS[i % len(_MARKERS)]) for i, m in enumerate(methods)}
     fig, ax = plt.subplots(figsize=(7, 4.8))
-    off_label = "measured outside the band of its target (not comparable)"
     for (method, kind), pts in sorted(series.items()):
         colour, marker = style[method]
         tuned = kind == "fine-tuned"
@@ -89,8 +88,7 @@ def plot_pareto(path: str | os.PathLike, rows: Sequence[dict[str, Any]], title: 
         errs = [r.get("value_std") or 0.0 for r in pts]
         if kind == OFF_TARGET:
             ax.plot(xs, ys, marker="X", color=colour, markeredgecolor="grey", markersize=9, linestyle="none",
-                    label=off_label)
-            off_label = "_nolegend_"  # one legend entry for every such point
+                    label=f"{method}: {OFF_TARGET} (not comparable)")
             continue
         ax.errorbar(xs, ys, yerr=errs if any(errs) else None, color=colour, marker=marker,
                     linestyle="--" if tuned else "-", markerfacecolor="none" if tuned else colour,
