@@ -186,3 +186,27 @@ def test_the_readme_is_a_front_door():
     links = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if not re.match(r"[a-z]+:|#", t)]
     broken = [t for t in links if not (ROOT / t).exists()]
     assert not broken, f"README.md links to files that do not exist: {broken}"
+
+
+def test_pip_alone_installs_and_the_wheel_carries_what_the_package_reads():
+    """The README's two set-up commands need neither apt nor root (the data step is optional, explained
+    beside them); the wheel's metadata (version, licence, readme) and package data name files that exist,
+    every shipped reference among them; CI builds the wheel and runs its command from a fresh venv."""
+    tomllib = pytest.importorskip("tomllib")
+    readme = (ROOT / "README.md").read_text()
+    setup = readme[readme.index("## Set up"):readme.index("## Use it")]
+    commands = re.findall(r"```bash\n(.*?)\n```", setup, re.S)
+    assert len(commands) == 2 and commands[0].endswith("tokenreduce demo") and commands[1].endswith("pytest -q")
+    assert not any(w in c for c in commands for w in ("apt", "sudo")), "a set-up command needs apt or root"
+    assert "dataset-fashion-mnist" in setup and "TOKENREDUCE_DATA" in setup  # the optional data step, explained
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    meta = project["project"]
+    assert meta["version"] and meta["license"] == "Apache-2.0" and (ROOT / meta["readme"]).is_file()
+    assert all((ROOT / f).is_file() for f in meta["license-files"])
+    patterns = project["tool"]["setuptools"]["package-data"]["tokenreduce"]
+    package = ROOT / "src/tokenreduce"
+    shipped = [p.relative_to(package).as_posix() for p in (package / "references").iterdir() if p.is_file()]
+    assert shipped and all(any(Path(f).match(pat) for pat in patterns) for f in shipped)
+    ci = (ROOT / ".ci/run").read_text()
+    assert "python -m build --wheel" in ci and "pip\" install -q dist/tokenreduce-*.whl" in ci
+    assert all(f"venv/bin/tokenreduce {c}" in ci for c in ("--help", "list", "bench"))

@@ -299,6 +299,7 @@ def _finish(row: _Row, task: Task, speed: dict, base: _Row) -> dict[str, Any]:
         "img_per_s": s.img_per_s, "img_per_s_iqr": s.img_per_s_iqr, "latency_ms": s.latency_ms,
         "latency_ms_iqr": s.latency_ms_iqr, "speedup": s.speedup, "latency_speedup": s.latency_speedup,
         "tokens_per_block": row.macs.tokens_per_block, "runs": row.runs,
+        "schedule_origin": build_reducer(c.spec).schedule_origin() if c.spec else None,
         "img_per_s_runs": s.img_per_s_runs, "latency_ms_runs": s.latency_ms_runs,
     }
     if c.checkpoints:

@@ -44,10 +44,10 @@ from ..models import (
 )
 from ..tasks import Task, build_task
 from .accuracy import DEFAULT_TASK, EvalCase, bind_task, check_cases, evaluate_cases, materialize
-from .budgets import find_budgets, training_free
+from .budgets import find_budgets, in_band, training_free
 from .pareto import plot_pareto, write_csv
 from .report import format_table, write_json
-from .settings import BUDGET_ROUNDS, SPEED
+from .settings import BAND, BUDGET_ROUNDS, SPEED
 from .speed import matched_random
 
 
@@ -182,11 +182,13 @@ def budget_cases(model: nn.Module, targets: Sequence[float], methods: Sequence[s
     free, skipped = training_free(model, methods)
     for name, why in skipped.items():
         log(f"skipping {name}: {why}")
-    picks = find_budgets(model, free, list(targets), rule=rule, speed={**speed, **BUDGET_ROUNDS})
+    picks = find_budgets(model, free, list(targets), rule=rule, speed={**speed, **BUDGET_ROUNDS}, progress=log)
     for p in picks:
-        flag = "" if p.reached else "  (not reached)"
-        log(f"budget {p.target:g}x {p.method}: {p.spec}  (expected {p.expected_speedup:.2f}x, MACs "
-            f"{p.macs_speedup:.2f}x){flag}")
+        spread = f" [{p.expected_low:.2f}, {p.expected_high:.2f}]" if p.expected_low is not None else ""
+        miss = None if p.reached else f"not within {BAND:g}x of {p.target:g}x"
+        notes = "".join(f"; {n}" for n in (p.schedule_origin, miss) if n)
+        log(f"budget {p.target:g}x {p.method}: {p.spec}  (expected {p.expected_speedup:.2f}x{spread}, MACs "
+            f"{p.macs_speedup:.2f}x{notes})")
     cases = [EvalCase(p.spec, p.spec, "training-free", budget=p.target, budget_speedup=p.expected_speedup)
              for p in picks]
     return cases, [p.as_dict() for p in picks], skipped
@@ -305,7 +307,8 @@ def columns(metric: str) -> list[tuple]:
         ("label", "case"), ("budget_speedup", "budget", "{:.2f}x"), ("value", metric, "{:.2f}"),
         ("value_std", "± std", "{:.2f}"), ("drop", "drop", "{:+.2f}"), ("macs", "MMACs", _scaled(1e6, "{:.1f}")),
         ("macs_speedup", "MACs x", "{:.2f}"), ("img_per_s", "img/s", "{:.0f}"), ("latency_ms", "lat ms", "{:.2f}"),
-        ("speedup", "speedup", "{:.2f}"), ("latency_speedup", "lat x", "{:.2f}"), ("tokens_per_block", "tokens"),
+        ("speedup", "speedup", "{:.2f}"), ("in_band", "on target", lambda v: "yes" if v else "NO"),
+        ("latency_speedup", "lat x", "{:.2f}"), ("tokens_per_block", "tokens"), ("schedule_origin", "schedule"),
     ]
 
 
@@ -316,8 +319,10 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
               f"{metric}: mean over seeds (stochastic methods) or checkpoints (fine-tuned), ± sample std; "
               f"drop = unpatched {metric} - {metric} (> 0: worse; sign flipped for a lower-is-better metric); "
               "MACs x = analytic MACs ratio; speedup = img/s ratio at the throughput batch, lat x = latency ratio "
-              "at batch 1, both measured in one interleaved run; tokens leaving each block, prefix tokens included")
-    return f"{format_table(rows, columns(metric))}\n{legend}"
+              f"at batch 1, both measured in one interleaved run; on target: the speedup lies within {BAND:g}x of "
+              "the pick's target (NO: not comparable with the rows on target); tokens leaving each block, prefix "
+              "tokens included; schedule: the model a published schedule was searched for")
+    return "\n".join(x for x in (format_table(rows, columns(metric)), legend, off_target(rows)) if x)
 
 
 def write_outputs(out: str | Path, rows: Sequence[dict[str, Any]], info: dict[str, Any], title: str,
@@ -332,6 +337,24 @@ def write_outputs(out: str | Path, rows: Sequence[dict[str, Any]], info: dict[st
     for p in paths:
         log(f"wrote {p}")
     return paths
+
+
+def mark_band(rows: Sequence[dict[str, Any]]) -> None:
+    """Set ``in_band`` on every row chosen for a target speed-up (``budget``): whether its measured
+    speed-up lies within ``budgets.BAND`` of the target (``budgets.in_band``); tables and the Pareto plot
+    flag the others, which are not comparable with the rows on target."""
+    for r in rows:
+        if r.get("budget") is not None:
+            r["in_band"] = in_band(r.get("speedup"), r["budget"])
+
+
+def off_target(rows: Sequence[dict[str, Any]]) -> str | None:
+    """One line naming the rows measured outside the band of their target, or None when there are none."""
+    off = [f"{r['label']} measured {r['speedup']:.2f}x, target {r['budget']:g}x" for r in rows
+           if r.get("in_band") is False and r.get("speedup") is not None]
+    if not off:
+        return None
+    return f"measured outside {BAND:g}x of their target (not comparable with the rows on target): " + "; ".join(off)
 
 
 # ----------------------------------------------------------------------------- the entry
@@ -428,5 +451,6 @@ def _evaluate(req: EvalRequest, ref: Reference) -> EvalResult:
     data = load_data(ref, data=req.data, data_dir=req.data_dir, download=req.download, subset=req.subset)
     rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=req.seeds,
                           eval_batch=req.eval_batch, speed=req.speed, progress=log)
+    mark_band(rows)
     budgets = {"targets": list(req.targets), "rule": req.rule, "picks": picks, "skipped": skipped}
     return EvalResult(ref, data, rows, budgets)

@@ -4,7 +4,10 @@
 against measured speed-up, one colour and marker per method, a line per method through its budgets
 (sorted by speed-up), error bars of +- one standard deviation over runs, the unpatched model as a
 black star at speed-up 1. Fine-tuned rows share their method's colour with open markers and a
-dashed line. matplotlib with the Agg backend (no display needed).
+dashed line. A row picked for a target speed-up but measured outside the band of it (``in_band``
+False, bench/evaluation.py) is left out of its method's line and drawn as a grey-edged cross of its
+method's colour, its legend entry saying so: it is not comparable with the rows on target.
+matplotlib with the Agg backend (no display needed).
 
 ``write_csv``: the rows as CSV, one line per row; list-valued fields are joined with spaces and
 the per-round timing lists and per-run metrics are left out (they are in the JSON).
@@ -27,11 +30,12 @@ from .report import write_figure, write_text
 CSV_COLUMNS = (
     "label", "method", "kind", "spec", "budget", "metric", "value", "value_std", "drop", "top1", "top1_std",
     "top1_drop", "n_runs", "seeds", "macs",
-    "gmacs", "macs_speedup", "img_per_s", "img_per_s_iqr", "latency_ms", "latency_ms_iqr", "speedup",
-    "latency_speedup", "tokens_per_block",
+    "gmacs", "macs_speedup", "img_per_s", "img_per_s_iqr", "latency_ms", "latency_ms_iqr", "speedup", "in_band",
+    "latency_speedup", "tokens_per_block", "schedule_origin",
 )
 _SKIP = {"runs", "metrics", "img_per_s_runs", "latency_ms_runs"}
 _MARKERS = "osD^vP<>Xhp*"
+OFF_TARGET = "measured off target"  # the series of a method's rows measured outside the band of their target
 
 
 def _cell(v: Any) -> Any:
@@ -53,12 +57,13 @@ def write_csv(path: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> Path:
 
 
 def _series(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """(method, kind) -> its rows sorted by measured speed-up (rows without one are skipped)."""
+    """(method, kind) -> its rows sorted by measured speed-up (rows without one are skipped), and
+    (method, OFF_TARGET) -> its rows measured outside the band of their target."""
     out: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("kind") == "unpatched" or r.get("speedup") is None or r.get("value") is None:
             continue
-        out.setdefault((r["method"], r["kind"]), []).append(r)
+        out.setdefault((r["method"], OFF_TARGET if r.get("in_band") is False else r["kind"]), []).append(r)
     return {k: sorted(v, key=lambda r: r["speedup"]) for k, v in out.items()}
 
 
@@ -81,6 +86,10 @@ def plot_pareto(path: str | os.PathLike, rows: Sequence[dict[str, Any]], title: 
         xs = [r["speedup"] for r in pts]
         ys = [r["value"] for r in pts]
         errs = [r.get("value_std") or 0.0 for r in pts]
+        if kind == OFF_TARGET:
+            ax.plot(xs, ys, marker="X", color=colour, markeredgecolor="grey", markersize=9, linestyle="none",
+                    label=f"{method}: {OFF_TARGET} (not comparable)")
+            continue
         ax.errorbar(xs, ys, yerr=errs if any(errs) else None, color=colour, marker=marker,
                     linestyle="--" if tuned else "-", markerfacecolor="none" if tuned else colour,
                     markersize=7, capsize=3, linewidth=1.3, label=f"{method} (fine-tuned)" if tuned else method)

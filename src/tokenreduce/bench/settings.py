@@ -9,8 +9,13 @@ from __future__ import annotations
 SPEED = {"batch": 32, "warmup": 2, "repeats": 10, "min_run_s": 0.05}
 #: ``--quick``: smoke settings, seconds long, the numbers rough.
 QUICK = {"batch": 4, "warmup": 1, "repeats": 3, "min_run_s": 0.0}
-#: The rounds of a budget search, which only ranks candidates: fewer than the final measurement's.
-BUDGET_ROUNDS = {"warmup": 1, "repeats": 3}
+#: The paired rounds that calibrate the budget rule 'measured' (bench/budgets.py): fewer than the final
+#: measurement's, enough that the median of a spec's per-round ratios survives two rounds that other work slowed.
+BUDGET_ROUNDS = {"warmup": 1, "repeats": 5}
+#: A pick for a target speed-up is on target when its speed-up lies within this many x of the target
+#: (bench/budgets.py): half the gap between adjacent targets (1.5x, 2x, 2.5x), so a pick on target is nearer
+#: its own target than any other and the rows of two targets never overlap.
+BAND = 0.25
 #: How a timed case runs (``--backend``; bench/backends.py holds one class per name), in this order.
 BACKENDS = ("eager", "compile", "onnxruntime")
 #: torch.compile's modes for the 'compile' backend (``--compile-mode``): reduce-overhead adds CUDA graphs (one

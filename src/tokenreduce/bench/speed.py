@@ -238,7 +238,12 @@ def _round_order(n: int, rnd: int) -> list[int]:
     return list(range(start, n)) + list(range(start))
 
 
+def paired_ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
+    """num[k] / den[k] for every round k (values measured in the same round), rounds with den[k] <= 0 left out."""
+    return [a / b for a, b in zip(num, den, strict=True) if b > 0]
+
+
 def paired_ratio(num: Sequence[float], den: Sequence[float]) -> float:
-    """Median over rounds of num[k] / den[k] (values measured in the same round k)."""
-    ratios = [a / b for a, b in zip(num, den, strict=True) if b > 0]
+    """Median over rounds of num[k] / den[k] (:func:`paired_ratios`)."""
+    ratios = paired_ratios(num, den)
     return float(statistics.median(ratios)) if ratios else math.nan

@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     vocab.add_budgets(p, "default when neither --spec nor --finetuned is given: 1.5,2")
     p.add_argument("--methods", metavar="A,B", help="methods for --budgets (default: every training-free one)")
     p.add_argument("--budget-rule", choices=("macs", "measured"), default="macs",
-                   help="pick budget specs by analytic MACs (default) or by a short timing run")
+                   help="pick budget specs by analytic MACs (default) or by a speed model per method (speed-up = "
+                   "MACs ratio ** b) calibrated by a short run of paired timing rounds")
     p.add_argument("--match-random", action="store_true",
                    help="per training-free spec (given or picked), also the random pruner with the same per-block "
                    "token counts, over --seeds")

@@ -153,6 +153,10 @@ class Compose(Reducer):
         parameters; the ``imagepiece`` study matches budgets explicitly)."""
         return []
 
+    def schedule_origin(self) -> str | None:
+        """The stages' origins (``Reducer.schedule_origin``), joined; None when no stage has one."""
+        return "; ".join(o for s in self.stages if (o := s.schedule_origin()) is not None) or None
+
     @classmethod
     def replay_spec(cls, schedule: Schedule, seed: int = 0) -> str | None:
         """The registered replayer's spec (``core.method.matched_spec``: the random pruner at the same

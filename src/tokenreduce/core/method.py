@@ -133,7 +133,8 @@ class Reducer(nn.Module):
       ``compose_step(...)`` (its count as a later stage of ``'A + B'``).
     - Costs: ``scoring_macs(block, tokens_in, count, host)`` (default: the side products, ``NEED_MACS``).
     - Budget search family: ``budget_family(host)`` (candidate specs for a target speed-up),
-      ``replay_spec(schedule, seed)`` (a scoring-free spec with the same counts, or None).
+      ``replay_spec(schedule, seed)`` (a scoring-free spec with the same counts, or None),
+      ``schedule_origin()`` (the model a published schedule was searched for, which tables name).
     - Training: ``learned`` (trained parameters: fine-tune first), ``dynamic_schedule`` (counts follow
       the input: no static shapes), ``for_inference()`` (the deployed form without training-only parts).
     - Export and hosts: ``exportable``, ``min_onnx_opset``, ``classic_onnx`` (core/onnx.py reads them),
@@ -236,6 +237,13 @@ class Reducer(nn.Module):
     def replay_spec(cls, schedule: Schedule, seed: int = 0) -> str | None:
         """A spec of this method that runs exactly ``schedule`` (the same per-block counts and
         ``where``) with no scoring - the speed limit of that schedule - or None if it cannot."""
+        return None
+
+    def schedule_origin(self) -> str | None:
+        """The model this instance's schedule was searched for, in words, when it is a published
+        schedule found for one model (a table names it beside a pick, so a schedule searched for another
+        model is not read as one fitted to this one); None when the method's own rule fits the schedule
+        to the host."""
         return None
 
     def attention_chunk(self, block: int) -> int | None:

@@ -41,7 +41,8 @@ A published schedule runs on a model of its shape (depth and patch count; DeiT-T
 blocks and 196 patches, so the 12-block 196-patch scene reference takes them unchanged) and is refused
 on any other, naming the schedules that fit: a searched schedule is not rescaled.
 Scoring MACs: the CLS row (N D) and, where tokens merge, the cosines (n1 - n2) x n2 x D. Budget family:
-the published schedules of the host's shape.
+the published schedules of the host's shape; ``schedule_origin`` names the model each was searched for (a
+table of picks says it beside the row: none of them was searched for the model it runs on here).
 
 Deviations:
 - kept tokens stay in spatial order (the official code sorts every block's tokens by CLS attention and
@@ -151,6 +152,9 @@ SCHEDULES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
                     (257, 254, 251, 244, 238, 223, 221, 203, 194, 192, 191, 190, 188, 184, 188, 185, 184, 183, 185,
                      183, 183, 185, 183, 183, 185, 183, 179, 167, 177, 133, 136, 136)),
 }
+#: the models named in ``SCHEDULES`` (the part before the dash), as the official repository names them
+MODELS = {"deit_t": "DeiT-T", "deit_s": "DeiT-S", "deit_b": "DeiT-B", "mae_b": "ViT-B (MAE)", "mae_l": "ViT-L (MAE)",
+          "mae_h": "ViT-H (MAE)"}
 #: the default schedule (``diffrate()``): DeiT-S at 2.9 G MACs, 79.54 top-1 off the shelf (the official README)
 DEFAULT = "deit_s-2.9"
 
@@ -226,6 +230,15 @@ class DiffRate(Reducer):
             return total
 
         return [format_spec(cls.name, {"schedule": n}) for n in sorted(fits, key=cost, reverse=True)]
+
+    def schedule_origin(self) -> str | None:
+        """A published schedule's model and MACs, e.g. 'DiffRate schedule searched for ViT-B (MAE) at 8.7
+        GMACs'; None for explicit counts."""
+        c = self.cfg
+        if c.prune is not None or c.merge is not None:
+            return None
+        model, gmacs = (c.schedule or DEFAULT).split("-")
+        return f"DiffRate schedule searched for {MODELS[model]} at {gmacs} GMACs"
 
     def bind(self, host: Host) -> Schedule:
         prune, merge = self._counts(host)
