@@ -337,6 +337,10 @@ def test_arms_evaluated_off_the_shelf_are_scored_per_item_on_disjoint_folds(tmp_
     assert folds == [[0, 2], [1, 2]] and all(runs[i]["kind"] == "evaluate" for i in runs)
     items = [decode(runs[f"tome-s{s}"]["metrics"]["items"]["top1"]) for s in (0, 1)]
     assert [len(x) for x in items] == [8, 8]  # 16 smoke test items, two folds
+    judged = verdicts(study, runs)[0]  # the random pruner draws another mask per fold: the folds are the unit
+    assert judged.verdict is not None and judged.verdict.n == 2 and judged.items_why.startswith("the folds are the")
+    fixed = dataclasses.replace(study.arms["random"], spec="random(keep=0.5, locs=(3,), seed=0)")
+    study.arms["random"] = fixed  # one mask for every fold: the test items are the unit
     judged = verdicts(study, runs)[0]
     assert judged.verdict is not None and judged.verdict.n == 16 and judged.items_why == "the test items are the unit"
     with pytest.raises(SpecError, match="evaluated on the test bed's reference"):

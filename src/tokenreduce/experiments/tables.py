@@ -256,6 +256,14 @@ def _uncommitted(study: Study, runs: dict[str, dict], claims: list[Expect]) -> t
     return tuple(sorted({str(d.get("id", d.get("run"))) for d in docs if revision_gap(d)}))
 
 
+def by_item(study: Study, e: Expect) -> bool:
+    """Whether ``e``'s test pairs test items: a claim declared with the item as unit, unless one of its arms
+    draws another random pattern for each seed (its spec names ``{seed}``): its folds then differ in more
+    than their test items (the masks vary between them), so the fold is the unit of the test."""
+    return e.unit == "item" and not any("{seed}" in (study.arms[a].spec or "") for a in (e.arm, e.baseline)
+                                        if a in study.arms)
+
+
 def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
     """The per-item differences ``e.arm`` minus ``e.baseline`` on ``e.metric``, in percent (100 x the item
     values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (for
@@ -421,7 +429,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     rows: list[tuple[str, str, Expect, list[float], int, str, tuple[str, ...]]] = []
     for study, runs in studies:  # key, study name, claim, diffs, members, text, records from uncommitted code
         for e in study.expect:
-            diffs = paired_items(study, runs, e) if e.unit == "item" else \
+            diffs = paired_items(study, runs, e) if by_item(study, e) else \
                 paired(study, runs, e.arm, e.baseline, e.metric, e.at)
             rows.append((study.key, study.name, e, diffs, 0, claim_text(study, runs, e),
                          _uncommitted(study, runs, [e])))
@@ -454,8 +462,10 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         v = stats.verdict(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
                           effect=e.effect, delta=e.delta, adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
-            (None, "the test items are the unit") if e.unit == "item" else item_interval(*runs_of[key], e)
-        left = without_items(*runs_of[key], e) if e.unit == "item" and not members else []
+            (None, "the test items are the unit") if by_item(*runs_of[key][:1], e) else \
+            (None, "the folds are the unit: a random pruner's mask differs between them") if e.unit == "item" else \
+            item_interval(*runs_of[key], e)
+        left = without_items(*runs_of[key], e) if by_item(*runs_of[key][:1], e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
                   f"folds' {v.n} items only" if left else ""
         why = v.why + dropped + _power_text(*runs_of[key], e, v, holm_sizes[name])
@@ -580,13 +590,18 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
             if j.members else ""
         lines.append(f"- {j.claim} ({where_text(e.at) or 'all'}){pooled}: {j.why}.{why}")
     lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
-    per_item = [j for j in judged if j.verdict and j.expect.unit == "item"]
+    per_item = [j for j in judged if j.verdict and by_item(study, j.expect)]
+    per_fold = [j for j in judged if j.verdict and j.expect.unit == "item" and not by_item(study, j.expect)]
     without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members
                       and j.expect.unit != "item"})
     if per_item:
         lines += ["", f"Per-item claims ({len(per_item)}): arms evaluated off the shelf, where the seeds are disjoint "
                       "folds of the test items; their test and t-interval are over the per-item differences of all "
                       "folds (n = the test items), which is the sampling such a claim has."]
+    if per_fold:
+        lines += ["", f"Per-fold claims ({len(per_fold)}): off the shelf too, but an arm is the random pruner, whose "
+                      "mask differs from fold to fold; the item-level test would leave that variance out, so their "
+                      "test and t-interval are over the folds' paired differences (n = the folds)."]
     if without:
         lines += ["", f"Intervals: {'; '.join(without)}, so the t-interval "
                       "over seeds is the only interval; it leaves out test-item sampling (every seed is scored "

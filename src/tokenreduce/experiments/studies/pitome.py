@@ -39,13 +39,13 @@ from __future__ import annotations
 
 from ...train.recipes import get_recipe
 from ..beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
-from ..study import REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 
 _SOURCE = "PiToMe, arXiv 2405.16148"
 _RESULTS = f"{_SOURCE}; the authors' deit_ost.csv (DeiT-S off the shelf, ImageNet-1k)"
 _GRID = (Axis("seed", (0, 1, 2), "s"),)
-#: "at equal measured speed" only where the speed measure timed both arms within 0.05x (its one interleaved run)
-_SPEED = ("free", 0.05)
+#: "at equal measured speed" tested on the speed measure's one interleaved run (study.EQUAL_SPEED)
+_SPEED = ("free", EQUAL_SPEED)
 _BLOCKS = tuple(range(12))
 
 #: target -> (PiToMe's pick, ToMe at its MACs, the random pruner at its MACs), on the scene reference

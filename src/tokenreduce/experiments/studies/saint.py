@@ -36,14 +36,14 @@ from __future__ import annotations
 
 from ...train.recipes import get_recipe
 from ..beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
-from ..study import REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 
 _SOURCE = "SAINT, arXiv 2503.11549"
 _RESULTS = (f"{_SOURCE} (abstract: dropping similar tokens beats merging them; ViT-H/14 2x throughput at -0.6 top-1 "
             "on ImageNet-1k, 0.8 above the strongest baseline)")
 _GRID = (Axis("seed", (0, 1, 2), "s"),)
-#: "at equal measured speed" only where the speed measure timed both arms within 0.05x (its one interleaved run)
-_SPEED = ("free", 0.05)
+#: "at equal measured speed" tested on the speed measure's one interleaved run (study.EQUAL_SPEED)
+_SPEED = ("free", EQUAL_SPEED)
 _BLOCKS = tuple(range(12))
 
 
