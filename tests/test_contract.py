@@ -15,7 +15,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICES, HOSTS, make_host, supplied
+from conftest import CLASS_TOKEN_FREE, DEVICES, HOSTS, make_host, supplied
 
 import tokenreduce as tr
 from tokenreduce.adapters.timm_vit import check_host
@@ -30,10 +30,25 @@ def spec_of(name: str, params: dict) -> str:
 
 
 def supported(method: str, host: str) -> bool:
-    return not (tr.get_method(method).needs_class_token and host == "avgpool")
+    return not (tr.get_method(method).needs_class_token and host in CLASS_TOKEN_FREE)
 
 
 CASES = [(m, h) for m in METHODS for h in HOSTS if supported(m, h)]
+REFUSED = [(m, h) for m in METHODS for h in HOSTS if not supported(m, h)]
+
+
+@pytest.mark.parametrize("method,host", REFUSED)
+def test_a_method_that_needs_a_class_token_is_refused_in_one_line(method, host):
+    """Every registered method runs on every host of the matrix, or (needing a class token the host lacks)
+    is refused at apply with one line naming the method, the model and what to use instead."""
+    model = make_host(host)
+    with pytest.raises(tr.UnsupportedModelError) as e:
+        tr.apply(model, spec_of(method, tr.get_method(method).example))
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"{method} ")
+    assert "VisionTransformer has no class token" in message
+    assert "use " in message or "score=" in message
+    assert not tr.is_patched(model)
 
 
 @pytest.mark.parametrize("method,host", CASES)

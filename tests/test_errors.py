@@ -52,8 +52,11 @@ def test_unsupported_block_type_is_refused():
 
 
 def test_cls_methods_need_a_class_token():
-    with pytest.raises(tr.UnsupportedModelError, match="no class token"):
-        tr.apply(make_host("avgpool"), "evit(keep=0.5, locs=(1,))")
+    """A class-token score on a model without one: refused in one line naming the method, the model and the
+    scores that need none (without ``score`` the pruner takes one of those: tests/test_scores.py)."""
+    with pytest.raises(tr.UnsupportedModelError, match=r"^evit scores tokens by class-token attention but "
+                       r"VisionTransformer has no class token; give it score='shift' or score='received'"):
+        tr.apply(make_host("avgpool"), "evit(keep=0.5, locs=(1,), score='cls')")
 
 
 def test_wrong_resolution_is_a_clear_error():

@@ -45,9 +45,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..core.attention import ChunkedProbs, attend
+from ..core.attention import ChunkedProbs, attend, received_attention
 from ..core.errors import SpecError, TokenReduceError, UnsupportedModelError
-from ..core.method import AttnInfo, Host, Reducer, build_reducer
+from ..core.method import AttnInfo, Host, Reducer, build_reducer, get_method, list_methods
 from ..core.onnx import check_onnx, classic_export_opset
 from ..core.ops import cls_attention
 from ..core.schedule import Schedule
@@ -247,9 +247,12 @@ def refuse(reducer: Reducer, host: Host, model_name: str) -> None:
     """UnsupportedModelError if ``reducer`` declares it cannot run on ``host``: it needs a class
     token the host lacks, or it runs on other host families only (``Reducer.hosts``)."""
     if reducer.needs_class_token and not host.has_class_token:
+        substitute = reducer.class_token_substitute()
+        free = [n for n in list_methods() if not get_method(n).needs_class_token]
+        instead = (f"give it {substitute}, a score that needs none" if substitute
+                   else f"use a method that needs none ({', '.join(free)})")
         raise UnsupportedModelError(
-            f"{reducer.name} scores tokens by class-token attention but this model has no class "
-            "token; use a model with one, or a method that needs none (random, tome)"
+            f"{reducer.name} scores tokens by class-token attention but {model_name} has no class token; {instead}"
         )
     families = reducer.hosts
     if families is not None and host.family not in families:
@@ -523,11 +526,17 @@ def run_block(blk: BlockView, x: Tensor, state: TokenState, reducer: Reducer, sc
     attn_out, info = attend_view(blk.attn, blk.norm1(x), needs, **contrib)
     if watch:
         reducer.observe(state, info)
-    x = x + blk.attn_branch(attn_out)
+    branch = blk.attn_branch(attn_out)
+    if "shift" in needs and at_attn is not None:  # the representation shift ||F(x) - x|| of the branch just run
+        info.shift = branch.norm(dim=-1)  # (B, N)
+    x = x + branch
     if at_attn is not None:
         state.point = "attn"
         x = reducer.reduce(x, state, info, at_attn)
-    x = x + blk.mlp_branch(x)
+    branch = blk.mlp_branch(x)
+    if "shift" in needs and at_block is not None:
+        info.shift = branch.norm(dim=-1)
+    x = x + branch
     if at_block is not None:
         state.point = "block"
         x = reducer.reduce(x, state, info, at_block)
@@ -565,6 +574,8 @@ def attend_view(attn: AttentionView, x: Tensor, needs: frozenset[str], *, bias: 
         info.head_norms = o.norm(dim=-1)  # (B, H, N)
     if "probs" in needs:
         info.probs = probs
+    if "received" in needs:  # over every key, as full attention; the attention itself stays fused
+        info.received = received_attention(q, k, attn.scale, bias)
     return attn.out(o, x), info
 
 

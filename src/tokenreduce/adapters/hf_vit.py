@@ -4,8 +4,10 @@ Supported (the layout of transformers >= 5): ``ViTModel``, ``ViTForImageClassifi
 ``DeiTModel``, ``DeiTForImageClassification``, ``DeiTForImageClassificationWithTeacher`` (class and
 distillation tokens), ``Dinov2Model``, ``Dinov2ForImageClassification``, ``Dinov2WithRegistersModel``
 and ``...ForImageClassification`` (register tokens), ``CLIPVisionModel`` and the vision tower of
-``CLIPModel``, ``CLIPVisionModelWithProjection``, ``CLIPForImageClassification``. Prefix tokens
-(class, distillation, registers) come first and are never reduced.
+``CLIPModel``, ``CLIPVisionModelWithProjection``, ``CLIPForImageClassification``, and, with no class token,
+``SiglipVisionModel`` and the vision tower of ``SiglipModel`` and ``SiglipForImageClassification``
+(the attention-pooling head, ``head``, pools the reduced tokens as they are). Prefix tokens (class,
+distillation, registers) come first and are never reduced.
 
 The patch is per instance: the *base* model's ``forward`` (the ``ViTModel`` inside a
 ``ViTForImageClassification``, the ``CLIPVisionModel`` inside a ``CLIPModel``) becomes an instance
@@ -90,7 +92,7 @@ from .common import (
 )
 from .common import get_patch as get_patch
 
-DESCRIPTION = "transformers ViT, DeiT, DINOv2 and CLIP vision models"
+DESCRIPTION = "transformers ViT, DeiT, DINOv2, CLIP and SigLIP vision models"
 #: The base model's instance attributes ``apply`` sets and ``remove`` deletes.
 _PATCHED_ATTRS = ("forward", "__prepare_scriptable__")
 INSTALL_HINT = "pip install 'tokenreduce[hf]'"
@@ -180,7 +182,7 @@ class Dinov2LayerView(HFLayerView):
 
 
 class CLIPLayerView(HFLayerView):
-    """CLIPEncoderLayer: layer_norm1, self_attn; layer_norm2, mlp."""
+    """CLIPEncoderLayer, SiglipEncoderLayer: layer_norm1, self_attn; layer_norm2, mlp."""
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__(layer)
@@ -227,6 +229,11 @@ class Family:
         """(the module turning images into patch tokens, its projection)."""
         pe = base.embeddings.patch_embeddings
         return pe, pe.projection
+
+    def heads(self, base: nn.Module) -> tuple[nn.Module, ...]:
+        """The base model's own modules after the layers that count (its pooler)."""
+        pooler = getattr(base, "pooler", None)
+        return (pooler,) if isinstance(pooler, nn.Module) else ()
 
 
 def _output(**fields: Tensor | None) -> Any:
@@ -275,6 +282,10 @@ class CLIPFamily(Family):
 
     def embed(self, base: nn.Module, pixel_values: Tensor, kwargs: dict[str, Any]) -> Tensor:
         x = base.embeddings(pixel_values, interpolate_pos_encoding=bool(kwargs.pop("interpolate_pos_encoding", False)))
+        return self.pre_norm(base, x)
+
+    def pre_norm(self, base: nn.Module, x: Tensor) -> Tensor:
+        """CLIP's norm on the embeddings, before the first layer."""
         return base.pre_layrnorm(x)
 
     def finish(self, base: nn.Module, x: Tensor) -> Any:
@@ -285,6 +296,23 @@ class CLIPFamily(Family):
         return conv, conv
 
 
+class SiglipFamily(CLIPFamily):
+    """SiglipVisionModel: embeddings (patches only, no class token), encoder.layers; post_layernorm on
+    every token, then the attention-pooling head (``head``, when ``config.vision_use_head``) over the
+    tokens as the reduction left them: one probe query attending to them with the host's own weights, no
+    size bias (``get_info(model).sizes`` has the sizes for a caller that wants to weight them)."""
+
+    def pre_norm(self, base: nn.Module, x: Tensor) -> Tensor:
+        return x  # none
+
+    def finish(self, base: nn.Module, x: Tensor) -> Any:
+        seq = base.post_layernorm(x)
+        return _output(last_hidden_state=seq, pooler_output=base.head(seq) if base.use_head else None)
+
+    def heads(self, base: nn.Module) -> tuple[nn.Module, ...]:
+        return (base.head,) if base.use_head else ()
+
+
 #: base model class -> its family
 FAMILIES: dict[str, Family] = {
     "ViTModel": ViTFamily("ViTLayer"),
@@ -292,6 +320,7 @@ FAMILIES: dict[str, Family] = {
     "Dinov2Model": Dinov2Family("Dinov2Layer"),
     "Dinov2WithRegistersModel": Dinov2Family("Dinov2WithRegistersLayer"),
     "CLIPVisionModel": CLIPFamily("CLIPEncoderLayer"),
+    "SiglipVisionModel": SiglipFamily("SiglipEncoderLayer"),
 }
 #: wrapper class -> (attribute holding its base model, its heads: the modules after the base that count)
 WRAPPERS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -303,6 +332,8 @@ WRAPPERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "CLIPModel": ("vision_model", ("visual_projection",)),
     "CLIPVisionModelWithProjection": ("vision_model", ("visual_projection",)),
     "CLIPForImageClassification": ("vision_model", ("classifier",)),
+    "SiglipModel": ("vision_model", ()),
+    "SiglipForImageClassification": ("vision_model", ("classifier",)),
 }
 
 
@@ -324,10 +355,9 @@ def _resolve(model: nn.Module) -> tuple[nn.Module, Family, tuple[nn.Module, ...]
             base = getattr(model, attr)
             family = next((FAMILIES[n] for n in _hf_names(base) if n in FAMILIES), None)
             if family is not None:
-                return base, family, tuple(getattr(model, h) for h in heads)
+                return base, family, family.heads(base) + tuple(getattr(model, h) for h in heads)
         if name in FAMILIES:
-            pooler = getattr(model, "pooler", None)
-            return model, FAMILIES[name], (pooler,) if isinstance(pooler, nn.Module) else ()
+            return model, FAMILIES[name], FAMILIES[name].heads(model)
     raise UnsupportedModelError(
         f"tokenreduce does not patch transformers' {type(model).__name__}; supported: "
         f"{', '.join(sorted([*FAMILIES, *WRAPPERS]))}"
@@ -365,10 +395,11 @@ def check_host(model: nn.Module) -> Host:
     cfg = base.config
     size, patch = _grid_of(cfg.image_size), _grid_of(cfg.patch_size)
     grid = (size[0] // patch[0], size[1] // patch[1])
+    prefix = dict(_prefix(base))
     return Host(
         depth=len(layers), dim=cfg.hidden_size, num_heads=cfg.num_attention_heads,
-        num_prefix=sum(n for _, n in _prefix(base)), num_patches=grid[0] * grid[1], grid=grid,
-        has_class_token=True, family="transformers",
+        num_prefix=sum(prefix.values()), num_patches=grid[0] * grid[1], grid=grid,
+        has_class_token="cls" in prefix, family="transformers",
     )
 
 

@@ -123,8 +123,6 @@ def check_host(model: nn.Module) -> Host:
             )
     if not isinstance(model.patch_drop, nn.Identity):
         raise UnsupportedModelError("patch dropout changes the token count; build the model with patch_drop_rate=0")
-    if getattr(model, "attn_pool", None) is not None:
-        raise UnsupportedModelError("attention-pool heads (global_pool='map') are not supported; use 'token' or 'avg'")
     grid = tuple(model.patch_embed.grid_size)
     return Host(
         depth=len(model.blocks), dim=model.embed_dim, num_heads=model.blocks[0].attn.num_heads,
