@@ -45,10 +45,13 @@ HOSTS = {
     "registers": lambda: transformers.Dinov2WithRegistersModel(
         transformers.Dinov2WithRegistersConfig(**SIZE, num_register_tokens=2)),
     "clip": lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**SIZE, intermediate_size=256)),
+    # no class token; the attention-pooling head (vision_use_head, the default) pools every final token
+    "siglip": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIZE, intermediate_size=256)),
 }
-PREFIX = {"vit": 1, "deit": 2, "dinov2": 1, "registers": 3, "clip": 1}
+PREFIX = {"vit": 1, "deit": 2, "dinov2": 1, "registers": 3, "clip": 1, "siglip": 0}
 METHODS = tr.list_methods()
-CASES = [(m, h) for m in METHODS for h in HOSTS]
+#: every method on every host, but a method that needs a class token on SigLIP (refused: test_contract.py)
+CASES = [(m, h) for m in METHODS for h in HOSTS if PREFIX[h] or not tr.get_method(m).needs_class_token]
 
 
 def make(host: str, seed: int = 0) -> torch.nn.Module:
@@ -170,7 +173,7 @@ def test_dense_returns_every_position_and_grad_checkpointing_matches(host, image
     torch.testing.assert_close(ckpt, plain)
 
 
-@pytest.mark.parametrize("host", HOSTS)
+@pytest.mark.parametrize("host", [h for h in HOSTS if h != "siglip"])  # its attention-pool head: not counted yet
 def test_macs_are_the_hosts_real_shapes(host):
     """Unpatched, the analytic count equals torch.utils.flop_counter's exactly (as for timm,
     tests/test_bench.py); patched, the declared scoring matches what the forward computes."""
@@ -287,6 +290,35 @@ def test_clip_model_vision_tower(images):
     tr.remove(model)
     with torch.no_grad():
         assert torch.equal(model.get_image_features(images).pooler_output, ref)
+
+
+@pytest.mark.parametrize("wrapper", ["SiglipModel", "SiglipForImageClassification"])
+def test_siglip_wrappers_reduce_their_vision_tower(wrapper, images):
+    """The vision tower of SigLIP's wrappers, no class token: exact at zero reduction, the reduced tokens and
+    their sizes for what comes next (a VLM projector), remove restoring it; a class-token score refused."""
+    torch.manual_seed(0)
+    cfg = transformers.SiglipConfig(vision_config=dict(**SIZE, intermediate_size=256),
+                                    text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                     intermediate_size=64, vocab_size=50))
+    model = getattr(transformers, wrapper)(cfg).eval()
+    tower = model.vision_model
+    predict = model if wrapper != "SiglipModel" else tower  # SiglipModel's forward wants text too
+    with torch.no_grad():
+        ref, ref_tokens = head(predict(pixel_values=images)), tower(images).last_hidden_state
+        tr.apply(model, "topk(keep=1.0, locs=(1,))")
+        assert torch.equal(tower(images).last_hidden_state, ref_tokens)
+        tr.apply(model, "tome(r=8)")
+        out = tower(images)
+    info = tr.get_info(model)
+    assert info.host.num_prefix == 0 and not info.host.has_class_token
+    assert out.last_hidden_state.shape[1] == info.tokens_per_block[-1] == 32 == info.sizes.shape[1]
+    assert torch.equal(info.sizes.sum(1), torch.full((3,), 64.0))
+    with pytest.raises(tr.UnsupportedModelError, match=r"^topk scores tokens by class-token attention but "
+                       f"{wrapper} has no class token; give it score='shift' or score='received'"):
+        tr.apply(model, "topk(score='cls')")
+    tr.remove(model)
+    with torch.no_grad():
+        assert torch.equal(head(predict(pixel_values=images)), ref)
 
 
 def test_unsupported_transformers_classes_are_refused_by_name():
