@@ -249,7 +249,7 @@ def refuse(reducer: Reducer, host: Host, model_name: str) -> None:
     if reducer.needs_class_token and not host.has_class_token:
         substitute = reducer.class_token_substitute()
         free = [n for n in list_methods() if not get_method(n).needs_class_token]
-        instead = (f"give it {substitute}, a score that needs none" if substitute
+        instead = (f"give it {substitute} instead, which needs none" if substitute
                    else f"use a method that needs none ({', '.join(free)})")
         raise UnsupportedModelError(
             f"{reducer.name} scores tokens by class-token attention but {model_name} has no class token; {instead}"

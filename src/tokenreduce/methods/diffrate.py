@@ -68,8 +68,9 @@ from torch import Tensor
 
 from ..core import ops
 from ..core.errors import SpecError
-from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method
+from ..core.method import AttnInfo, Host, format_spec, register_method
 from ..core.schedule import Schedule, compile_schedule
+from ..core.scores import Score, ScoredPruner
 from ..core.state import TokenState
 
 #: compression_rate.json of the official code (github.com/OpenGVLab/DiffRate): ``<model>-<GMACs>`` ->
@@ -187,16 +188,16 @@ class DiffRateConfig:
     prune: Sequence[int] | None = None
     #: patch tokens kept after merging in each block; None: no merging
     merge: Sequence[int] | None = None
+    #: the token score in place of the CLS row (core/scores.py); None: 'cls' with a class token, else the shift
+    score: Score | None = None
 
 
 @register_method("diffrate")
-class DiffRate(Reducer):
+class DiffRate(ScoredPruner):
     """Prune by CLS attention, then merge the least attended survivors into their most similar kept token:
     x (B, N, C) -> (B, p + count, C)."""
 
     Config = DiffRateConfig
-    needs = frozenset({"cls_attn"})
-    needs_class_token = True
     zero = {"prune": (64, 64, 64, 64)}  # the tiny test hosts: 4 blocks, 64 patches
     # prune then merge (block 0), a merge number above the pruned count (block 1: no merge), both (2, 3)
     example = {"prune": (60, 50, 40, 30), "merge": (52, 52, 36, 20)}
@@ -228,6 +229,7 @@ class DiffRate(Reducer):
         return [format_spec(cls.name, {"schedule": n}) for n in sorted(fits, key=cost, reverse=True)]
 
     def bind(self, host: Host) -> Schedule:
+        self.bind_score(host)
         prune, merge = self._counts(host)
         self._prune = prune
         counts = kept_counts(prune, merge, host.num_patches)
@@ -283,7 +285,7 @@ class DiffRate(Reducer):
         p, B = state.num_prefix, x.shape[0]
         survivors = self._survivors(state.block, x.shape[1] - p, count)
         r = survivors - count  # merged
-        scores = info.cls_attn[:, :, p:].mean(dim=1)  # (B, n) post-softmax CLS row of the patches
+        scores = self.token_scores(info)[:, :, p:].mean(dim=1)  # (B, n) post-softmax CLS row of the patches
         order = scores.argsort(dim=1, descending=True) + p  # (B, n) positions, most attended first
         kept = order[:, :count].sort(dim=1).values  # (B, count) ascending: spatial order
         keep = torch.cat([ops.positions(0, p, 1, x.device).expand(B, p), kept], 1)  # (B, p + count), prefix first
