@@ -9,7 +9,11 @@ ls1, drop_path1, norm2, mlp, ls2, drop_path2, then norm. Attention is
 log-size bias (``TokenState.attn_bias``), the reducer's own bias (``Reducer.attn_bias``), the keep
 policy (``TokenState.keep_mask``), chunked attention (``Reducer.attention_chunk``) and the
 probabilities when the method needs them; fused SDPA wherever nothing needs the probabilities.
-The other side products a method asked for (CLS row, keys, head-output norms) are computed beside it.
+The other side products a method asked for (CLS row, keys, head-output norms, the mean attention
+received, a branch's representation shift) are computed beside it. The head (``forward_head``: pooling,
+an attention-pool ``map`` head as SigLIP's, ``fc_norm``, ``head``) is timm's own, unpatched, on the
+tokens the reduction left; a model without a class token (SigLIP, ``global_pool='avg'``) has
+``num_prefix`` 0.
 
 Behaving like timm's own forward:
 

@@ -23,6 +23,8 @@ after merging at block b (the published numbers less the class token), n1 = min(
                 x_k <- (x_k + sum_{s -> k} x_s) / (1 + #{s -> k})      plain mean, not size-weighted
                 m_k <- m_k + sum_{s -> k} m_s * (u_s . u_j(s))         mass weighted by the similarity
     output      (B, p + n2, C); m of the output tokens drives the next blocks' attention bias
+``score`` ranks by another score than a_i (core/scores.py; the default on a model without a class token
+is the representation shift of the attention branch).
 m starts at 1 (log m = 0). The official code calls m the token size; here the TokenState's ``size`` keeps
 counting patches (what ``get_info`` reports and the merge invariants hold) and m is its ``mass``, which
 every reduction carries and proportional attention reads (DiffRate is proportional: ``proportional``).

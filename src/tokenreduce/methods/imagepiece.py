@@ -18,6 +18,8 @@ on the M non-prefix tokens x (B, M, C) with head-mean CLS attention a (B, M):
           block's fresh CLS attention, or at block l itself (``rescore='same'``, a merged token then
           scoring the sum of its members' attention), keep the ceil(keep * M') highest-scoring of
           the M' tokens (EViT's keep rule) and drop the rest.
+``score`` replaces a by a score that needs no class token (core/scores.py; the default on a model
+without one is the representation shift of the attention branch).
 When l + 1 is itself in ``locs`` (``rescore='next'``), block l + 1 first prunes (III of iteration l),
 then re-tokenizes the survivors (II of iteration l + 1) with the same attention.
 Counts are exact at bind: on DeiT-S (196 patches) the defaults give 196 -> 180 (block 2) -> 144
