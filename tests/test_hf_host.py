@@ -321,6 +321,50 @@ def test_siglip_wrappers_reduce_their_vision_tower(wrapper, images):
         assert torch.equal(head(predict(pixel_values=images)), ref)
 
 
+def siglip2(images: torch.Tensor) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """A tiny Siglip2VisionModel and its inputs for ``images``: patchified as its processor does (row-major
+    patches, each C * p * p values), one 8x8 grid per image, no padding."""
+    torch.manual_seed(0)
+    cfg = transformers.Siglip2VisionConfig(patch_size=4, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                                           num_patches=64, intermediate_size=256)
+    B = images.shape[0]
+    patches = images.reshape(B, 3, 8, 4, 8, 4).permute(0, 2, 4, 3, 5, 1).reshape(B, 64, 48)
+    inputs = dict(pixel_values=patches, spatial_shapes=torch.tensor([[8, 8]] * B),
+                  pixel_attention_mask=torch.ones(B, 64, dtype=torch.long))
+    return transformers.Siglip2VisionModel(cfg).eval(), inputs
+
+
+@pytest.mark.skipif(not hasattr(transformers, "Siglip2VisionModel"), reason="this transformers has no SigLIP 2")
+@pytest.mark.parametrize("method", METHODS)
+def test_siglip2_every_method_exact_at_zero_reduction_and_removed(method, images):
+    model, inputs = siglip2(images)
+    with torch.no_grad():
+        ref = model(**inputs)
+        tr.apply(model, spec(method, "zero"))
+        out = model(**inputs)
+        assert torch.equal(out.pooler_output, ref.pooler_output)
+        assert torch.equal(out.last_hidden_state, ref.last_hidden_state)
+        tr.apply(model, spec(method, "example"))
+        with supplied(model):
+            reduced = model(**inputs)
+        assert reduced.last_hidden_state.shape[1] == tr.get_info(model).tokens_per_block[-1]
+        tr.remove(model)
+        assert torch.equal(model(**inputs).pooler_output, ref.pooler_output)
+    assert tr.get_method(method).stage_only or not torch.allclose(reduced.pooler_output, ref.pooler_output)
+
+
+@pytest.mark.skipif(not hasattr(transformers, "Siglip2VisionModel"), reason="this transformers has no SigLIP 2")
+def test_siglip2_refuses_padding_and_mixed_grids(images):
+    model, inputs = siglip2(images)
+    tr.apply(model, "tome(r=4)")
+    padded = {**inputs, "pixel_attention_mask": inputs["pixel_attention_mask"].clone()}
+    padded["pixel_attention_mask"][0, -4:] = 0
+    with pytest.raises(tr.TokenReduceError, match="one patch grid and no padding"):
+        model(**padded)
+    with pytest.raises(tr.TokenReduceError, match="one patch grid and no padding"):
+        model(**{**inputs, "spatial_shapes": torch.tensor([[8, 8], [8, 8], [4, 16]])})
+
+
 def test_unsupported_transformers_classes_are_refused_by_name():
     with pytest.raises(tr.UnsupportedModelError, match="does not patch transformers' ViTForMaskedImageModeling; "
                        "supported: .*CLIPModel.*ViTForImageClassification"):

@@ -6,7 +6,10 @@ distillation tokens), ``Dinov2Model``, ``Dinov2ForImageClassification``, ``Dinov
 and ``...ForImageClassification`` (register tokens), ``CLIPVisionModel`` and the vision tower of
 ``CLIPModel``, ``CLIPVisionModelWithProjection``, ``CLIPForImageClassification``, and, with no class token,
 ``SiglipVisionModel`` and the vision tower of ``SiglipModel`` and ``SiglipForImageClassification``
-(the attention-pooling head, ``head``, pools the reduced tokens as they are). Prefix tokens (class,
+(the attention-pooling head, ``head``, pools the reduced tokens as they are), and their SigLIP 2
+counterparts (``Siglip2VisionModel``, ...: patchified ``pixel_values`` (B, N, C * p * p) with
+``spatial_shapes`` and ``pixel_attention_mask``; a batch whose images share one grid and carry no
+padding, the padding of mixed sizes being an attention mask). Prefix tokens (class,
 distillation, registers) come first and are never reduced.
 
 The patch is per instance: the *base* model's ``forward`` (the ``ViTModel`` inside a
@@ -230,6 +233,15 @@ class Family:
         pe = base.embeddings.patch_embeddings
         return pe, pe.projection
 
+    def grid(self, base: nn.Module, pixel_values: Any, kwargs: dict[str, Any]) -> tuple[int, int]:
+        """The patch grid (gh, gw) of this forward's input (checked: :func:`_grid`)."""
+        return _grid(base, pixel_values)
+
+    def config_grid(self, cfg: Any) -> tuple[int, int]:
+        """The patch grid of the config's own image size."""
+        size, patch = _grid_of(cfg.image_size), _grid_of(cfg.patch_size)
+        return size[0] // patch[0], size[1] // patch[1]
+
     def heads(self, base: nn.Module) -> tuple[nn.Module, ...]:
         """The base model's own modules after the layers that count (its pooler)."""
         pooler = getattr(base, "pooler", None)
@@ -313,6 +325,41 @@ class SiglipFamily(CLIPFamily):
         return (base.head,) if base.use_head else ()
 
 
+class Siglip2Family(SiglipFamily):
+    """Siglip2VisionModel: SiglipFamily's layout, on patchified pixel_values (B, N, C * p * p) embedded by
+    a Linear with position embeddings resized to ``spatial_shapes`` (B, 2); the config's grid is the
+    square of ``num_patches``. The input's grid is read from ``spatial_shapes`` (a Python number: a
+    compiled forward is specialised to it); images of other grids in one batch, or padding
+    (``pixel_attention_mask`` with zeros), are refused: they need an attention mask."""
+
+    def grid(self, base: nn.Module, pixel_values: Any, kwargs: dict[str, Any]) -> tuple[int, int]:
+        shapes, mask = kwargs.get("spatial_shapes"), kwargs.get("pixel_attention_mask")
+        if not isinstance(pixel_values, Tensor) or pixel_values.dim() != 3 or not isinstance(shapes, Tensor):
+            raise TokenReduceError("SigLIP 2 takes patchified pixel_values (B, N, C * p * p) with spatial_shapes "
+                                   "(B, 2), as its image processor makes them")
+        if (shapes != shapes[:1]).any() or (mask is not None and not bool(mask.all())):
+            raise TokenReduceError("token reduction on SigLIP 2 takes a batch of images with one patch grid and no "
+                                   "padding (pixel_attention_mask all ones); batch images of one size together")
+        gh, gw = (int(v) for v in shapes[0])
+        if gh * gw != pixel_values.shape[1]:
+            raise TokenReduceError(f"spatial_shapes say {gh}x{gw} patches; pixel_values hold {pixel_values.shape[1]}")
+        return gh, gw
+
+    def config_grid(self, cfg: Any) -> tuple[int, int]:
+        side = int(cfg.num_patches ** 0.5)
+        return side, side
+
+    def embed(self, base: nn.Module, pixel_values: Tensor, kwargs: dict[str, Any]) -> Tensor:
+        kwargs.pop("pixel_attention_mask", None)  # all ones (checked by grid)
+        return base.embeddings(pixel_values, kwargs.pop("spatial_shapes"))
+
+    def finish(self, base: nn.Module, x: Tensor) -> Any:
+        seq = base.post_layernorm(x)
+        # the head's own call with no padding: a mask of ones over the tokens left
+        pooled = base.head(seq, x.new_ones(x.shape[:2], dtype=torch.long)) if base.use_head else None
+        return _output(last_hidden_state=seq, pooler_output=pooled)
+
+
 #: base model class -> its family
 FAMILIES: dict[str, Family] = {
     "ViTModel": ViTFamily("ViTLayer"),
@@ -321,6 +368,7 @@ FAMILIES: dict[str, Family] = {
     "Dinov2WithRegistersModel": Dinov2Family("Dinov2WithRegistersLayer"),
     "CLIPVisionModel": CLIPFamily("CLIPEncoderLayer"),
     "SiglipVisionModel": SiglipFamily("SiglipEncoderLayer"),
+    "Siglip2VisionModel": Siglip2Family("Siglip2EncoderLayer"),
 }
 #: wrapper class -> (attribute holding its base model, its heads: the modules after the base that count)
 WRAPPERS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -334,6 +382,8 @@ WRAPPERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "CLIPForImageClassification": ("vision_model", ("classifier",)),
     "SiglipModel": ("vision_model", ()),
     "SiglipForImageClassification": ("vision_model", ("classifier",)),
+    "Siglip2Model": ("vision_model", ()),
+    "Siglip2ForImageClassification": ("vision_model", ("classifier",)),
 }
 
 
@@ -393,8 +443,7 @@ def check_host(model: nn.Module) -> Host:
                 f"layer {i} is a {type(layer).__name__}; supported: {', '.join(family.layer_classes)}"
             )
     cfg = base.config
-    size, patch = _grid_of(cfg.image_size), _grid_of(cfg.patch_size)
-    grid = (size[0] // patch[0], size[1] // patch[1])
+    grid = family.config_grid(cfg)
     prefix = dict(_prefix(base))
     return Host(
         depth=len(layers), dim=cfg.hidden_size, num_heads=cfg.num_attention_heads,
@@ -455,9 +504,18 @@ def parts(model: nn.Module) -> HostParts:
     base, family, heads = _resolve(model)
     stem, proj = family.stem(base)
     return HostParts(
-        stem=stem, stem_proj=proj, in_chans=int(base.config.num_channels), img_size=_grid_of(base.config.image_size),
+        stem=stem, stem_proj=proj, in_chans=int(base.config.num_channels), img_size=_img_size(base, family),
         blocks=tuple(family.view(layer) for layer in family.layers(base)), heads=heads, prefix=_prefix(base),
     )
+
+
+def _img_size(base: nn.Module, family: Family) -> tuple[int, int]:
+    """The config's image size (H, W); SigLIP 2's, which has none, is its grid of patches."""
+    cfg = base.config
+    if hasattr(cfg, "image_size"):
+        return _grid_of(cfg.image_size)
+    (gh, gw), (ph, pw) = family.config_grid(cfg), _grid_of(cfg.patch_size)
+    return gh * ph, gw * pw
 
 
 def _grid(base: nn.Module, x: Tensor) -> tuple[int, int]:
@@ -487,7 +545,7 @@ def _forward(base: nn.Module, family: Family, patch: Patch, pixel_values: Tensor
             )
     # as transformers' own forward reads it: the keyword, else the config
     return_dict = kwargs.pop("return_dict", getattr(base.config, "return_dict", True))
-    grid = _grid(base, pixel_values)
+    grid = family.grid(base, pixel_values, kwargs)
     x = family.embed(base, pixel_values, kwargs)  # (B, p + N0, C), N0 = gh * gw
     x, _ = run_blocks([family.view(layer) for layer in family.layers(base)], x, patch, grid)
     out = family.finish(base, x)
