@@ -59,6 +59,16 @@ def test_cls_methods_need_a_class_token():
         tr.apply(make_host("avgpool"), "evit(keep=0.5, locs=(1,), score='cls')")
 
 
+def test_an_attention_pool_head_other_than_siglips_is_refused_by_name():
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, class_token=False,
+                              global_pool="prr")
+    with pytest.raises(tr.UnsupportedModelError, match="AttentionPoolPrr is not supported; supported: "
+                                                       "AttentionPoolLatent"):
+        tr.apply(model, "tome(r=2)")
+
+
 def test_wrong_resolution_is_a_clear_error():
     model = tr.apply(make_host("deit"), "tome(r=2)")
     with pytest.raises(tr.TokenReduceError, match="input resolution 48x48 does not match the 32x32"):

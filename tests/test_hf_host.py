@@ -173,7 +173,7 @@ def test_dense_returns_every_position_and_grad_checkpointing_matches(host, image
     torch.testing.assert_close(ckpt, plain)
 
 
-@pytest.mark.parametrize("host", [h for h in HOSTS if h != "siglip"])  # its attention-pool head: not counted yet
+@pytest.mark.parametrize("host", HOSTS)
 def test_macs_are_the_hosts_real_shapes(host):
     """Unpatched, the analytic count equals torch.utils.flop_counter's exactly (as for timm,
     tests/test_bench.py); patched, the declared scoring matches what the forward computes."""

@@ -196,6 +196,29 @@ class BlockView:
 
 
 @dataclass(frozen=True)
+class PoolCost:
+    """The MACs of an attention-pooling head (SigLIP's MAP head) over the N tokens the blocks leave: the
+    key and value projections of every token, ``probes`` queries attending over them (their own
+    projections, output projection and MLP fixed), 2 * width * probes * N for the attention.
+
+    Attributes:
+        per_token: MACs per pooled token (its key and value projections).
+        fixed: MACs that do not depend on N (the probes' query, output projection, MLP).
+        width: the attention width (heads * head_dim).
+        probes: the query tokens.
+    """
+
+    per_token: int
+    fixed: int
+    width: int
+    probes: int
+
+    def macs(self, tokens: int) -> int:
+        """MACs over ``tokens`` pooled tokens."""
+        return self.per_token * tokens + self.fixed + 2 * self.width * self.probes * tokens
+
+
+@dataclass(frozen=True)
 class HostParts:
     """A host's sub-modules under host-neutral names: what bench/macs.py counts and inspect shows.
 
@@ -205,8 +228,10 @@ class HostParts:
             any other stem is measured.
         in_chans, img_size: the images the host takes.
         blocks: one view per block.
-        heads: the modules after the blocks that count (classifier heads, a pooler, a projection).
+        heads: the modules after the blocks that count (classifier heads, a pooler, a projection), each
+            applied to one token.
         prefix: (kind, count) of the prefix tokens, e.g. (('cls', 1), ('dist', 1)).
+        pool: an attention-pooling head over every final token, or None.
     """
 
     stem: nn.Module
@@ -216,6 +241,7 @@ class HostParts:
     blocks: tuple[BlockView, ...]
     heads: tuple[nn.Module, ...]
     prefix: tuple[tuple[str, int], ...]
+    pool: PoolCost | None = None
 
 
 # ----- apply / remove, host-neutral halves ---------------------------------------------------------

@@ -83,6 +83,7 @@ from .common import (
     BlockView,
     HostParts,
     Patch,
+    PoolCost,
     RefuseScript,
     attach,
     detach,
@@ -247,6 +248,10 @@ class Family:
         pooler = getattr(base, "pooler", None)
         return (pooler,) if isinstance(pooler, nn.Module) else ()
 
+    def pool(self, base: nn.Module) -> PoolCost | None:
+        """An attention-pooling head over every final token (SigLIP's), or None."""
+        return None
+
 
 def _output(**fields: Tensor | None) -> Any:
     from transformers.modeling_outputs import BaseModelOutputWithPooling
@@ -322,7 +327,15 @@ class SiglipFamily(CLIPFamily):
         return _output(last_hidden_state=seq, pooler_output=base.head(seq) if base.use_head else None)
 
     def heads(self, base: nn.Module) -> tuple[nn.Module, ...]:
-        return (base.head,) if base.use_head else ()
+        return ()  # its attention-pooling head is counted over the tokens it pools (pool)
+
+    def pool(self, base: nn.Module) -> PoolCost | None:
+        if not base.use_head:
+            return None
+        head, dim = base.head, base.config.hidden_size
+        mlp = sum(m.in_features * m.out_features for m in head.modules() if isinstance(m, nn.Linear))
+        # nn.MultiheadAttention's in-projection is a parameter, not a Linear: q for the probe, k and v per token
+        return PoolCost(per_token=2 * dim * dim, fixed=dim * dim + mlp, width=dim, probes=1)
 
 
 class Siglip2Family(SiglipFamily):
@@ -506,6 +519,7 @@ def parts(model: nn.Module) -> HostParts:
     return HostParts(
         stem=stem, stem_proj=proj, in_chans=int(base.config.num_channels), img_size=_img_size(base, family),
         blocks=tuple(family.view(layer) for layer in family.layers(base)), heads=heads, prefix=_prefix(base),
+        pool=family.pool(base),
     )
 
 

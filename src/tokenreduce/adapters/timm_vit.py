@@ -53,7 +53,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm.layers import Attention
+from timm.layers import Attention, AttentionPoolLatent
 from timm.models import checkpoint
 from timm.models._features import FeatureGetterNet, feature_take_indices
 from timm.models.vision_transformer import Block, VisionTransformer
@@ -68,6 +68,7 @@ from .common import (
     BlockView,
     HostParts,
     Patch,
+    PoolCost,
     RefuseScript,
     attach,
     attend_view,
@@ -125,6 +126,10 @@ def check_host(model: nn.Module) -> Host:
             raise UnsupportedModelError(
                 f"block {i}'s Attention has no attn_dim: tokenreduce needs {_timm_requirement()} (pip install -U timm)"
             )
+    pool = getattr(model, "attn_pool", None)
+    if pool is not None and type(pool) is not AttentionPoolLatent:
+        raise UnsupportedModelError(f"attention-pool head {type(pool).__name__} is not supported; supported: "
+                                    "AttentionPoolLatent (global_pool='map', SigLIP's), or 'token', 'avg', ''")
     if not isinstance(model.patch_drop, nn.Identity):
         raise UnsupportedModelError("patch dropout changes the token count; build the model with patch_drop_rate=0")
     grid = tuple(model.patch_embed.grid_size)
@@ -322,8 +327,18 @@ def parts(model: nn.Module) -> HostParts:
         stem=pe, stem_proj=proj, in_chans=getattr(proj, "in_channels", 3), img_size=tuple(pe.img_size),
         blocks=tuple(TimmBlock(b) for b in model.blocks),
         heads=tuple(h for h in (model.head, getattr(model, "head_dist", None)) if h is not None),
-        prefix=tuple((kind, n) for kind, n in prefix if n),
+        prefix=tuple((kind, n) for kind, n in prefix if n), pool=_pool_cost(model.attn_pool),
     )
+
+
+def _pool_cost(pool: nn.Module | None) -> PoolCost | None:
+    """timm's AttentionPoolLatent ('map'): kv over every token; q, proj and the MLP per latent query."""
+    if pool is None:
+        return None
+    kv = pool.kv.in_features * pool.kv.out_features
+    linear = sum(m.in_features * m.out_features for m in pool.modules() if isinstance(m, nn.Linear))
+    return PoolCost(per_token=kv, fixed=pool.latent_len * (linear - kv), width=pool.kv.out_features // 2,
+                    probes=pool.latent_len)
 
 
 def _attention(attn: nn.Module, x: Tensor, state: TokenState, needs: frozenset[str],
