@@ -17,7 +17,9 @@ MLP layer; with the residual F(x) = x + branch(x), that is ||branch(x)||_2.
 
 Deviations (shift): the branch is the one run before the pruner's point (MLP at 'block', which is the
 paper's choice; attention at 'attn', where the block's MLP has not run yet), not a separate option; the
-score of the tokens entering the reduction is used where the paper scores in the layer it prunes after.
+shift is always taken in the block where the pruner acts (its ``locs``), not at a separately chosen layer.
+With several heads the shift has one value per token (B, 1, N): a head mean or a head-weighted sum of it
+(CTP) is the shift itself.
 
 Defaults: ``score=None`` is 'cls' on a host with a class token and :data:`CLASS_TOKEN_FREE` on one
 without; a pruner bound to a host without one names the score it chose in its spec
