@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Literal
 from torch import Tensor
 
 from .method import AttnInfo, Host, Reducer
-from .registry import config_spec
+from .registry import format_spec
 
 #: The scores of the vocabulary (module docstring), as a spec's ``score`` parameter is typed.
 Score = Literal["cls", "shift", "received"]
@@ -86,11 +86,16 @@ class ScoredPruner(Reducer):
         self.needs = SCORE_NEEDS[self.score] | self.extra_needs
 
     def spec(self) -> str:
-        """The canonical spec, naming the score where the default chose another than 'cls' (the host has no
-        class token): the spec says what runs, and rebuilds it on any host."""
-        if self.cfg.score is None and self.score != "cls":
-            return config_spec(self.name, dataclasses.replace(self.cfg, score=self.score))
-        return super().spec()
+        """The canonical spec, every field spelled out but a default ``score`` that chose 'cls' (so the spec
+        of a class-token model is what it was before scores could be chosen, as records hold it); where the
+        default chose another score (the host has no class token) it is named: the spec says what runs,
+        and rebuilds it on any host."""
+        params = {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg)}
+        if self.cfg.score is None:
+            params["score"] = self.score
+            if self.score == "cls":
+                del params["score"]
+        return format_spec(self.name, params)
 
     def class_token_substitute(self) -> str | None:
         return " or ".join(f"score='{s}'" for s in SCORE_NEEDS if s != "cls")
