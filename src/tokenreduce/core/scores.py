@@ -91,10 +91,10 @@ class ScoredPruner(Reducer):
         default chose another score (the host has no class token) it is named: the spec says what runs,
         and rebuilds it on any host."""
         params = {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg)}
-        if self.cfg.score is None:
+        if self.cfg.score is None and self.score == "cls":
+            del params["score"]
+        elif self.cfg.score is None:
             params["score"] = self.score
-            if self.score == "cls":
-                del params["score"]
         return format_spec(self.name, params)
 
     def class_token_substitute(self) -> str | None:
