@@ -153,3 +153,17 @@ def test_dense_restores_every_position_and_remove_the_model(host, images):
         back = model(images)
     assert dense.shape == ref_tokens.shape
     torch.testing.assert_close(back, ref, rtol=0, atol=0)
+
+
+def test_a_model_with_no_pooling_returns_the_reduced_tokens(images):
+    """timm global_pool='' and no class token (a tower whose tokens go on as they are): exact at zero
+    reduction, and the head sees the reduced tokens, one row per token left."""
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY, class_token=False, global_pool="").eval()
+    with torch.no_grad():
+        ref = model(images)
+        tr.apply(model, "topk(keep=1.0, locs=(1,))")
+        torch.testing.assert_close(model(images), ref, rtol=0, atol=0)
+        tr.apply(model, "tome(r=8)")
+        out = model(images)
+    assert ref.shape == (3, 64, 10) and out.shape == (3, tr.get_info(model).tokens_per_block[-1], 10) == (3, 32, 10)
