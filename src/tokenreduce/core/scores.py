@@ -8,7 +8,8 @@
                 free (a norm of what the block computes anyway).
     'received'  r_i = (1/N) sum_j A[j -> i], the mean attention token i receives (B, H, N), computed in
                 query chunks (core.attention.received_attention), never an (N, N) tensor; costs the
-                Q K^T products again, N^2 A MACs per block where it scores.
+                Q K^T products again, N^2 A MACs per block where it scores. It is the full attention's,
+                with the log-size bias, even where a chunked stage restricts the block's own keys.
 
 Representation shift: "Representation Shift: Unifying Token Compression with FlashAttention", Choi,
 Lee, Ko, Kim, Kil, Kim, ICCV 2025, arXiv 2508.00367 (github.com/mlvlab/Representation-Shift). The paper
