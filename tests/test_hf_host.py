@@ -321,6 +321,17 @@ def test_siglip_wrappers_reduce_their_vision_tower(wrapper, images):
         assert torch.equal(head(predict(pixel_values=images)), ref)
 
 
+@pytest.mark.parametrize("spec_", ["topk(keep=0.5, locs=(1, 2), score='received')", "tome(r=8)"])
+def test_siglip_compiles_as_one_graph(spec_, images):
+    """The class-token-free tower, attention-pool head included, traces as one graph (fullgraph=True)."""
+    torch._dynamo.reset()
+    model = tr.apply(make("siglip"), spec_)
+    with torch.no_grad():
+        want = model(images).pooler_output
+        got = torch.compile(model, fullgraph=True, dynamic=False, backend="eager")(images).pooler_output
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def siglip2(images: torch.Tensor) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """A tiny Siglip2VisionModel and its inputs for ``images``: patchified as its processor does (row-major
     patches, each C * p * p values), one 8x8 grid per image, no padding."""
