@@ -24,7 +24,11 @@ HOSTS = {
     "layerscale": lambda: VisionTransformer(**TINY, init_values=0.1),
     "qknorm": lambda: VisionTransformer(**TINY, qk_norm=True),
     "avgpool": lambda: VisionTransformer(**TINY, class_token=False, global_pool="avg"),
+    # timm's SigLIP: no class token, an attention-pool ('map') head over every token
+    "siglip": lambda: VisionTransformer(**TINY, class_token=False, global_pool="map"),
 }
+#: The hosts of the matrix without a class token.
+CLASS_TOKEN_FREE = frozenset({"avgpool", "siglip"})
 
 
 #: Where the contract runs: the CPU, and CUDA (marked ``gpu``: the device script's tier) where torch sees one.

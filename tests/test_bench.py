@@ -50,7 +50,7 @@ def assert_close(analytic: int, measured: int, tol: float = 0.01) -> None:
     assert abs(analytic - measured) <= tol * measured, f"analytic {analytic} vs flop_counter {measured}"
 
 
-@pytest.mark.parametrize("host", ["deit", "distilled", "registers", "avgpool"])
+@pytest.mark.parametrize("host", ["deit", "distilled", "registers", "avgpool", "siglip"])
 def test_unpatched_macs_match_flop_counter(host):
     model = make_host(host)
     report = count_macs(model)
@@ -69,6 +69,16 @@ def test_patched_macs_match_flop_counter(spec):
     assert report.tokens_per_block == info.schedule.tokens_per_block(info.host.num_prefix)
     assert report.tokens_per_block == info.tokens_per_block  # the real counts of the forward just run
     assert report.spec == info.spec
+
+
+@pytest.mark.parametrize("spec", ["tome(r=8)", "topk(keep=0.5, locs=(1, 2), score='received')"])
+def test_an_attention_pool_head_is_counted_over_the_tokens_it_pools(spec):
+    """SigLIP's 'map' head projects keys and values of every final token: fewer tokens, fewer MACs there,
+    as torch.utils.flop_counter measures (and the mean attention received is priced as computed)."""
+    model = tr.apply(make_host("siglip"), spec)
+    report = count_macs(model)
+    assert report.total == flop_counter_macs(model)
+    assert report.head < count_macs(make_host("siglip")).head
 
 
 @pytest.mark.parametrize("where", ["attn", "block"])

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from conftest import HOSTS, make_host
+from conftest import CLASS_TOKEN_FREE, HOSTS, make_host
 
 import tokenreduce as tr
 from tokenreduce.bench import count_macs, flop_counter_macs
@@ -44,7 +44,7 @@ def needs_cls(spec: str) -> bool:
     return tr.build_reducer(spec).needs_class_token
 
 
-CASES = [(s, h) for s in COMPOSITES for h in HOSTS if not (needs_cls(s) and h == "avgpool")]
+CASES = [(s, h) for s in COMPOSITES for h in HOSTS if not (needs_cls(s) and h in CLASS_TOKEN_FREE)]
 
 
 def test_split_stages_at_top_level_plus_only():

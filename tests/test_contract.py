@@ -15,12 +15,13 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICES, HOSTS, make_host, supplied
+from conftest import CLASS_TOKEN_FREE, DEVICES, HOSTS, make_host, supplied
 
 import tokenreduce as tr
 from tokenreduce.adapters.timm_vit import check_host
 from tokenreduce.bench import count_macs, flop_counter_macs
 from tokenreduce.core.method import NEED_MACS, NEEDS, AttnInfo, format_spec
+from tokenreduce.core.scores import ScoredPruner
 
 METHODS = tr.list_methods()
 
@@ -30,10 +31,36 @@ def spec_of(name: str, params: dict) -> str:
 
 
 def supported(method: str, host: str) -> bool:
-    return not (tr.get_method(method).needs_class_token and host == "avgpool")
+    return not (tr.get_method(method).needs_class_token and host in CLASS_TOKEN_FREE)
 
 
 CASES = [(m, h) for m in METHODS for h in HOSTS if supported(m, h)]
+
+
+def class_token_specs() -> list[str]:
+    """Specs that need a class token: the example of a method that always does, and of a pruner that takes
+    a score (core/scores.py), with the class token's ('cls')."""
+    out = []
+    for m in METHODS:
+        cls = tr.get_method(m)
+        scored = issubclass(cls, ScoredPruner)
+        if cls.needs_class_token or scored:
+            out.append(spec_of(m, {**cls.example, **({"score": "cls"} if scored else {})}))
+    return out
+
+
+@pytest.mark.parametrize("host", sorted(CLASS_TOKEN_FREE))
+@pytest.mark.parametrize("spec", class_token_specs())
+def test_a_class_token_spec_on_a_host_without_one_is_refused_in_one_line(spec, host):
+    """Every registered method runs on every host of the matrix (CASES), or, asked for what needs a class
+    token the host lacks, is refused at apply with one line naming the method, the model and what to use."""
+    model = make_host(host)
+    with pytest.raises(tr.UnsupportedModelError) as e:
+        tr.apply(model, spec)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith(f"{tr.parse_spec(spec)[0]} scores tokens by class-token")
+    assert "VisionTransformer has no class token; " in message and ("score='shift'" in message or "use " in message)
+    assert not tr.is_patched(model)
 
 
 @pytest.mark.parametrize("method,host", CASES)

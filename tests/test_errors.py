@@ -52,8 +52,21 @@ def test_unsupported_block_type_is_refused():
 
 
 def test_cls_methods_need_a_class_token():
-    with pytest.raises(tr.UnsupportedModelError, match="no class token"):
-        tr.apply(make_host("avgpool"), "evit(keep=0.5, locs=(1,))")
+    """A class-token score on a model without one: refused in one line naming the method, the model and the
+    scores that need none (without ``score`` the pruner takes one of those: tests/test_scores.py)."""
+    with pytest.raises(tr.UnsupportedModelError, match=r"^evit scores tokens by class-token attention but "
+                       r"VisionTransformer has no class token; give it score='shift' or score='received'"):
+        tr.apply(make_host("avgpool"), "evit(keep=0.5, locs=(1,), score='cls')")
+
+
+def test_an_attention_pool_head_other_than_siglips_is_refused_by_name():
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, class_token=False,
+                              global_pool="prr")
+    with pytest.raises(tr.UnsupportedModelError, match="AttentionPoolPrr is not supported; supported: "
+                                                       "AttentionPoolLatent"):
+        tr.apply(model, "tome(r=2)")
 
 
 def test_wrong_resolution_is_a_clear_error():

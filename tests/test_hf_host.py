@@ -45,10 +45,13 @@ HOSTS = {
     "registers": lambda: transformers.Dinov2WithRegistersModel(
         transformers.Dinov2WithRegistersConfig(**SIZE, num_register_tokens=2)),
     "clip": lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**SIZE, intermediate_size=256)),
+    # no class token; the attention-pooling head (vision_use_head, the default) pools every final token
+    "siglip": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**SIZE, intermediate_size=256)),
 }
-PREFIX = {"vit": 1, "deit": 2, "dinov2": 1, "registers": 3, "clip": 1}
+PREFIX = {"vit": 1, "deit": 2, "dinov2": 1, "registers": 3, "clip": 1, "siglip": 0}
 METHODS = tr.list_methods()
-CASES = [(m, h) for m in METHODS for h in HOSTS]
+#: every method on every host, but a method that needs a class token on SigLIP (refused: test_contract.py)
+CASES = [(m, h) for m in METHODS for h in HOSTS if PREFIX[h] or not tr.get_method(m).needs_class_token]
 
 
 def make(host: str, seed: int = 0) -> torch.nn.Module:
@@ -287,6 +290,90 @@ def test_clip_model_vision_tower(images):
     tr.remove(model)
     with torch.no_grad():
         assert torch.equal(model.get_image_features(images).pooler_output, ref)
+
+
+@pytest.mark.parametrize("wrapper", ["SiglipModel", "SiglipForImageClassification"])
+def test_siglip_wrappers_reduce_their_vision_tower(wrapper, images):
+    """The vision tower of SigLIP's wrappers, no class token: exact at zero reduction, the reduced tokens and
+    their sizes for what comes next (a VLM projector), remove restoring it; a class-token score refused."""
+    torch.manual_seed(0)
+    cfg = transformers.SiglipConfig(vision_config=dict(**SIZE, intermediate_size=256),
+                                    text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                     intermediate_size=64, vocab_size=50))
+    model = getattr(transformers, wrapper)(cfg).eval()
+    tower = model.vision_model
+    predict = model if wrapper != "SiglipModel" else tower  # SiglipModel's forward wants text too
+    with torch.no_grad():
+        ref, ref_tokens = head(predict(pixel_values=images)), tower(images).last_hidden_state
+        tr.apply(model, "topk(keep=1.0, locs=(1,))")
+        assert torch.equal(tower(images).last_hidden_state, ref_tokens)
+        tr.apply(model, "tome(r=8)")
+        out = tower(images)
+    info = tr.get_info(model)
+    assert info.host.num_prefix == 0 and not info.host.has_class_token
+    assert out.last_hidden_state.shape[1] == info.tokens_per_block[-1] == 32 == info.sizes.shape[1]
+    assert torch.equal(info.sizes.sum(1), torch.full((3,), 64.0))
+    with pytest.raises(tr.UnsupportedModelError, match=r"^topk scores tokens by class-token attention but "
+                       f"{wrapper} has no class token; give it score='shift' or score='received'"):
+        tr.apply(model, "topk(score='cls')")
+    tr.remove(model)
+    with torch.no_grad():
+        assert torch.equal(head(predict(pixel_values=images)), ref)
+
+
+@pytest.mark.parametrize("spec_", ["topk(keep=0.5, locs=(1, 2), score='received')", "tome(r=8)"])
+def test_siglip_compiles_as_one_graph(spec_, images):
+    """The class-token-free tower, attention-pool head included, traces as one graph (fullgraph=True)."""
+    torch._dynamo.reset()
+    model = tr.apply(make("siglip"), spec_)
+    with torch.no_grad():
+        want = model(images).pooler_output
+        got = torch.compile(model, fullgraph=True, dynamic=False, backend="eager")(images).pooler_output
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def siglip2(images: torch.Tensor) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """A tiny Siglip2VisionModel and its inputs for ``images``: patchified as its processor does (row-major
+    patches, each C * p * p values), one 8x8 grid per image, no padding."""
+    torch.manual_seed(0)
+    cfg = transformers.Siglip2VisionConfig(patch_size=4, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                                           num_patches=64, intermediate_size=256)
+    B = images.shape[0]
+    patches = images.reshape(B, 3, 8, 4, 8, 4).permute(0, 2, 4, 3, 5, 1).reshape(B, 64, 48)
+    inputs = dict(pixel_values=patches, spatial_shapes=torch.tensor([[8, 8]] * B),
+                  pixel_attention_mask=torch.ones(B, 64, dtype=torch.long))
+    return transformers.Siglip2VisionModel(cfg).eval(), inputs
+
+
+@pytest.mark.skipif(not hasattr(transformers, "Siglip2VisionModel"), reason="this transformers has no SigLIP 2")
+@pytest.mark.parametrize("method", METHODS)
+def test_siglip2_every_method_exact_at_zero_reduction_and_removed(method, images):
+    model, inputs = siglip2(images)
+    with torch.no_grad():
+        ref = model(**inputs)
+        tr.apply(model, spec(method, "zero"))
+        out = model(**inputs)
+        assert torch.equal(out.pooler_output, ref.pooler_output)
+        assert torch.equal(out.last_hidden_state, ref.last_hidden_state)
+        tr.apply(model, spec(method, "example"))
+        with supplied(model):
+            reduced = model(**inputs)
+        assert reduced.last_hidden_state.shape[1] == tr.get_info(model).tokens_per_block[-1]
+        tr.remove(model)
+        assert torch.equal(model(**inputs).pooler_output, ref.pooler_output)
+    assert tr.get_method(method).stage_only or not torch.allclose(reduced.pooler_output, ref.pooler_output)
+
+
+@pytest.mark.skipif(not hasattr(transformers, "Siglip2VisionModel"), reason="this transformers has no SigLIP 2")
+def test_siglip2_refuses_padding_and_mixed_grids(images):
+    model, inputs = siglip2(images)
+    tr.apply(model, "tome(r=4)")
+    padded = {**inputs, "pixel_attention_mask": inputs["pixel_attention_mask"].clone()}
+    padded["pixel_attention_mask"][0, -4:] = 0
+    with pytest.raises(tr.TokenReduceError, match="one patch grid and no padding"):
+        model(**padded)
+    with pytest.raises(tr.TokenReduceError, match="one patch grid and no padding"):
+        model(**{**inputs, "spatial_shapes": torch.tensor([[8, 8], [8, 8], [4, 16]])})
 
 
 def test_unsupported_transformers_classes_are_refused_by_name():

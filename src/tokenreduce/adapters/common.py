@@ -45,9 +45,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..core.attention import ChunkedProbs, attend
+from ..core.attention import ChunkedProbs, attend, received_attention
 from ..core.errors import SpecError, TokenReduceError, UnsupportedModelError
-from ..core.method import AttnInfo, Host, Reducer, build_reducer
+from ..core.method import AttnInfo, Host, Reducer, build_reducer, get_method, list_methods
 from ..core.onnx import check_onnx, classic_export_opset
 from ..core.ops import cls_attention
 from ..core.schedule import Schedule
@@ -196,6 +196,29 @@ class BlockView:
 
 
 @dataclass(frozen=True)
+class PoolCost:
+    """The MACs of an attention-pooling head (SigLIP's MAP head) over the N tokens the blocks leave: the
+    key and value projections of every token, ``probes`` queries attending over them (their own
+    projections, output projection and MLP fixed), 2 * width * probes * N for the attention.
+
+    Attributes:
+        per_token: MACs per pooled token (its key and value projections).
+        fixed: MACs that do not depend on N (the probes' query, output projection, MLP).
+        width: the attention width (heads * head_dim).
+        probes: the query tokens.
+    """
+
+    per_token: int
+    fixed: int
+    width: int
+    probes: int
+
+    def macs(self, tokens: int) -> int:
+        """MACs over ``tokens`` pooled tokens."""
+        return self.per_token * tokens + self.fixed + 2 * self.width * self.probes * tokens
+
+
+@dataclass(frozen=True)
 class HostParts:
     """A host's sub-modules under host-neutral names: what bench/macs.py counts and inspect shows.
 
@@ -205,8 +228,10 @@ class HostParts:
             any other stem is measured.
         in_chans, img_size: the images the host takes.
         blocks: one view per block.
-        heads: the modules after the blocks that count (classifier heads, a pooler, a projection).
+        heads: the modules after the blocks that count (classifier heads, a pooler, a projection), each
+            applied to one token.
         prefix: (kind, count) of the prefix tokens, e.g. (('cls', 1), ('dist', 1)).
+        pool: an attention-pooling head over every final token, or None.
     """
 
     stem: nn.Module
@@ -216,6 +241,7 @@ class HostParts:
     blocks: tuple[BlockView, ...]
     heads: tuple[nn.Module, ...]
     prefix: tuple[tuple[str, int], ...]
+    pool: PoolCost | None = None
 
 
 # ----- apply / remove, host-neutral halves ---------------------------------------------------------
@@ -247,9 +273,12 @@ def refuse(reducer: Reducer, host: Host, model_name: str) -> None:
     """UnsupportedModelError if ``reducer`` declares it cannot run on ``host``: it needs a class
     token the host lacks, or it runs on other host families only (``Reducer.hosts``)."""
     if reducer.needs_class_token and not host.has_class_token:
+        substitute = reducer.class_token_substitute()
+        free = [n for n in list_methods() if not get_method(n).needs_class_token]
+        instead = (f"give it {substitute} instead, which needs none" if substitute
+                   else f"use a method that needs none ({', '.join(free)})")
         raise UnsupportedModelError(
-            f"{reducer.name} scores tokens by class-token attention but this model has no class "
-            "token; use a model with one, or a method that needs none (random, tome)"
+            f"{reducer.name} scores tokens by class-token attention but {model_name} has no class token; {instead}"
         )
     families = reducer.hosts
     if families is not None and host.family not in families:
@@ -540,11 +569,17 @@ def run_block(blk: BlockView, x: Tensor, state: TokenState, reducer: Reducer, sc
     attn_out, info = attend_view(blk.attn, blk.norm1(x), needs, **contrib)
     if watch:
         reducer.observe(state, info)
-    x = x + blk.attn_branch(attn_out)
+    branch = blk.attn_branch(attn_out)
+    if "shift" in needs and at_attn is not None:  # the representation shift ||F(x) - x|| of the branch just run
+        info.shift = branch.norm(dim=-1)  # (B, N)
+    x = x + branch
     if at_attn is not None:
         state.point = "attn"
         x = reducer.reduce(x, state, info, at_attn)
-    x = x + blk.mlp_branch(x)
+    branch = blk.mlp_branch(x)
+    if "shift" in needs and at_block is not None:
+        info.shift = branch.norm(dim=-1)
+    x = x + branch
     if at_block is not None:
         state.point = "block"
         x = reducer.reduce(x, state, info, at_block)
@@ -582,6 +617,8 @@ def attend_view(attn: AttentionView, x: Tensor, needs: frozenset[str], *, bias: 
         info.head_norms = o.norm(dim=-1)  # (B, H, N)
     if "probs" in needs:
         info.probs = probs
+    if "received" in needs:  # over every key, as full attention; the attention itself stays fused
+        info.received = received_attention(q, k, attn.scale, bias)
     return attn.out(o, x), info
 
 

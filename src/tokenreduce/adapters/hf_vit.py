@@ -4,8 +4,13 @@ Supported (the layout of transformers >= 5): ``ViTModel``, ``ViTForImageClassifi
 ``DeiTModel``, ``DeiTForImageClassification``, ``DeiTForImageClassificationWithTeacher`` (class and
 distillation tokens), ``Dinov2Model``, ``Dinov2ForImageClassification``, ``Dinov2WithRegistersModel``
 and ``...ForImageClassification`` (register tokens), ``CLIPVisionModel`` and the vision tower of
-``CLIPModel``, ``CLIPVisionModelWithProjection``, ``CLIPForImageClassification``. Prefix tokens
-(class, distillation, registers) come first and are never reduced.
+``CLIPModel``, ``CLIPVisionModelWithProjection``, ``CLIPForImageClassification``, and, with no class token,
+``SiglipVisionModel`` and the vision tower of ``SiglipModel`` and ``SiglipForImageClassification``
+(the attention-pooling head, ``head``, pools the reduced tokens as they are), and their SigLIP 2
+counterparts (``Siglip2VisionModel``, ...: patchified ``pixel_values`` (B, N, C * p * p) with
+``spatial_shapes`` and ``pixel_attention_mask``; a batch whose images share one grid and carry no
+padding, the padding of mixed sizes being an attention mask). Prefix tokens (class,
+distillation, registers) come first and are never reduced.
 
 The patch is per instance: the *base* model's ``forward`` (the ``ViTModel`` inside a
 ``ViTForImageClassification``, the ``CLIPVisionModel`` inside a ``CLIPModel``) becomes an instance
@@ -78,6 +83,7 @@ from .common import (
     BlockView,
     HostParts,
     Patch,
+    PoolCost,
     RefuseScript,
     attach,
     detach,
@@ -91,7 +97,7 @@ from .common import (
 )
 from .common import get_patch as get_patch
 
-DESCRIPTION = "transformers ViT, DeiT, DINOv2 and CLIP vision models"
+DESCRIPTION = "transformers ViT, DeiT, DINOv2, CLIP and SigLIP vision models"
 #: The base model's instance attributes ``apply`` sets and ``remove`` deletes.
 _PATCHED_ATTRS = ("forward", "__prepare_scriptable__")
 INSTALL_HINT = "pip install 'tokenreduce[hf]'"
@@ -181,7 +187,7 @@ class Dinov2LayerView(HFLayerView):
 
 
 class CLIPLayerView(HFLayerView):
-    """CLIPEncoderLayer: layer_norm1, self_attn; layer_norm2, mlp."""
+    """CLIPEncoderLayer, SiglipEncoderLayer: layer_norm1, self_attn; layer_norm2, mlp."""
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__(layer)
@@ -228,6 +234,24 @@ class Family:
         """(the module turning images into patch tokens, its projection)."""
         pe = base.embeddings.patch_embeddings
         return pe, pe.projection
+
+    def grid(self, base: nn.Module, pixel_values: Any, kwargs: dict[str, Any]) -> tuple[int, int]:
+        """The patch grid (gh, gw) of this forward's input (checked: :func:`_grid`)."""
+        return _grid(base, pixel_values)
+
+    def config_grid(self, cfg: Any) -> tuple[int, int]:
+        """The patch grid of the config's own image size."""
+        size, patch = _grid_of(cfg.image_size), _grid_of(cfg.patch_size)
+        return size[0] // patch[0], size[1] // patch[1]
+
+    def heads(self, base: nn.Module) -> tuple[nn.Module, ...]:
+        """The base model's own modules after the layers that count (its pooler)."""
+        pooler = getattr(base, "pooler", None)
+        return (pooler,) if isinstance(pooler, nn.Module) else ()
+
+    def pool(self, base: nn.Module) -> PoolCost | None:
+        """An attention-pooling head over every final token (SigLIP's), or None."""
+        return None
 
 
 def _output(**fields: Tensor | None) -> Any:
@@ -276,6 +300,10 @@ class CLIPFamily(Family):
 
     def embed(self, base: nn.Module, pixel_values: Tensor, kwargs: dict[str, Any]) -> Tensor:
         x = base.embeddings(pixel_values, interpolate_pos_encoding=bool(kwargs.pop("interpolate_pos_encoding", False)))
+        return self.pre_norm(base, x)
+
+    def pre_norm(self, base: nn.Module, x: Tensor) -> Tensor:
+        """CLIP's norm on the embeddings, before the first layer."""
         return base.pre_layrnorm(x)
 
     def finish(self, base: nn.Module, x: Tensor) -> Any:
@@ -286,6 +314,66 @@ class CLIPFamily(Family):
         return conv, conv
 
 
+class SiglipFamily(CLIPFamily):
+    """SiglipVisionModel: embeddings (patches only, no class token), encoder.layers; post_layernorm on
+    every token, then the attention-pooling head (``head``, when ``config.vision_use_head``) over the
+    tokens as the reduction left them: one probe query attending to them with the host's own weights, no
+    size bias (``get_info(model).sizes`` has the sizes for a caller that wants to weight them)."""
+
+    def pre_norm(self, base: nn.Module, x: Tensor) -> Tensor:
+        return x  # none
+
+    def finish(self, base: nn.Module, x: Tensor) -> Any:
+        seq = base.post_layernorm(x)
+        return _output(last_hidden_state=seq, pooler_output=base.head(seq) if base.use_head else None)
+
+    def heads(self, base: nn.Module) -> tuple[nn.Module, ...]:
+        return ()  # its attention-pooling head is counted over the tokens it pools (pool)
+
+    def pool(self, base: nn.Module) -> PoolCost | None:
+        if not base.use_head:
+            return None
+        head, dim = base.head, base.config.hidden_size
+        mlp = sum(m.in_features * m.out_features for m in head.modules() if isinstance(m, nn.Linear))
+        # nn.MultiheadAttention's in-projection is a parameter, not a Linear: q for the probe, k and v per token
+        return PoolCost(per_token=2 * dim * dim, fixed=dim * dim + mlp, width=dim, probes=1)
+
+
+class Siglip2Family(SiglipFamily):
+    """Siglip2VisionModel: SiglipFamily's layout, on patchified pixel_values (B, N, C * p * p) embedded by
+    a Linear with position embeddings resized to ``spatial_shapes`` (B, 2); the config's grid is the
+    square of ``num_patches``. The input's grid is read from ``spatial_shapes`` (a Python number: a
+    compiled forward is specialised to it); images of other grids in one batch, or padding
+    (``pixel_attention_mask`` with zeros), are refused: they need an attention mask."""
+
+    def grid(self, base: nn.Module, pixel_values: Any, kwargs: dict[str, Any]) -> tuple[int, int]:
+        shapes, mask = kwargs.get("spatial_shapes"), kwargs.get("pixel_attention_mask")
+        if not isinstance(pixel_values, Tensor) or pixel_values.dim() != 3 or not isinstance(shapes, Tensor):
+            raise TokenReduceError("SigLIP 2 takes patchified pixel_values (B, N, C * p * p) with spatial_shapes "
+                                   "(B, 2), as its image processor makes them")
+        if (shapes != shapes[:1]).any() or (mask is not None and not bool(mask.all())):
+            raise TokenReduceError("token reduction on SigLIP 2 takes a batch of images with one patch grid and no "
+                                   "padding (pixel_attention_mask all ones); batch images of one size together")
+        gh, gw = (int(v) for v in shapes[0])
+        if gh * gw != pixel_values.shape[1]:
+            raise TokenReduceError(f"spatial_shapes say {gh}x{gw} patches; pixel_values hold {pixel_values.shape[1]}")
+        return gh, gw
+
+    def config_grid(self, cfg: Any) -> tuple[int, int]:
+        side = int(cfg.num_patches ** 0.5)
+        return side, side
+
+    def embed(self, base: nn.Module, pixel_values: Tensor, kwargs: dict[str, Any]) -> Tensor:
+        kwargs.pop("pixel_attention_mask", None)  # all ones (checked by grid)
+        return base.embeddings(pixel_values, kwargs.pop("spatial_shapes"))
+
+    def finish(self, base: nn.Module, x: Tensor) -> Any:
+        seq = base.post_layernorm(x)
+        # the head's own call with no padding: a mask of ones over the tokens left
+        pooled = base.head(seq, x.new_ones(x.shape[:2], dtype=torch.long)) if base.use_head else None
+        return _output(last_hidden_state=seq, pooler_output=pooled)
+
+
 #: base model class -> its family
 FAMILIES: dict[str, Family] = {
     "ViTModel": ViTFamily("ViTLayer"),
@@ -293,6 +381,8 @@ FAMILIES: dict[str, Family] = {
     "Dinov2Model": Dinov2Family("Dinov2Layer"),
     "Dinov2WithRegistersModel": Dinov2Family("Dinov2WithRegistersLayer"),
     "CLIPVisionModel": CLIPFamily("CLIPEncoderLayer"),
+    "SiglipVisionModel": SiglipFamily("SiglipEncoderLayer"),
+    "Siglip2VisionModel": Siglip2Family("Siglip2EncoderLayer"),
 }
 #: wrapper class -> (attribute holding its base model, its heads: the modules after the base that count)
 WRAPPERS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -304,6 +394,10 @@ WRAPPERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "CLIPModel": ("vision_model", ("visual_projection",)),
     "CLIPVisionModelWithProjection": ("vision_model", ("visual_projection",)),
     "CLIPForImageClassification": ("vision_model", ("classifier",)),
+    "SiglipModel": ("vision_model", ()),
+    "SiglipForImageClassification": ("vision_model", ("classifier",)),
+    "Siglip2Model": ("vision_model", ()),
+    "Siglip2ForImageClassification": ("vision_model", ("classifier",)),
 }
 
 
@@ -325,10 +419,9 @@ def _resolve(model: nn.Module) -> tuple[nn.Module, Family, tuple[nn.Module, ...]
             base = getattr(model, attr)
             family = next((FAMILIES[n] for n in _hf_names(base) if n in FAMILIES), None)
             if family is not None:
-                return base, family, tuple(getattr(model, h) for h in heads)
+                return base, family, family.heads(base) + tuple(getattr(model, h) for h in heads)
         if name in FAMILIES:
-            pooler = getattr(model, "pooler", None)
-            return model, FAMILIES[name], (pooler,) if isinstance(pooler, nn.Module) else ()
+            return model, FAMILIES[name], FAMILIES[name].heads(model)
     raise UnsupportedModelError(
         f"tokenreduce does not patch transformers' {type(model).__name__}; supported: "
         f"{', '.join(sorted([*FAMILIES, *WRAPPERS]))}"
@@ -364,12 +457,12 @@ def check_host(model: nn.Module) -> Host:
                 f"layer {i} is a {type(layer).__name__}; supported: {', '.join(family.layer_classes)}"
             )
     cfg = base.config
-    size, patch = _grid_of(cfg.image_size), _grid_of(cfg.patch_size)
-    grid = (size[0] // patch[0], size[1] // patch[1])
+    grid = family.config_grid(cfg)
+    prefix = dict(_prefix(base))
     return Host(
         depth=len(layers), dim=cfg.hidden_size, num_heads=cfg.num_attention_heads,
-        num_prefix=sum(n for _, n in _prefix(base)), num_patches=grid[0] * grid[1], grid=grid,
-        has_class_token=True, family="transformers",
+        num_prefix=sum(prefix.values()), num_patches=grid[0] * grid[1], grid=grid,
+        has_class_token="cls" in prefix, family="transformers",
     )
 
 
@@ -425,9 +518,19 @@ def parts(model: nn.Module) -> HostParts:
     base, family, heads = _resolve(model)
     stem, proj = family.stem(base)
     return HostParts(
-        stem=stem, stem_proj=proj, in_chans=int(base.config.num_channels), img_size=_grid_of(base.config.image_size),
+        stem=stem, stem_proj=proj, in_chans=int(base.config.num_channels), img_size=_img_size(base, family),
         blocks=tuple(family.view(layer) for layer in family.layers(base)), heads=heads, prefix=_prefix(base),
+        pool=family.pool(base),
     )
+
+
+def _img_size(base: nn.Module, family: Family) -> tuple[int, int]:
+    """The config's image size (H, W); SigLIP 2's, which has none, is its grid of patches."""
+    cfg = base.config
+    if hasattr(cfg, "image_size"):
+        return _grid_of(cfg.image_size)
+    (gh, gw), (ph, pw) = family.config_grid(cfg), _grid_of(cfg.patch_size)
+    return gh * ph, gw * pw
 
 
 def _grid(base: nn.Module, x: Tensor) -> tuple[int, int]:
@@ -458,7 +561,7 @@ def _forward(base: nn.Module, family: Family, patch: Patch, pixel_values: Tensor
             )
     # as transformers' own forward reads it: the keyword, else the config
     return_dict = kwargs.pop("return_dict", getattr(base.config, "return_dict", True))
-    grid = _grid(base, pixel_values)
+    grid = family.grid(base, pixel_values, kwargs)
     x = family.embed(base, pixel_values, kwargs)  # (B, p + N0, C), N0 = gh * gw
     x, _ = run_blocks([family.view(layer) for layer in family.layers(base)], x, patch, grid)
     out = family.finish(base, x)

@@ -9,7 +9,11 @@ ls1, drop_path1, norm2, mlp, ls2, drop_path2, then norm. Attention is
 log-size bias (``TokenState.attn_bias``), the reducer's own bias (``Reducer.attn_bias``), the keep
 policy (``TokenState.keep_mask``), chunked attention (``Reducer.attention_chunk``) and the
 probabilities when the method needs them; fused SDPA wherever nothing needs the probabilities.
-The other side products a method asked for (CLS row, keys, head-output norms) are computed beside it.
+The other side products a method asked for (CLS row, keys, head-output norms, the mean attention
+received, a branch's representation shift) are computed beside it. The head (``forward_head``: pooling,
+an attention-pool ``map`` head as SigLIP's, ``fc_norm``, ``head``) is timm's own, unpatched, on the
+tokens the reduction left; a model without a class token (SigLIP, ``global_pool='avg'``) has
+``num_prefix`` 0.
 
 Behaving like timm's own forward:
 
@@ -51,7 +55,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from timm.layers import Attention, HybridEmbed
+from timm.layers import Attention, AttentionPoolLatent, HybridEmbed
 from timm.models import checkpoint
 from timm.models._features import FeatureGetterNet, feature_take_indices
 from timm.models.vision_transformer import Block, VisionTransformer
@@ -66,6 +70,7 @@ from .common import (
     BlockView,
     HostParts,
     Patch,
+    PoolCost,
     RefuseScript,
     attach,
     attend_view,
@@ -124,10 +129,12 @@ def check_host(model: nn.Module) -> Host:
             raise UnsupportedModelError(
                 f"block {i}'s Attention has no attn_dim: tokenreduce needs {_timm_requirement()} (pip install -U timm)"
             )
+    pool = getattr(model, "attn_pool", None)
+    if pool is not None and type(pool) is not AttentionPoolLatent:
+        raise UnsupportedModelError(f"attention-pool head {type(pool).__name__} is not supported; supported: "
+                                    "AttentionPoolLatent (global_pool='map', SigLIP's), or 'token', 'avg', ''")
     if not isinstance(model.patch_drop, nn.Identity):
         raise UnsupportedModelError("patch dropout changes the token count; build the model with patch_drop_rate=0")
-    if getattr(model, "attn_pool", None) is not None:
-        raise UnsupportedModelError("attention-pool heads (global_pool='map') are not supported; use 'token' or 'avg'")
     grid = tuple(model.patch_embed.grid_size)
     return Host(
         depth=len(model.blocks), dim=model.embed_dim, num_heads=model.blocks[0].attn.num_heads,
@@ -334,8 +341,18 @@ def parts(model: nn.Module) -> HostParts:
         stem=pe, stem_proj=proj, in_chans=_in_chans(pe) or 3, img_size=tuple(pe.img_size),
         blocks=tuple(TimmBlock(b) for b in model.blocks),
         heads=tuple(h for h in (model.head, getattr(model, "head_dist", None)) if h is not None),
-        prefix=tuple((kind, n) for kind, n in prefix if n),
+        prefix=tuple((kind, n) for kind, n in prefix if n), pool=_pool_cost(model.attn_pool),
     )
+
+
+def _pool_cost(pool: nn.Module | None) -> PoolCost | None:
+    """timm's AttentionPoolLatent ('map'): kv over every token; q, proj and the MLP per latent query."""
+    if pool is None:
+        return None
+    kv = pool.kv.in_features * pool.kv.out_features
+    linear = sum(m.in_features * m.out_features for m in pool.modules() if isinstance(m, nn.Linear))
+    return PoolCost(per_token=kv, fixed=pool.latent_len * (linear - kv), width=pool.kv.out_features // 2,
+                    probes=pool.latent_len)
 
 
 def _attention(attn: nn.Module, x: Tensor, state: TokenState, needs: frozenset[str],

@@ -175,6 +175,8 @@ def count_macs(model: nn.Module, img_size: int | tuple[int, int] | None = None) 
             proj=n * _linear_macs(attn.output), mlp=mid * _linear_macs(blk.mlp), scoring=scoring,
         ))
     head = sum(_linear_macs(h) for h in parts.heads)
+    if parts.pool is not None:  # an attention-pooling head over the tokens the last block leaves
+        head += parts.pool.macs(rows[-1][2])
     spec = reducer.spec() if reducer is not None else None
     return MacsReport(spec, shape[1:], stem, tuple(blocks), head)
 
@@ -198,10 +200,17 @@ def flop_counter_macs(model: nn.Module, img_size: int | tuple[int, int] | None =
     ref = next(model.parameters())
     x = torch.randn(1, *shape, generator=torch.Generator().manual_seed(0)).to(ref.device, ref.dtype)
     was_training = model.training
+    # the counter's module hooks fail on a parameter handed to a module as its input (timm's attention-pool
+    # latent): no parameter requires grad while it counts
+    trainable = [p for p in model.parameters() if p.requires_grad]
     model.eval()
     try:
+        for p in trainable:
+            p.requires_grad_(False)
         with torch.inference_mode(), _flop_mode() as fc:
             model(x)
     finally:
         model.train(was_training)
+        for p in trainable:
+            p.requires_grad_(True)
     return fc.get_total_flops() // 2

@@ -54,6 +54,10 @@ Probabilities (``need_probs``) of full attention are A (B, H, N, N). With chunks
 as computed (:class:`ChunkedProbs`): the prefix rows (B, H, p, N) and, per group of equal chunks,
 (B, H, chunks, c, p + c), never an (N, N) tensor; :meth:`ChunkedProbs.dense` builds the (B, H, N, N)
 layout for a caller that wants it.
+
+Mean attention received (:func:`received_attention`): r_j = (1/N) sum_i A_ij per head, the column
+means of full attention, computed over query chunks of at most ``RECEIVED_ROWS`` rows and never more
+than half the queries, so that no (N, N) tensor exists (a class-token-free score, core/scores.py).
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ from .ops import policy_softmax, shape_cached
 FOLD_KEY_BIAS: bool | Literal["cuda"] = "cuda"
 #: Head dims of the folded q, k, v are rounded up to a multiple of this (the fused kernels' alignment).
 FOLD_ALIGN = 8
+#: Query rows per chunk of :func:`received_attention` (at most half the queries: never an (N, N) block).
+RECEIVED_ROWS = 256
 
 
 @contextmanager
@@ -205,6 +211,25 @@ def attend(
             chunks.append(a.reshape(B, count, H, size, p + size).transpose(1, 2))  # (B, H, count, size, p + size)
     probs = ChunkedProbs(prefix, tuple(chunks), tuple(groups), p) if need_probs else None
     return torch.cat(outs, 2), probs
+
+
+def received_attention(q: Tensor, k: Tensor, scale: float, bias: Tensor | None = None) -> Tensor:
+    """Mean attention each token receives, r_j = (1/N) sum_i softmax_j(s q_i . k_j + b_ij), (B, H, N).
+
+    q, k (B, H, N, d); ``bias`` broadcastable to (B, H, N, N), 4-D, or None. The logits are formed for
+    ``rows`` queries at a time, rows = min(RECEIVED_ROWS, ceil(N / 2)): each chunk is (B, H, rows, N),
+    never (N, N). Costs N^2 d MACs per head (the Q K^T products), like the attention's own logits.
+    """
+    n = q.shape[-2]
+    rows = min(RECEIVED_ROWS, max(1, -(-n // 2)))
+    total = None
+    for start in range(0, n, rows):
+        logits = (q[:, :, start:start + rows] * scale) @ k.transpose(-2, -1)  # (B, H, rows, N)
+        if bias is not None:
+            logits = logits + (bias if bias.shape[-2] == 1 else bias[:, :, start:start + rows]).to(q.dtype)
+        part = logits.softmax(dim=-1).sum(dim=-2)  # (B, H, N)
+        total = part if total is None else total + part
+    return total / n
 
 
 def _full(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tensor | None, policy: Tensor | None,

@@ -323,6 +323,10 @@ def _realign(info: AttnInfo, before: Tensor, after: Tensor, n0: int, reads: froz
         info.cls_attn = take(info.cls_attn, 2)  # (B, H, K)
     if wanted("head_norms"):
         info.head_norms = take(info.head_norms, 2)  # (B, H, K)
+    if wanted("received"):
+        info.received = take(info.received, 2)  # (B, H, K)
+    if wanted("shift"):
+        info.shift = take(info.shift, 1)  # (B, K)
     if wanted("keys"):
         info.keys = take(info.keys, 2)  # (B, H, K, d)
     if wanted("probs"):

@@ -37,6 +37,10 @@ class AttnInfo:
     head_norms: Tensor | None = None
     #: (B, H, N, N); under chunked attention a ``core.attention.ChunkedProbs`` (per chunk, as computed)
     probs: Any = None
+    #: (B, N) representation shift ||F(x) - x||_2 of the branch just run (attention at 'attn', MLP at 'block')
+    shift: Tensor | None = None
+    #: (B, H, N) mean attention each token receives (``core.attention.received_attention``)
+    received: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -58,23 +62,28 @@ class Host:
 
 
 #: The side products a method may ask of the attention (the keys of this table), with the MACs each
-#: costs per token entering the attention, in units
+#: costs as (per token, per query-key pair) entering the attention, in units
 #: of the attention width A = heads * head_dim (A = D in timm's VisionTransformer). MACs follow
 #: torch.utils.flop_counter's convention, so that the count can be checked against it: products
 #: of two matrices (Linear, convolution, matmul, attention) count; elementwise work, sums, norms,
 #: softmax and gathers do not.
-#:   cls_attn    1  the CLS row q_cls K^T, a (1 x d) @ (d x N) product per head; free when 'probs'
-#:                  are needed too (it is then read off the probabilities)
-#:   keys        0  the keys the attention computes anyway
-#:   head_norms  0  ||A_h V_h||_2 of the output the attention computes anyway: a norm, not a product
-#:   probs       0  the explicit Q K^T, softmax and A V are the 2 N^2 A MACs of the attention itself
-#:                  (counted there, as for fused SDPA); the softmax is not a MAC. Their price is the
-#:                  lost fused kernel: time and memory, which bench/speed.py measures, not MACs. Under chunked
-#:                  attention they come per chunk (core.attention.ChunkedProbs), never as (B, H, N, N).
-NEED_MACS: dict[str, int] = {"cls_attn": 1, "keys": 0, "head_norms": 0, "probs": 0}
+#:   cls_attn    1, 0  the CLS row q_cls K^T, a (1 x d) @ (d x N) product per head; free when 'probs'
+#:                     are needed too (it is then read off the probabilities)
+#:   keys        0, 0  the keys the attention computes anyway
+#:   head_norms  0, 0  ||A_h V_h||_2 of the output the attention computes anyway: a norm, not a product
+#:   probs       0, 0  the explicit Q K^T, softmax and A V are the 2 N^2 A MACs of the attention itself
+#:                     (counted there, as for fused SDPA); the softmax is not a MAC. Their price is the
+#:                     lost fused kernel: time and memory, which bench/speed.py measures, not MACs. Under
+#:                     chunked attention they come per chunk (core.attention.ChunkedProbs), never (B, H, N, N).
+#:   shift       0, 0  ||F(x) - x||_2 of the branch the block computes anyway: a norm (core/scores.py)
+#:   received    0, 1  the column means of softmax(Q K^T), Q K^T again in query chunks, N^2 A
+#:                     (core.attention.received_attention); the attention itself keeps its fused kernel
+NEED_MACS: dict[str, tuple[int, int]] = {"cls_attn": (1, 0), "keys": (0, 0), "head_norms": (0, 0), "probs": (0, 0),
+                                         "shift": (0, 0), "received": (0, 1)}
 #: Side products a method may ask of the attention (``Reducer.needs``; ``AttnInfo`` carries them): the
 #: CLS attention row (B, H, N), the keys (B, H, N, d), the per-head output norms ||A_h V_h||_2 (B, H, N),
-#: the full attention probabilities (B, H, N, N) (they take the block off the fused SDPA kernel).
+#: the full attention probabilities (B, H, N, N) (they take the block off the fused SDPA kernel), the
+#: representation shift of the branch before the reduction (B, N), the mean attention received (B, H, N).
 NEEDS = frozenset(NEED_MACS)
 
 #: The default budget family (``Reducer.budget_family`` of a config with ``keep`` and ``locs``):
@@ -90,7 +99,7 @@ def needs_macs(needs: frozenset[str], dim: int, tokens: int) -> int:
     needs = set(needs)
     if "probs" in needs:
         needs.discard("cls_attn")  # read off the probabilities
-    return sum(NEED_MACS[n] for n in needs) * dim * tokens
+    return sum(token * tokens + pair * tokens * tokens for token, pair in map(NEED_MACS.get, needs)) * dim
 
 
 def scaled_locs(locs: Sequence[int], depth: int) -> tuple[int, ...]:
@@ -123,7 +132,8 @@ class Reducer(nn.Module):
     MAY declare, with the defaults below:
 
     - Attention needs: ``needs`` (side products in ``NEEDS``, at every active block; ``needs_at(block)``
-      narrows it per block), ``needs_class_token``, ``where`` ('attn' after attention + residual,
+      narrows it per block), ``needs_class_token`` (and ``class_token_substitute()``, the option that
+      needs none), ``where`` ('attn' after attention + residual,
       or 'block' after the MLP; a config field ``where`` is the user's choice), ``proportional``
       (log-mass attention bias: the size, or a mass the reducer passes to ``TokenState.merge``),
       ``attn_bias(state, block)``, ``attention_chunk(block)``,
@@ -264,6 +274,11 @@ class Reducer(nn.Module):
 
     def observe(self, state: TokenState, info: AttnInfo) -> None:
         """Receive the side products :meth:`observes` asked for at block ``state.block``."""
+
+    def class_token_substitute(self) -> str | None:
+        """Where this reducer ``needs_class_token``: the option of the same method that needs none (e.g.
+        "score='shift'"), named when a host without a class token refuses it; None where there is none."""
+        return None
 
     def for_inference(self) -> Reducer:
         """The reducer to deploy: the same inference-time computation without what only training

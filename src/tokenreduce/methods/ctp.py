@@ -14,6 +14,9 @@ dropped (not fused). Nothing is learned.
 Official schedule (``ctp()``): keep 98, 49, 12 of 196 patch tokens after blocks 3, 7, 9 of 12.
 Other grids and depths get the same fractions at the proportional blocks
 (counts round(n * 98/196, n * 49/196, n * 12/196), blocks floor(l * depth / 12)).
+``score`` replaces A_h[CLS -> i] by a score that needs no class token (core/scores.py): the mean
+attention received per head, or the representation shift of the MLP branch (one value for all heads,
+so M = shift up to the 1e-8); the default on a host without a class token is the shift.
 Budget family: the official schedule with each kept fraction f raised to a power a,
 counts round(n * f^a) at the same blocks; a = 1 is ``ctp()``, smaller is milder, larger stronger.
 
@@ -32,8 +35,9 @@ from torch import Tensor
 
 from ..core import ops
 from ..core.errors import SpecError
-from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method, scaled_locs
+from ..core.method import AttnInfo, Host, format_spec, register_method, scaled_locs
 from ..core.schedule import Schedule, compile_schedule
+from ..core.scores import Score, ScoredPruner
 from ..core.state import TokenState
 
 OFFICIAL_COUNTS = (98, 49, 12)  # of OFFICIAL_PATCHES patches
@@ -48,15 +52,16 @@ class CTPConfig:
     keep: float | None = None
     counts: Sequence[int] | None = None
     locs: Sequence[int] | None = None
+    #: the token score in place of the CLS row (core/scores.py); None: 'cls' with a class token, else the shift
+    score: Score | None = None
 
 
 @register_method("ctp")
-class CTP(Reducer):
+class CTP(ScoredPruner):
     """Content-weighted CLS-attention pruning after the block: (B, N, C) -> (B, p + count, C)."""
 
     Config = CTPConfig
-    needs = frozenset({"cls_attn", "head_norms"})
-    needs_class_token = True
+    extra_needs = frozenset({"head_norms"})
     zero = {"keep": 1.0, "locs": (0,)}
     example = {"counts": (32, 16), "locs": (1, 2)}
     where = "block"
@@ -78,6 +83,7 @@ class CTP(Reducer):
         return out
 
     def bind(self, host: Host) -> Schedule:
+        self.bind_score(host)
         c = self.cfg
         if c.keep is None and c.counts is None:
             if c.locs is not None:
@@ -91,7 +97,7 @@ class CTP(Reducer):
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         # the score of every token, prefix included (keep_top ignores those): no slicing
-        scores = importance(info.head_norms, info.cls_attn, 0)  # (B, N)
+        scores = importance(info.head_norms, self.token_scores(info), 0)  # (B, N)
         keep, _ = ops.keep_top(scores, count, state.num_prefix)
         return state.gather(x, keep)
 
@@ -99,7 +105,8 @@ class CTP(Reducer):
 def importance(head_norms: Tensor, cls_attn: Tensor, num_prefix: int) -> Tensor:
     """CTP's importance M of the patch tokens (module docstring), the one score CTP prunes by
     and EET's DRG masks by: head_norms ||O_h[i]||_2 (B, H, N) and the CLS attention row
-    A_h[CLS -> i] (B, H, N), both with the ``num_prefix`` prefix tokens first -> M (B, N - p)."""
+    A_h[CLS -> i] (B, H, N) (or another score, (B, H|1, N)), both with the ``num_prefix`` prefix
+    tokens first -> M (B, N - p)."""
     if num_prefix:
         head_norms, cls_attn = head_norms[:, :, num_prefix:], cls_attn[:, :, num_prefix:]  # (B, H, N - p)
     weights = head_norms / (head_norms.sum(dim=1, keepdim=True) + 1e-8)  # normalised across heads, per token

@@ -23,6 +23,8 @@ after merging at block b (the published numbers less the class token), n1 = min(
                 x_k <- (x_k + sum_{s -> k} x_s) / (1 + #{s -> k})      plain mean, not size-weighted
                 m_k <- m_k + sum_{s -> k} m_s * (u_s . u_j(s))         mass weighted by the similarity
     output      (B, p + n2, C); m of the output tokens drives the next blocks' attention bias
+``score`` ranks by another score than a_i (core/scores.py; the default on a model without a class token
+is the representation shift of the attention branch).
 m starts at 1 (log m = 0). The official code calls m the token size; here the TokenState's ``size`` keeps
 counting patches (what ``get_info`` reports and the merge invariants hold) and m is its ``mass``, which
 every reduction carries and proportional attention reads (DiffRate is proportional: ``proportional``).
@@ -69,8 +71,9 @@ from torch import Tensor
 
 from ..core import ops
 from ..core.errors import SpecError
-from ..core.method import AttnInfo, Host, Reducer, format_spec, register_method
+from ..core.method import AttnInfo, Host, format_spec, register_method
 from ..core.schedule import Schedule, compile_schedule
+from ..core.scores import Score, ScoredPruner
 from ..core.state import TokenState
 
 #: compression_rate.json of the official code (github.com/OpenGVLab/DiffRate): ``<model>-<GMACs>`` ->
@@ -191,16 +194,16 @@ class DiffRateConfig:
     prune: Sequence[int] | None = None
     #: patch tokens kept after merging in each block; None: no merging
     merge: Sequence[int] | None = None
+    #: the token score in place of the CLS row (core/scores.py); None: 'cls' with a class token, else the shift
+    score: Score | None = None
 
 
 @register_method("diffrate")
-class DiffRate(Reducer):
+class DiffRate(ScoredPruner):
     """Prune by CLS attention, then merge the least attended survivors into their most similar kept token:
     x (B, N, C) -> (B, p + count, C)."""
 
     Config = DiffRateConfig
-    needs = frozenset({"cls_attn"})
-    needs_class_token = True
     zero = {"prune": (64, 64, 64, 64)}  # the tiny test hosts: 4 blocks, 64 patches
     # prune then merge (block 0), a merge number above the pruned count (block 1: no merge), both (2, 3)
     example = {"prune": (60, 50, 40, 30), "merge": (52, 52, 36, 20)}
@@ -241,6 +244,7 @@ class DiffRate(Reducer):
         return f"DiffRate schedule searched for {MODELS[model]} at {gmacs} GMACs"
 
     def bind(self, host: Host) -> Schedule:
+        self.bind_score(host)
         prune, merge = self._counts(host)
         self._prune = prune
         counts = kept_counts(prune, merge, host.num_patches)
@@ -296,7 +300,7 @@ class DiffRate(Reducer):
         p, B = state.num_prefix, x.shape[0]
         survivors = self._survivors(state.block, x.shape[1] - p, count)
         r = survivors - count  # merged
-        scores = info.cls_attn[:, :, p:].mean(dim=1)  # (B, n) post-softmax CLS row of the patches
+        scores = self.token_scores(info)[:, :, p:].mean(dim=1)  # (B, n) post-softmax CLS row of the patches
         order = scores.argsort(dim=1, descending=True) + p  # (B, n) positions, most attended first
         kept = order[:, :count].sort(dim=1).values  # (B, count) ascending: spatial order
         keep = torch.cat([ops.positions(0, p, 1, x.device).expand(B, p), kept], 1)  # (B, p + count), prefix first

@@ -10,10 +10,14 @@ At blocks ``locs`` (official: 3, 6, 9 of 12), after attention + residual and bef
     x_fused = sum_{j not in topK} a_j x_j                 (raw attention weights, not renormalised)
     output  = [prefix, x_topK (K tokens), x_fused]        (B, p + K + 1, C)
 keep=0.7 on DeiT-S: 197 -> 140 -> 100 -> 72 tokens.
+``score`` chooses a score that needs no class token instead of a_i (core/scores.py; the default on a
+host without one is the representation shift of the attention branch).
 
 Deviations: kept tokens stay in spatial order (the official code orders them by score; the output
 is permutation-equivariant, so logits agree up to float rounding). With several prefix tokens
 (distillation, registers) all of them are protected and the CLS row is the first token's.
+With score='shift' the fusion weights are the shifts normalised to sum to 1 over the tokens (a_i are
+probabilities, the shifts are not); 'received' is a distribution over the keys as it is.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ..core import ops
-from ..core.method import AttnInfo, Host, Reducer, register_method
+from ..core.method import AttnInfo, Host, register_method
 from ..core.schedule import Schedule, compile_schedule
+from ..core.scores import Score, ScoredPruner
 from ..core.state import TokenState
 
 
@@ -36,10 +41,12 @@ class EViTConfig:
     fuse: bool = True
     #: explicit non-prefix counts at ``locs`` (the fused token included) instead of ``keep``
     counts: Sequence[int] | None = None
+    #: the token score (core/scores.py); None: 'cls' with a class token, else the representation shift
+    score: Score | None = None
 
 
 @register_method("evit")
-class EViT(Reducer):
+class EViT(ScoredPruner):
     """Top-K by CLS attention plus one attention-weighted fused token.
 
     Scoring MACs: the base class's CLS row; the fused token is a weighted sum (elementwise work,
@@ -47,8 +54,6 @@ class EViT(Reducer):
     """
 
     Config = EViTConfig
-    needs = frozenset({"cls_attn"})
-    needs_class_token = True
     zero = {"keep": 1.0, "locs": (1,)}
     example = {"keep": 0.5, "locs": (1, 2)}
 
@@ -57,6 +62,7 @@ class EViT(Reducer):
         self.conserves_patches = bool(cfg.fuse)  # the fused token holds every dropped patch; without it they are gone
 
     def bind(self, host: Host) -> Schedule:
+        self.bind_score(host)
         c = self.cfg
         return compile_schedule(
             host.num_patches, host.depth, self.name, where=self.where, keep=None if c.counts is not None else c.keep,
@@ -65,7 +71,9 @@ class EViT(Reducer):
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p = state.num_prefix
-        attn = info.cls_attn.mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
+        attn = self.token_scores(info).mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
+        if self.score == "shift":  # fusion weights as a distribution, like the attention row
+            attn = attn / attn.sum(dim=1, keepdim=True).clamp_min(1e-12)
         kept = count - 1 if self.cfg.fuse else count
         keep, drop = ops.keep_top(attn, kept, p, with_drop=self.cfg.fuse)  # positions into the N tokens
         if not self.cfg.fuse:

@@ -18,6 +18,8 @@ on the M non-prefix tokens x (B, M, C) with head-mean CLS attention a (B, M):
           block's fresh CLS attention, or at block l itself (``rescore='same'``, a merged token then
           scoring the sum of its members' attention), keep the ceil(keep * M') highest-scoring of
           the M' tokens (EViT's keep rule) and drop the rest.
+``score`` replaces a by a score that needs no class token (core/scores.py; the default on a model
+without one is the representation shift of the attention branch).
 When l + 1 is itself in ``locs`` (``rescore='next'``), block l + 1 first prunes (III of iteration l),
 then re-tokenizes the survivors (II of iteration l + 1) with the same attention.
 Counts are exact at bind: on DeiT-S (196 patches) the defaults give 196 -> 180 (block 2) -> 144
@@ -67,8 +69,9 @@ from torch import Tensor
 
 from ..core import ops
 from ..core.errors import SpecError
-from ..core.method import BUDGET_KEEPS, AttnInfo, Host, Reducer, format_spec, register_method, scaled_locs
+from ..core.method import BUDGET_KEEPS, AttnInfo, Host, format_spec, register_method, scaled_locs
 from ..core.schedule import Schedule, check_keep, check_locs, from_counts
+from ..core.scores import Score, ScoredPruner
 from ..core.state import TokenState
 
 Rescore = Literal["next", "same"]
@@ -87,6 +90,8 @@ class ImagePieceConfig:
     prop_attn: bool = True
     order: Order = "spatial"
     seed: int = 0
+    #: the token score in place of the CLS row (core/scores.py); None: 'cls' with a class token, else the shift
+    score: Score | None = None
 
 
 def _share(f: float, m: int) -> int:
@@ -95,12 +100,11 @@ def _share(f: float, m: int) -> int:
 
 
 @register_method("imagepiece")
-class ImagePiece(Reducer):
+class ImagePiece(ScoredPruner):
     """Merge inside the inattentive set, re-score, prune: x (B, N, C) -> (B, p + count, C)."""
 
     Config = ImagePieceConfig
-    needs = frozenset({"cls_attn", "keys"})
-    needs_class_token = True
+    extra_needs = frozenset({"keys"})
     min_onnx_opset = 16  # its merges sum tokens (scatter_add_)
     classic_onnx = False  # the merge plan orders the survivors with a stable sort
     zero = {"locs": (1,), "merge": 0.0, "keep": 1.0}
@@ -165,6 +169,7 @@ class ImagePiece(Reducer):
         return k, r
 
     def bind(self, host: Host) -> Schedule:
+        self.bind_score(host)
         locs = self._check(host)
         self._merge_at = frozenset(locs)
         self._prune_at = frozenset(b + 1 for b in locs) if self.cfg.rescore == "next" else frozenset(locs)
@@ -217,7 +222,7 @@ class ImagePiece(Reducer):
         m = x.shape[1] - p
         k, r = self._rule(state.block, m)
         same = self.cfg.rescore == "same"
-        scores = info.cls_attn.mean(dim=1)  # (B, N); the prefix entries are never read
+        scores = self.token_scores(info).mean(dim=1)  # (B, N); the prefix entries are never read
         if not r:  # III alone: prune the k lowest-scoring tokens
             return x if not k else state.gather(x, ops.keep_top(scores, m - k, p)[0])
         # the prefix scores +inf: never inattentive, always kept; positions then index x directly

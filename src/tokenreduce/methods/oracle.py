@@ -127,6 +127,9 @@ class Oracle(Reducer):
                                    f"{x.shape[0]}; supply (B, N) for this batch, or (N,) for every image")
         return prio.to(x.device).expand(x.shape[0], -1)  # (B, N)
 
+    def class_token_substitute(self) -> str | None:
+        return "ties='index'"
+
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p = state.num_prefix
         prio = self._priority_for(x)  # (B, N0 - p)

@@ -1,7 +1,9 @@
 """topk: keep the tokens the class token attends to most; drop the rest (no fusion).
 
 The plain attention-score pruner (EViT without its fused token), a floor for every
-attention-based method. Score: head-mean CLS attention a_i = (1/H) sum_h A_h[CLS -> i].
+attention-based method. Score: head-mean CLS attention a_i = (1/H) sum_h A_h[CLS -> i]; ``score``
+chooses another (core/scores.py: 'shift', 'received'; the default on a host without a class token
+is the representation shift), head-mean likewise.
 
 Deviations: none (no reference implementation).
 """
@@ -14,8 +16,9 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ..core import ops
-from ..core.method import AttnInfo, Host, Reducer, register_method
+from ..core.method import AttnInfo, Host, register_method
 from ..core.schedule import Schedule, Where, compile_schedule
+from ..core.scores import Score, ScoredPruner
 from ..core.state import TokenState
 
 
@@ -25,19 +28,20 @@ class TopKConfig:
     counts: Sequence[int] | None = None
     locs: Sequence[int] = (3, 6, 9)
     where: Where = "attn"
+    #: the token score (core/scores.py); None: 'cls' with a class token, else the representation shift
+    score: Score | None = None
 
 
 @register_method("topk")
-class TopK(Reducer):
-    """x (B, N, C) -> (B, p + count, C), keeping the highest head-mean CLS attention."""
+class TopK(ScoredPruner):
+    """x (B, N, C) -> (B, p + count, C), keeping the highest head-mean score (CLS attention by default)."""
 
     Config = TopKConfig
-    needs = frozenset({"cls_attn"})
-    needs_class_token = True
     zero = {"keep": 1.0, "locs": (1,)}
     example = {"keep": 0.5, "locs": (1, 2)}
 
     def bind(self, host: Host) -> Schedule:
+        self.bind_score(host)
         c = self.cfg
         keep = None if c.counts is not None else c.keep
         return compile_schedule(
@@ -46,6 +50,6 @@ class TopK(Reducer):
         )
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
-        scores = info.cls_attn.mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
+        scores = self.token_scores(info).mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
         keep, _ = ops.keep_top(scores, count, state.num_prefix)
         return state.gather(x, keep)
