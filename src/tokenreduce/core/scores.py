@@ -101,6 +101,6 @@ class ScoredPruner(Reducer):
     def class_token_substitute(self) -> str | None:
         return " or ".join(f"score='{s}'" for s in SCORE_NEEDS if s != "cls")
 
-    def token_scores(self, info: AttnInfo) -> Tensor:
+    def scores_of(self, info: AttnInfo) -> Tensor:
         """(B, H|1, N): :func:`token_scores` of the bound score."""
         return token_scores(info, self.score)

@@ -97,7 +97,7 @@ class CTP(ScoredPruner):
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         # the score of every token, prefix included (keep_top ignores those): no slicing
-        scores = importance(info.head_norms, self.token_scores(info), 0)  # (B, N)
+        scores = importance(info.head_norms, self.scores_of(info), 0)  # (B, N)
         keep, _ = ops.keep_top(scores, count, state.num_prefix)
         return state.gather(x, keep)
 

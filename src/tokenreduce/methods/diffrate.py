@@ -300,7 +300,7 @@ class DiffRate(ScoredPruner):
         p, B = state.num_prefix, x.shape[0]
         survivors = self._survivors(state.block, x.shape[1] - p, count)
         r = survivors - count  # merged
-        scores = self.token_scores(info)[:, :, p:].mean(dim=1)  # (B, n) post-softmax CLS row of the patches
+        scores = self.scores_of(info)[:, :, p:].mean(dim=1)  # (B, n) post-softmax CLS row of the patches
         order = scores.argsort(dim=1, descending=True) + p  # (B, n) positions, most attended first
         kept = order[:, :count].sort(dim=1).values  # (B, count) ascending: spatial order
         keep = torch.cat([ops.positions(0, p, 1, x.device).expand(B, p), kept], 1)  # (B, p + count), prefix first

@@ -71,7 +71,7 @@ class EViT(ScoredPruner):
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
         p = state.num_prefix
-        attn = self.token_scores(info).mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
+        attn = self.scores_of(info).mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
         if self.score == "shift":  # fusion weights as a distribution, like the attention row
             attn = attn / attn.sum(dim=1, keepdim=True).clamp_min(1e-12)
         kept = count - 1 if self.cfg.fuse else count

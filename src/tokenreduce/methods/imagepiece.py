@@ -222,7 +222,7 @@ class ImagePiece(ScoredPruner):
         m = x.shape[1] - p
         k, r = self._rule(state.block, m)
         same = self.cfg.rescore == "same"
-        scores = self.token_scores(info).mean(dim=1)  # (B, N); the prefix entries are never read
+        scores = self.scores_of(info).mean(dim=1)  # (B, N); the prefix entries are never read
         if not r:  # III alone: prune the k lowest-scoring tokens
             return x if not k else state.gather(x, ops.keep_top(scores, m - k, p)[0])
         # the prefix scores +inf: never inattentive, always kept; positions then index x directly

@@ -50,6 +50,6 @@ class TopK(ScoredPruner):
         )
 
     def reduce(self, x: Tensor, state: TokenState, info: AttnInfo, count: int) -> Tensor:
-        scores = self.token_scores(info).mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
+        scores = self.scores_of(info).mean(dim=1)  # (B, N), prefix entries included: keep_top ignores them
         keep, _ = ops.keep_top(scores, count, state.num_prefix)
         return state.gather(x, keep)
