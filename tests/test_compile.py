@@ -100,6 +100,7 @@ def runs_attention(gm: torch.fx.GraphModule) -> bool:
     return any(node.target in (torch.bmm, torch.nn.functional.scaled_dot_product_attention) for node in gm.graph.nodes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["timm", "vit", "dinov2"])
 def test_each_resolution_compiles_the_blocks_to_static_graphs(kind: str):
     """ToMe on a transformers ViT compiled at a second resolution traced for over 20 minutes (the

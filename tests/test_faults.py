@@ -739,6 +739,7 @@ def test_a_decompression_bomb_in_an_image_folder_is_a_data_error_naming_it(pixel
             ds[[p for p, _ in ds.samples].index(bomb)]
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_pipe_ends_quietly():
     """``tokenreduce study eet --smoke --list | head -1``: the reader is gone before the output is written."""
 

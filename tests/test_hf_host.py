@@ -321,6 +321,7 @@ def test_siglip_wrappers_reduce_their_vision_tower(wrapper, images):
         assert torch.equal(head(predict(pixel_values=images)), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec_", ["topk(keep=0.5, locs=(1, 2), score='received')", "tome(r=8)"])
 def test_siglip_compiles_as_one_graph(spec_, images):
     """The class-token-free tower, attention-pool head included, traces as one graph (fullgraph=True)."""

@@ -117,6 +117,7 @@ def test_class_token_free_scores_never_build_an_n_by_n_tensor(spec, images):
     assert square(model, images)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["topk(keep=0.5, locs=(1, 2), score='received')", "evit(keep=0.5, locs=(1, 2))",
                                   "ctp(counts=(32, 16), locs=(1, 2))", "tome(r=4)"])
 def test_siglip_compiles_as_one_graph(spec, images):
@@ -128,6 +129,7 @@ def test_siglip_compiles_as_one_graph(spec, images):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_siglip_exports_to_onnx_with_a_dynamic_batch(tmp_path):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'tokenreduce[export]'")
     pytest.importorskip("onnxscript", reason="onnxscript is not installed: pip install 'tokenreduce[export]'")

@@ -359,6 +359,7 @@ def test_the_provenance_note_names_uncommitted_and_unrecorded_code():
     assert provenance_note({"a-s1": {"provenance": {"git": "abc"}}}) == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gap", ["dirty", "none"])
 def test_a_record_from_uncommitted_or_unrecorded_code_makes_the_claims_reading_it_provisional(gap: str):
     from tokenreduce.experiments import Expect
@@ -417,6 +418,7 @@ def test_a_length_with_one_seed_is_not_stated_as_a_change_of_verdict():
     assert stated([(937, one)]) == "**inconclusive** at 937 steps (one seed so far, no test yet)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bspf", "eet"])
 def test_a_run_that_arrives_never_weakens_another_claims_verdict(name: str):
     """The families are the declared tests (an unrun one at p = 1): over random orders of arrival of the
