@@ -70,6 +70,7 @@ def test_demo_quick_end_to_end_and_reuses_its_model(tmp_path, monkeypatch, capsy
     assert ckpt.stat().st_mtime_ns == stamp  # reused, not retrained
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_demo_quick_on_the_scenes_draws_the_object(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))

@@ -52,6 +52,7 @@ def _gather_worker(rank: int, world: int, init: str, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 def test_gather_shards_puts_every_item_back_in_order(tmp_path: Path) -> None:
     """What evaluators that rank (retrieval) rely on: uneven shards gathered in dataset order on every rank."""

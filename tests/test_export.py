@@ -296,6 +296,7 @@ def test_a_graph_onnxruntime_refuses_is_one_line_and_leaves_no_file(tmp_path, mo
     assert out.read_bytes() == b"an earlier export" and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
 
 
+@pytest.mark.slow
 def test_export_command_dynamic_batch(tmp_path, capsys):
     from tokenreduce.models import build_model, save_checkpoint
 

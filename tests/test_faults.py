@@ -238,6 +238,7 @@ def test_a_broken_record_is_one_line_naming_the_file(damage, eet, capsys):
     one_line(capsys, ["report", "--out", str(eet), "--readme", ""], str(path))
 
 
+@pytest.mark.slow
 def test_per_item_results_over_other_test_items_are_one_line_naming_both_records(eet, capsys):
     path = eet / "eet" / "scenes" / "runs" / "e_oracle-t937-b16-s1.json"
 

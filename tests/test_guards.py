@@ -89,6 +89,7 @@ def _never(*args, **kwargs):
 # ----------------------------------------------------------------------------- one run per --out, Ctrl-C
 
 
+@pytest.mark.slow
 def test_second_run_into_one_out_is_refused_and_ctrl_c_prints_the_resume_command(data, tmp_path, capsys):
     """The run holds after step 6 (HOLD_ENV: a checkpoint there, then it waits for Ctrl-C), so the second run
     and the SIGINT meet it at a known state whatever the machine's load."""

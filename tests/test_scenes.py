@@ -36,6 +36,7 @@ def test_scene_depends_only_on_split_index_seed(items):
     assert not np.array_equal(full, other) and not np.array_equal(full, test)
 
 
+@pytest.mark.slow
 def test_scenes_byte_identical_across_processes(items, tmp_path):
     np.save(tmp_path / "items.npy", items)
     code = ("import hashlib, numpy as np; from tokenreduce.data.scenes import generate; "

@@ -75,6 +75,7 @@ def eet_smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_eet_smoke_runs_end_to_end(eet_smoke: Path):
     study = get_study("eet")("fmnist", smoke=True)
     runs = load_runs(Layout(eet_smoke, eet_smoke / "checkpoints"))
@@ -642,6 +643,7 @@ def test_each_claim_row_of_the_report_says_where_it_was_tested(tmp_path: Path):
     assert where == {"steps 100", "steps 937", "steps 9370"}
 
 
+@pytest.mark.slow
 def test_the_committed_report_summaries_and_readme_table_regenerate_from_the_records(tmp_path: Path):
     """`tokenreduce report` on a copy of results/ and the README gives the committed files, byte for byte:
     every generated number in the repository is the run records'."""
@@ -656,6 +658,7 @@ def test_the_committed_report_summaries_and_readme_table_regenerate_from_the_rec
     assert readme.read_bytes() == (ROOT / "README.md").read_bytes()
 
 
+@pytest.mark.slow
 def test_the_readme_table_gains_a_column_per_longer_fine_tune_with_paired_records(tmp_path: Path):
     """A verdict that turns with training (DynamicViT against random: behind at 100 steps, ahead after one
     epoch) shows in the README's own table, read from the records; without a paired longer record no column."""

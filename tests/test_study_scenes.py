@@ -285,6 +285,7 @@ _scenes("cropr", "_tiny_lengths_test", ("cropr", "topk"), baseline="topk",
                                   grid={"seed": (0, 1), "steps": (100, 937)}))  # two lengths of the three
 
 
+@pytest.mark.slow
 def test_the_length_axis_runs_each_length_and_the_report_shows_them_side_by_side(tmp_path: Path):
     from tokenreduce.experiments.beds import EPOCH_STEPS, STEPS
     from tokenreduce.experiments.page import build_report
