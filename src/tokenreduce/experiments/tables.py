@@ -326,27 +326,26 @@ def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float
             for a, rows in _arm_rows(study, runs, measure).items()}
 
 
-def _round_speedups(rows: list[dict]) -> dict[int, np.ndarray]:
-    """Row index -> its speed-up (batch B) in each timed round of one interleaved run: its images/s over the
-    unpatched model's in the same round (bench/speed.py times every case once a round, round-robin)."""
+def _round_speedups(row: dict, rows: list[dict]) -> np.ndarray | None:
+    """``row``'s speed-up (batch B) in each timed round of the interleaved run of ``rows``: its images/s over
+    the unpatched model's in the same round (bench/speed.py's paired_ratios); None without per-round timings."""
+    from ..bench.speed import paired_ratios
+
     base = next((r for r in rows if r.get("kind") == "unpatched" and r.get("img_per_s_runs")), None)
-    if base is None:
-        return {}
-    den = np.asarray(base["img_per_s_runs"], dtype=np.float64)
-    return {k: np.asarray(r["img_per_s_runs"], dtype=np.float64) / den for k, r in enumerate(rows)
-            if r.get("kind") != "unpatched" and len(r.get("img_per_s_runs") or ()) == den.size}
+    mine = row.get("img_per_s_runs") or ()
+    if base is None or row.get("kind") == "unpatched" or len(mine) != len(base["img_per_s_runs"]):
+        return None
+    return np.asarray(paired_ratios(mine, base["img_per_s_runs"]))
 
 
 def arm_rounds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, np.ndarray]:
     """Arm -> its speed-up in each round of the ``measure`` record's interleaved run (the mean over its rows
     in a round when several); arms whose rows hold no per-round timings are absent."""
     rows = (runs.get(measure) or {}).get("result", {}).get("results", [])
-    per_row = _round_speedups(rows)
-    index = {id(r): k for k, r in enumerate(rows)}
     out = {}
     for arm, mine in _arm_rows(study, runs, measure).items():
-        got = [per_row[index[id(r)]] for r in mine if index[id(r)] in per_row]
-        if got and len(got) == len(mine):
+        got = [_round_speedups(r, rows) for r in mine]
+        if all(g is not None for g in got):
             out[arm] = np.mean(got, axis=0)
     return out
 
@@ -354,7 +353,7 @@ def arm_rounds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, n
 def timing_noise(rows: list[dict]) -> str:
     """The measured timing noise of one interleaved speed run, as a sentence: the spread of a row's per-round
     speed-up around its own median, pooled over the rows (sd), with what it means for a median shown."""
-    per_row = list(_round_speedups(rows).values())
+    per_row = [g for r in rows if (g := _round_speedups(r, rows)) is not None]
     if not per_row or min(len(r) for r in per_row) < 2:
         return ""
     n = min(len(r) for r in per_row)
