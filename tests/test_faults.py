@@ -352,7 +352,7 @@ def test_a_malformed_per_item_entry_is_one_line_naming_the_record_and_field(dama
 @pytest.mark.parametrize(("field", "value", "why"), [
     ("map_asym", 1945.6, "not a number in [0, 100]"), ("map_asym", 1.5e308, "not a number in [0, 100]"),
     ("top1", -0.5, "not a number in [0, 100]"), ("n_query", 2000.5, "not an integer >= 0"),
-    ("train_time_s", 0, "not a number > 0"),
+    ("train_time_s", -1.0, "not a number >= 0"), ("latency_ms", 0, "not a number > 0"),
 ])
 def test_an_impossible_metric_is_refused_naming_its_range(field, value, why, eet, capsys):
     path = eet / "eet" / "scenes" / "runs" / "b_ctp-b16-s0.json"

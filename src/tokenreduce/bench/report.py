@@ -62,11 +62,12 @@ class Range:
 PERCENT, POSITIVE, COUNT = Range(0, 100), Range(0, above=True), Range(0, integer=True)
 #: The range of each metric results files and run records hold (fnmatch patterns, the first match decides;
 #: a name none matches, such as a loss term, is checked only for being a finite number where it is read).
+#: A training's wall time is rounded to 0.1 s, so a few-step smoke on a fast machine records 0.0.
 RANGES = (
     ("*_drop", Range(-100, 100)), ("top1", PERCENT), ("map", PERCENT), ("map_*", PERCENT), ("p@*_*", PERCENT),
     ("miou*", PERCENT), ("pixel_acc", PERCENT), ("train_*acc", PERCENT),
     ("img_per_s", POSITIVE), ("latency_ms", POSITIVE), ("macs", POSITIVE), ("gmacs", POSITIVE),
-    ("speedup", POSITIVE), ("*_speedup", POSITIVE), ("train_time_s", POSITIVE), ("loss", Range(0)),
+    ("speedup", POSITIVE), ("*_speedup", POSITIVE), ("train_time_s", Range(0)), ("loss", Range(0)),
     ("tokens_per_block", COUNT), ("n", COUNT), ("n_*", COUNT), ("epochs", COUNT), ("steps", COUNT),
     ("bits", COUNT), ("batch_size", COUNT), ("batch", COUNT), ("world_size", COUNT),
     ("spearman", Range(-1, 1)), ("overlap", Range(0, 1)),
