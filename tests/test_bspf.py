@@ -346,7 +346,7 @@ def test_a_tied_fine_tune_starts_from_an_untied_checkpoint(tmp_path: Path):
 
 
 def test_the_symmetry_experiment_measures_both_kernels(tmp_path: Path):
-    from tokenreduce.experiments import RunContext, build_experiment
+    from tokenreduce.probes import RunContext, build_experiment
 
     exp = build_experiment("bspf_symmetry(spec='bspf(size=16, keep=0.5, locs=(1, 2))', tiny=True, images=6, batch=3)")
     result = exp.run(RunContext(threads=1, out_dir=tmp_path, log=lambda m: None))

@@ -263,7 +263,7 @@ def test_bad_specs_are_clear() -> None:
 
 
 def test_diagnostic_scores_rank_alike_with_one_query_and_measures_are_right() -> None:
-    from tokenreduce.experiments.cropr_diagnostics import kept_overlap, spearman
+    from tokenreduce.probes.cropr_diagnostics import kept_overlap, spearman
 
     a = torch.tensor([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]])
     torch.testing.assert_close(spearman(a, a[:1].expand(2, 4)), torch.tensor([1.0, -1.0], dtype=torch.float64))

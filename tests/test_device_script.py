@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenreduce.experiments import get_study
-from tokenreduce.experiments.runner import plan
+from tokenreduce.study import get_study
+from tokenreduce.study.runner import plan
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device-check.sh"
 

@@ -11,7 +11,7 @@ import pytest
 
 from tokenreduce.cli import main
 from tokenreduce.core.errors import SpecError
-from tokenreduce.experiments import Experiment, RunContext, build_experiment, list_experiments, register_experiment
+from tokenreduce.probes import Experiment, RunContext, build_experiment, list_experiments, register_experiment
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ CHECKS = {"recall_at_kept": _recall_at_kept, "bspf_symmetry": _bspf_symmetry, "c
 def test_every_experiment_runs_its_forwards_at_the_precision_asked(name, tmp_path, capsys, monkeypatch):
     """--amp reaches the experiment (and a study's probes through the runner): its forwards run under the
     context's autocast, and the record names the precision."""
-    from tokenreduce.experiments.base import RunContext
+    from tokenreduce.probes.base import RunContext
 
     entered = []
     plain = RunContext.autocast

@@ -29,10 +29,6 @@ from test_study_scenes import oracle_smoke  # noqa: F401 - a fixture
 import tokenreduce
 from tokenreduce import TokenReduceError
 from tokenreduce.cli import BROKEN_PIPE, main
-from tokenreduce.experiments import records, stats
-from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
-from tokenreduce.experiments.study import get_study
-from tokenreduce.experiments.tables import ci_text, item_pair, p_text, verdicts, word
 from tokenreduce.models import (
     CheckpointError,
     build_model,
@@ -44,6 +40,10 @@ from tokenreduce.models import (
 )
 from tokenreduce.models.checkpoint import SIGNED, UNVERIFIED
 from tokenreduce.models.references import SHIPPED_DIR, file_sha256
+from tokenreduce.study import records, stats
+from tokenreduce.study.declare import get_study
+from tokenreduce.study.runner import Layout, Runner, layout_for, load_runs
+from tokenreduce.study.tables import ci_text, item_pair, p_text, verdicts, word
 from tokenreduce.tasks.items import decode, encode, metric_of
 from tokenreduce.train import loop
 from tokenreduce.train.loop import train
@@ -457,7 +457,7 @@ def test_one_seed_with_per_item_results_says_the_interval_needs_two_seeds(eet):
 
 
 def test_a_bed_whose_records_were_all_deleted_loses_its_old_verdicts_and_figure(diffrate):
-    from tokenreduce.experiments.page import build_report
+    from tokenreduce.study.page import build_report
 
     shutil.copytree(RESULTS / "figures", diffrate / "figures")
     for path in (diffrate / "diffrate" / "scenes" / "runs").glob("*.json"):
@@ -627,7 +627,7 @@ def test_a_timing_and_another_run_into_one_study_output_exclude_each_other(held,
 
 
 def test_runs_that_train_share_a_study_output(tmp_path):
-    from tokenreduce.experiments.runner import Runner, layout_for
+    from tokenreduce.study.runner import Runner, layout_for
     from tokenreduce.train import lock
 
     study = get_study("eet")(smoke=True)
@@ -695,7 +695,7 @@ def test_summarize_of_a_folder_without_records_says_so(tmp_path, capsys):
 
 
 def test_a_copied_study_folder_reads_its_own_checkpoints(tmp_path):
-    from tokenreduce.experiments.runner import Runner, layout_for
+    from tokenreduce.study.runner import Runner, layout_for
 
     study = get_study("eet")(smoke=True)
     first = Runner(study, layout_for(study, str(tmp_path / "s1")), threads=1, log=lambda msg: None)
@@ -821,8 +821,8 @@ def test_a_checkpoint_fingerprinted_before_content_digests_still_resumes(data, t
 @pytest.mark.parametrize("load_1min, warned", [(5.0, True), (0.5, False)])
 def test_a_timing_records_the_machines_load_and_says_when_it_was_loaded(load_1min, warned, tmp_path, monkeypatch):
     from tokenreduce.bench import load
-    from tokenreduce.experiments import entries
-    from tokenreduce.experiments.runner import Runner, layout_for
+    from tokenreduce.study import entries
+    from tokenreduce.study.runner import Runner, layout_for
 
     monkeypatch.setattr(load.os, "getloadavg", lambda: (load_1min, 0.0, 0.0))
     monkeypatch.setattr(entries, "bench", lambda *a, **kw: {"results": []})  # the timing itself is not under test
@@ -867,7 +867,7 @@ def test_an_img_size_that_is_not_whole_patches_is_one_line_naming_the_valid_size
 def test_a_run_made_again_inside_a_timing_runs_under_the_timings_hold(tmp_path, monkeypatch):
     """A measure whose reference checkpoint is gone trains it again (Runner._checkpoint) while it holds the output
     alone: that run must not be refused by its own process's hold."""
-    from tokenreduce.experiments.runner import Runner, layout_for
+    from tokenreduce.study.runner import Runner, layout_for
 
     study = get_study("eet")(smoke=True)
     runner = Runner(study, layout_for(study, str(tmp_path / "s")), threads=1, log=lambda msg: None)

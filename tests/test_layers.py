@@ -25,7 +25,7 @@ SRC = Path(tokenreduce.__file__).resolve().parent
 LAYERS = {
     "core": 0, "methods": 1, "adapters": 2, "api": 2, "__init__": 2,
     "tasks": 3, "data": 3, "models": 3,
-    "bench": 4, "train": 4, "experiments": 4, "visualize": 4, "precision": 4,
+    "bench": 4, "train": 4, "study": 4, "studies": 4, "probes": 4, "visualize": 4, "precision": 4,
     "commands": 5, "cli": 5,
 }
 #: Above all: these never import train/, bench/, commands/ or the cli.
@@ -268,8 +268,8 @@ def test_no_method_name_is_spelled_outside_methods():
     assert names, "no method is registered"
     bad = [f"{path.relative_to(SRC)}:{node.lineno} spells {node.value!r}"
            for name, path, tree in MODULES if part(name) != "methods"
-           and not name.startswith("tokenreduce.experiments.studies.")  # declarations: arms named as they test
-           for labels in [study_labels(tree) if part(name) == "experiments" else set()]
+           and not name.startswith("tokenreduce.studies.")  # declarations: arms named as they test
+           for labels in [study_labels(tree) if part(name) in ("study", "probes") else set()]
            for node in spelled(tree, names) if id(node) not in labels]
     assert not bad, "\n".join(bad)
 
@@ -308,7 +308,7 @@ def test_the_checks_catch_a_violation():
      [(1, "imports get_patch from tokenreduce.adapters.timm_vit"), (4, "reads tv._ATTR"),
       (7, "imports ATTR from tokenreduce.adapters.common"), (8, "reads tokenreduce.adapters.common.Patch")]),
     (privates, "tokenreduce.tasks.x",  # a private module (_dist) is its package's to share; torch's are not ours
-     "from .classify import _capture, capture\nfrom . import _dist\nfrom ..experiments import tables\n"
+     "from .classify import _capture, capture\nfrom . import _dist\nfrom ..study import tables\n"
      "import tokenreduce.core.ops\nx = tables._split\ny = _dist.rank\nz = tokenreduce.core.ops._cache\n"
      "w = torch._dynamo\n",
      [(1, "imports _capture from tokenreduce.tasks.classify"), (5, "reads tables._split"),

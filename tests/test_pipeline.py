@@ -20,8 +20,8 @@ from tokenreduce.cli import build_parser, main
 from tokenreduce.commands import demo
 from tokenreduce.commands import train as train_cmd
 from tokenreduce.data.fashion_mnist import CLASSES, make_synthetic
-from tokenreduce.experiments import Experiment, RunContext, register_experiment
 from tokenreduce.models import ModelSource, build_model, load_model, make_model, save_checkpoint
+from tokenreduce.probes import Experiment, RunContext, register_experiment
 from tokenreduce.train.config import TrainConfig
 from tokenreduce.train.recipes import RECIPES, check_recipe, get_recipe, parse_recipe
 

@@ -11,9 +11,9 @@ import torch
 import tokenreduce
 from tokenreduce.core.errors import SpecError
 from tokenreduce.data import FashionMNIST, build_dataset, data_config_from_model
-from tokenreduce.experiments import RunContext, build_experiment
-from tokenreduce.experiments import recall_at_kept as R
 from tokenreduce.models import build_model
+from tokenreduce.probes import RunContext, build_experiment
+from tokenreduce.probes import recall_at_kept as R
 
 SPEC = "ctp(counts=(24, 12), locs=(1, 2))"  # on the 7x7-patch smoke model
 

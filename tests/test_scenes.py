@@ -120,7 +120,7 @@ def test_training_augment_moves_the_mask_with_the_image(tmp_path, monkeypatch):
 
 
 def test_recall_foreground_comes_from_object_masks():
-    from tokenreduce.experiments.recall_at_kept import patch_foreground
+    from tokenreduce.probes.recall_at_kept import patch_foreground
 
     mask = torch.zeros(1, 56, 56, dtype=torch.bool)
     mask[0, :8, :4] = True  # the first patch column of the top two rows

@@ -64,8 +64,9 @@ def test_other_registries_check_their_parameters_too():
 
 
 def _entries() -> list[tuple[str, str]]:
-    import tokenreduce.experiments  # noqa: F401  (registers every built-in entry)
     import tokenreduce.models  # noqa: F401
+    import tokenreduce.probes  # noqa: F401  (registers every built-in entry)
+    import tokenreduce.studies  # noqa: F401
     import tokenreduce.tasks  # noqa: F401
 
     return [(r.kind, name) for r in REGISTRIES for name in r.names()]

@@ -1,4 +1,4 @@
-"""Studies (experiments/study.py, runner.py, tables.py, page.py): every registered study's smoke end to end,
+"""Studies (study/declare.py, runner.py, tables.py, page.py): every registered study's smoke end to end,
 an interrupted plan continued, the per-run commands against the in-process runner, ``--jobs`` in subprocesses,
 a study on a timm model with local weights and an image folder, the report rebuilt byte-identical, the EET
 study's committed tables regenerated from its stored runs, and benches (the bench command's pipeline as a
@@ -17,7 +17,8 @@ import pytest
 
 from tokenreduce.cli import main
 from tokenreduce.core.errors import SpecError, TokenReduceError
-from tokenreduce.experiments import (
+from tokenreduce.studies.beds import SCENES, TINY_FMNIST, scene_smoke
+from tokenreduce.study import (
     REFERENCE,
     Arm,
     Axis,
@@ -31,12 +32,11 @@ from tokenreduce.experiments import (
     list_studies,
     register_study,
 )
-from tokenreduce.experiments.beds import SCENES, TINY_FMNIST, scene_smoke
-from tokenreduce.experiments.figures import colours, pyplot, set_title
-from tokenreduce.experiments.page import build_report
-from tokenreduce.experiments.runner import Layout, Runner, layout_for, load_runs
-from tokenreduce.experiments.tables import summary, verdicts
-from tokenreduce.experiments.testbed import Testbed as Where
+from tokenreduce.study.figures import colours, pyplot, set_title
+from tokenreduce.study.page import build_report
+from tokenreduce.study.runner import Layout, Runner, layout_for, load_runs
+from tokenreduce.study.tables import summary, verdicts
+from tokenreduce.study.testbed import Testbed as Where
 from tokenreduce.tasks.items import decode  # not Test*: pytest would collect it
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ def _as_subprocesses(monkeypatch: pytest.MonkeyPatch, fake: bool = False) -> lis
     import subprocess
 
     import tokenreduce
-    from tokenreduce.experiments import runner as runner_module
+    from tokenreduce.study import runner as runner_module
 
     src = str(Path(tokenreduce.__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
@@ -553,7 +553,7 @@ def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: p
 
 @pytest.mark.slow  # the order alone: test_jobs_run_a_measure_after_the_training_runs_alone_even_when_it_reads_none
 def test_jobs_run_benches_one_at_a_time_with_every_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from tokenreduce.experiments import entries as entries_module
+    from tokenreduce.study import entries as entries_module
 
     started = _as_subprocesses(monkeypatch, fake=True)
     threads: list[int] = []
@@ -571,7 +571,7 @@ def test_jobs_run_a_measure_after_the_training_runs_alone_even_when_it_reads_non
                                                                                monkeypatch: pytest.MonkeyPatch):
     """baselines' training-free measure reads no run; it still times alone, in-process, after every
     training run (the runs and the evaluation are faked: only the order is under test)."""
-    from tokenreduce.experiments import entries as entries_module
+    from tokenreduce.study import entries as entries_module
 
     started = _as_subprocesses(monkeypatch, fake=True)
     order: list[str] = []
@@ -662,7 +662,7 @@ def test_the_committed_report_summaries_and_readme_table_regenerate_from_the_rec
 def test_the_readme_table_gains_a_column_per_longer_fine_tune_with_paired_records(tmp_path: Path):
     """A verdict that turns with training (DynamicViT against random: behind at 100 steps, ahead after one
     epoch) shows in the README's own table, read from the records; without a paired longer record no column."""
-    from tokenreduce.experiments.page import headline
+    from tokenreduce.study.page import headline
 
     root = tmp_path / "results"
     for key in ("baselines/scenes", "deit_bench/deit_s"):
@@ -685,8 +685,8 @@ def test_the_readme_table_gains_a_column_per_longer_fine_tune_with_paired_record
 
 
 def test_a_study_section_says_what_its_runs_cost_as_run_per_fine_tune_length():
-    from tokenreduce.experiments.beds import one_epoch_budget
-    from tokenreduce.experiments.page import as_run
+    from tokenreduce.studies.beds import one_epoch_budget
+    from tokenreduce.study.page import as_run
 
     scenes, fmnist = get_study("bspf")(), get_study("bspf")("fmnist")
     runs = {"full-s0": {"kind": "train", "point": {"seed": 0}, "metrics": {"train_time_s": 90.0}},

@@ -1,5 +1,5 @@
-"""The studies' statistics (experiments/stats.py) on synthetic data with a known truth, and how the tables
-(experiments/tables.py) map claims to tests, adjusted p-values and verdicts."""
+"""The studies' statistics (study/stats.py) on synthetic data with a known truth, and how the tables
+(study/tables.py) map claims to tests, adjusted p-values and verdicts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tokenreduce.core.errors import SpecError
-from tokenreduce.experiments import stats
+from tokenreduce.study import stats
 
 
 def test_the_t_interval_covers_the_true_mean_at_its_nominal_rate():
@@ -156,7 +156,7 @@ def test_power_before_running():
 
 
 def _study(expect, arms=("a", "b", "c"), measures=(), name="synthetic"):
-    from tokenreduce.experiments import Arm, Axis, Bed, Col, Study
+    from tokenreduce.study import Arm, Axis, Bed, Col, Study
 
     class Synthetic(Study):  # not registered: its tables read only the declarations and the runs given
         pass
@@ -174,8 +174,8 @@ def _runs(values: dict[str, list[float]], git: str = "0123abc") -> dict[str, dic
 
 
 def test_a_study_with_one_seed_done_renders_its_tables_and_verdicts():
-    from tokenreduce.experiments import Expect
-    from tokenreduce.experiments.tables import summary, verdict_table
+    from tokenreduce.study import Expect
+    from tokenreduce.study.tables import summary, verdict_table
 
     study = _study([Expect("b above a", "synthetic", arm="b", baseline="a", metric="m", direction=1, effect=2.0)])
     runs = {"a-s0": {"metrics": {"m": 1.0}}, "b-s0": {"metrics": {"m": 3.5}}}
@@ -190,7 +190,7 @@ def test_a_study_with_one_seed_done_renders_its_tables_and_verdicts():
 
 def test_a_record_without_a_column_metric_shows_in_that_cell_n():
     """The seeds cell lists the records; a column whose metric one of them lacks says over how many it is."""
-    from tokenreduce.experiments.tables import summary
+    from tokenreduce.study.tables import summary
 
     study = _study([])
     runs = _runs({"a": [1.0, 2.0, 3.0], "b": [2.0, 4.0, 5.0]})
@@ -204,8 +204,8 @@ def test_a_record_without_a_column_metric_shows_in_that_cell_n():
 
 
 def test_verdicts_decide_on_holm_within_the_study_and_bh_over_the_report():
-    from tokenreduce.experiments import Expect
-    from tokenreduce.experiments.tables import judge
+    from tokenreduce.study import Expect
+    from tokenreduce.study.tables import judge
 
     one = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
                   Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=5.0)])
@@ -227,8 +227,8 @@ def test_verdicts_decide_on_holm_within_the_study_and_bh_over_the_report():
 
 
 def test_a_family_claim_pools_its_members_per_seed():
-    from tokenreduce.experiments import Expect
-    from tokenreduce.experiments.tables import verdict_table, verdicts
+    from tokenreduce.study import Expect
+    from tokenreduce.study.tables import verdict_table, verdicts
 
     fam = "every arm above a"
     study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1, family=fam),
@@ -244,8 +244,8 @@ def test_a_family_claim_pools_its_members_per_seed():
 
 
 def test_equal_measured_speed_is_an_equivalence_test_on_the_interleaved_rounds():
-    from tokenreduce.experiments import Expect, Measure
-    from tokenreduce.experiments.tables import claim_text, timing_noise
+    from tokenreduce.study import Expect, Measure
+    from tokenreduce.study.tables import claim_text, timing_noise
 
     study = _study([Expect("b beats c {at_speed}", "s", arm="b", baseline="c", metric="m", direction=1,
                            speed=("speed", 0.1))],
@@ -276,9 +276,9 @@ def test_equal_measured_speed_is_an_equivalence_test_on_the_interleaved_rounds()
 
 
 def test_margins_and_power_plans_are_declared_with_their_reasons():
-    from tokenreduce.experiments import Expect
-    from tokenreduce.experiments.study import Power
-    from tokenreduce.experiments.tables import verdicts
+    from tokenreduce.study import Expect
+    from tokenreduce.study.declare import Power
+    from tokenreduce.study.tables import verdicts
 
     with pytest.raises(SpecError, match="losing side"):
         Expect("costs nothing", "s", arm="b", baseline="a", metric="m", direction=1, kind="noninferior", margin=0.5,
@@ -303,11 +303,11 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
     import statistics
     from pathlib import Path
 
-    from tokenreduce.experiments import Expect
-    from tokenreduce.experiments.beds import at_longer
-    from tokenreduce.experiments.runner import Layout, load_runs
-    from tokenreduce.experiments.study import Power, get_study
-    from tokenreduce.experiments.tables import judge, paired, verdicts
+    from tokenreduce.studies.beds import at_longer
+    from tokenreduce.study import Expect
+    from tokenreduce.study.declare import Power, get_study
+    from tokenreduce.study.runner import Layout, load_runs
+    from tokenreduce.study.tables import judge, paired, verdicts
 
     study = get_study("bspf")("scenes")
     root = Path(__file__).resolve().parents[1] / "results" / study.key
@@ -334,8 +334,8 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
 
 
 def test_the_previous_rule_is_kept_only_to_list_what_changed():
-    from tokenreduce.experiments import Expect
-    from tokenreduce.experiments.tables import judge, previous_verdict, what_changed
+    from tokenreduce.study import Expect
+    from tokenreduce.study.tables import judge, previous_verdict, what_changed
 
     e = Expect("b below a", "s", arm="b", baseline="a", metric="m", direction=-1, effect=-3.0)
     # neither side significant, the spread small against 3: the old rule's post-hoc "not reproduced" ...
@@ -350,7 +350,7 @@ def test_the_previous_rule_is_kept_only_to_list_what_changed():
 
 
 def test_the_provenance_note_names_uncommitted_and_unrecorded_code():
-    from tokenreduce.experiments.page import provenance_note
+    from tokenreduce.study.page import provenance_note
 
     runs = {"a-s0": {"provenance": {"git": "abc-dirty"}}, "a-s1": {"provenance": {"git": "abc"}},
             "a-s2": {"metrics": {"provenance": {"git": "def-dirty"}}}, "a-s3": {"run": {}}}
@@ -362,8 +362,8 @@ def test_the_provenance_note_names_uncommitted_and_unrecorded_code():
 @pytest.mark.slow
 @pytest.mark.parametrize("gap", ["dirty", "none"])
 def test_a_record_from_uncommitted_or_unrecorded_code_makes_the_claims_reading_it_provisional(gap: str):
-    from tokenreduce.experiments import Expect
-    from tokenreduce.experiments.tables import PROVISIONAL, verdict_table, verdicts, word
+    from tokenreduce.study import Expect
+    from tokenreduce.study.tables import PROVISIONAL, verdict_table, verdicts, word
 
     study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
                     Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1)])
@@ -383,9 +383,9 @@ def test_a_record_from_uncommitted_or_unrecorded_code_makes_the_claims_reading_i
 
 
 def test_a_claim_over_lengths_says_when_its_difference_reverses_though_its_verdict_does_not():
-    from tokenreduce.experiments.lengths import stated
-    from tokenreduce.experiments.study import Expect
-    from tokenreduce.experiments.tables import Judged
+    from tokenreduce.study.declare import Expect
+    from tokenreduce.study.lengths import stated
+    from tokenreduce.study.tables import Judged
 
     e = Expect("a beats b", "src", arm="a", baseline="b", metric="top1", direction=1)
 
@@ -406,9 +406,9 @@ def test_a_claim_over_lengths_says_when_its_difference_reverses_though_its_verdi
 
 
 def test_a_length_with_one_seed_is_not_stated_as_a_change_of_verdict():
-    from tokenreduce.experiments.lengths import stated
-    from tokenreduce.experiments.study import Expect
-    from tokenreduce.experiments.tables import Judged
+    from tokenreduce.study.declare import Expect
+    from tokenreduce.study.lengths import stated
+    from tokenreduce.study.tables import Judged
 
     e = Expect("a beats b", "src", arm="a", baseline="b", metric="top1", direction=1)
     short = Judged(e, [-8.0, -7.5, -8.1], stats.verdict([-8.0, -7.5, -8.1], direction=1), "")
@@ -428,8 +428,8 @@ def test_a_run_that_arrives_never_weakens_another_claims_verdict(name: str):
     import random
     from pathlib import Path
 
-    from tokenreduce.experiments.page import judged_results
-    from tokenreduce.experiments.tables import judge
+    from tokenreduce.study.page import judged_results
+    from tokenreduce.study.tables import judge
 
     def state(j) -> tuple:
         v = j.verdict
@@ -457,9 +457,9 @@ def test_the_length_section_says_what_else_differs_between_lengths_and_the_front
         tmp_path):
     from pathlib import Path
 
-    from tokenreduce.experiments.beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
-    from tokenreduce.experiments.lengths import section
-    from tokenreduce.experiments.page import judged_results, methods
+    from tokenreduce.studies.beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
+    from tokenreduce.study.lengths import section
+    from tokenreduce.study.page import judged_results, methods
 
     studies, judgement = judged_results(Path(__file__).resolve().parents[1] / "results", ["baselines"])
     study, runs = next((s, r) for s, r in studies if s.bed_name == "scenes")

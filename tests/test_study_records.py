@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tokenreduce.core.method import build_reducer
-from tokenreduce.experiments import entries, get_study, list_studies
-from tokenreduce.experiments.runner import Layout, Runner, load_runs, plan
+from tokenreduce.study import entries, get_study, list_studies
+from tokenreduce.study.runner import Layout, Runner, load_runs, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 _SCHEDULE = ("epochs", "subset", "lr", "batch_size", "eval_subset", "seed", "spec")

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from tokenreduce.core.errors import SpecError
-from tokenreduce.experiments import Arm, Measure, Study, get_study, register_study
-from tokenreduce.experiments.beds import SMOKE_MEASURE, SPEED_COLUMNS, scene_smoke
-from tokenreduce.experiments.runner import Runner, layout_for, load_runs
-from tokenreduce.experiments.tables import machines_text, paired, paired_items, summary
-from tokenreduce.experiments.testbed import Testbed as Where
+from tokenreduce.studies.beds import SMOKE_MEASURE, SPEED_COLUMNS, scene_smoke
+from tokenreduce.study import Arm, Measure, Study, get_study, register_study
+from tokenreduce.study.runner import Runner, layout_for, load_runs
+from tokenreduce.study.tables import machines_text, paired, paired_items, summary
+from tokenreduce.study.testbed import Testbed as Where
 from tokenreduce.tasks.items import decode
 
 
@@ -128,8 +128,8 @@ def test_bad_second_phases_are_refused():
 
 
 def test_a_pending_reason_is_printed_where_runs_are_missing(tmp_path: Path):
-    from tokenreduce.experiments.page import build_report
-    from tokenreduce.experiments.tables import summary
+    from tokenreduce.study.page import build_report
+    from tokenreduce.study.tables import summary
 
     study = _scenes("eet", "_pending_test", pending="scheduled for the next sitting")()
     assert "runs not run: scheduled for the next sitting." in summary(study, {})
@@ -178,7 +178,7 @@ def test_a_stem_arm_swaps_the_stem_into_the_reference(tmp_path: Path):
 
 
 def test_an_arm_table_heading_names_the_schedule_a_study_changed():
-    from tokenreduce.experiments.tables import recipe_text
+    from tokenreduce.study.tables import recipe_text
     from tokenreduce.train.recipes import get_recipe
 
     said = "fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64"
@@ -217,7 +217,7 @@ def test_a_measure_reads_the_runs_records_and_needs_no_checkpoint(tmp_path: Path
     rows = _fine_tuned(runs["speed"])
     notes = {label.split(" [")[1] for label in rows}
     assert notes == {"fine-tuned x1]", "stem conv(norm='bn'), fine-tuned x1]"}
-    from tokenreduce.experiments.records import resolve
+    from tokenreduce.study.records import resolve
 
     def checkpoint(run: str) -> str:  # a record's path, written from the study's checkpoint folder
         return resolve(runs[run]["metrics"]["checkpoint"], runner.layout)
@@ -279,7 +279,7 @@ def test_a_summary_says_when_its_runs_were_made_on_several_machines():
     assert machines_text({k: runs[k] for k in ("full-s0", "full-s1")}) == []
 
 
-#: Cropr against top-k at both fine-tune lengths, two seeds, tiny (experiments/beds.py LENGTH, lengths.py)
+#: Cropr against top-k at both fine-tune lengths, two seeds, tiny (studies/beds.py LENGTH, lengths.py)
 _scenes("cropr", "_tiny_lengths_test", ("cropr", "topk"), baseline="topk",
         smoke=dataclasses.replace(get_study("cropr").beds["scenes"].smoke,
                                   grid={"seed": (0, 1), "steps": (100, 937)}))  # two lengths of the three
@@ -287,8 +287,8 @@ _scenes("cropr", "_tiny_lengths_test", ("cropr", "topk"), baseline="topk",
 
 @pytest.mark.slow
 def test_the_length_axis_runs_each_length_and_the_report_shows_them_side_by_side(tmp_path: Path):
-    from tokenreduce.experiments.beds import EPOCH_STEPS, STEPS
-    from tokenreduce.experiments.page import build_report
+    from tokenreduce.studies.beds import EPOCH_STEPS, STEPS
+    from tokenreduce.study.page import build_report
 
     study = get_study("_tiny_lengths_test")(smoke=True)
     long = study.point("cropr", {"steps": EPOCH_STEPS, "seed": 1})

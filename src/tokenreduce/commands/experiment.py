@@ -1,4 +1,4 @@
-"""``tokenreduce experiment``: run one published claim or reviewer's falsifier (experiments/).
+"""``tokenreduce experiment``: run one published claim or reviewer's falsifier (probes/).
 
 ``tokenreduce experiment`` lists the experiments with their claims; ``tokenreduce experiment
 'NAME(key=value, ...)'`` runs one, prints its report and writes its results (with provenance) to
@@ -18,7 +18,7 @@ from . import checks, vocab
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "experiment", help="run a paper's claim or a reviewer's falsifier (list them with no argument)",
-        description="Run one experiment (experiments/: one module per published claim or reviewer's objection), "
+        description="Run one experiment (probes/: one module per published claim or reviewer's objection), "
         "print its report and write its results with provenance. Without SPEC: list the experiments.",
         epilog="Example: tokenreduce experiment \"recall_at_kept(spec='ctp()')\" --results results/eet/recall.json",
     )
@@ -37,7 +37,7 @@ def _log(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..experiments import build_experiment, get_experiment, list_experiments
+    from ..probes import build_experiment, get_experiment, list_experiments
 
     if not args.spec:
         for name in list_experiments():
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench.report import provenance, write_json
-    from ..experiments import RunContext
+    from ..probes import RunContext
 
     exp = build_experiment(args.spec, smoke=args.smoke)
     checks.threads(args.threads)

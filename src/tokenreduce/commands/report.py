@@ -1,5 +1,5 @@
 """``tokenreduce report``: every registered study rendered from its stored run JSONs into one page,
-results/REPORT.md, with its PNG figures (experiments/page.py; rebuilt from the same JSONs it is
+results/REPORT.md, with its PNG figures (study/page.py; rebuilt from the same JSONs it is
 byte-identical)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..core.errors import TokenReduceError
-    from ..experiments.page import build_report
+    from ..study.page import build_report
 
     if not Path(args.out).is_dir():
         raise TokenReduceError(f"--out {args.out}: no results folder there (it holds the studies' run records, "

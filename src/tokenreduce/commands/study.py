@@ -1,4 +1,4 @@
-"""``tokenreduce study`` and ``tokenreduce report``: run a study (experiments/study.py), render the report.
+"""``tokenreduce study`` and ``tokenreduce report``: run a study (study/declare.py), render the report.
 
 ``tokenreduce study`` lists the studies; ``tokenreduce study NAME`` runs every run of its plan not done
 yet (a killed study continues, a killed run resumes from its checkpoint); ``--jobs N`` runs N at once;
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _testbed(args: argparse.Namespace):
-    from ..experiments.testbed import Testbed
+    from ..study.testbed import Testbed
 
     if args.data_dir:
         from ..core.errors import TokenReduceError
@@ -107,7 +107,7 @@ def _where(items: list[str]) -> dict[str, set[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..experiments.study import get_study, list_studies
+    from ..study.declare import get_study, list_studies
 
     if not args.name:
         for name in list_studies():
@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..core.errors import TokenReduceError
-    from ..experiments.runner import Runner, layout_for, load_runs
-    from ..experiments.tables import summary
+    from ..study.runner import Runner, layout_for, load_runs
+    from ..study.tables import summary
     from . import checks
 
     checks.threads(args.threads)
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         raise TokenReduceError(f"--summarize: {layout.results} holds no run records (no runs/ folder); check --out "
                                f"and --testbed, or run the study first (tokenreduce study {args.name})")
     from ..bench.report import write_text
-    from ..experiments.page import judged_results
+    from ..study.page import judged_results
 
     judgement = None  # on the committed results, the report's: claims adjusted with every other study's
     if layout.results == Path("results") / study.key:

@@ -36,7 +36,7 @@ for W_q = W_k (models/transforms.py ``tie_qk``): it reads and scores only the up
 a_m -> U(a_m) = triu(a_m) + triu(a_m, 1)^T, E_m = U(K * U(a_m)) computed at the c(c+1)/2 upper
 entries. With a symmetric a_m and a symmetric kernel (K = K^T) both paths are equal. Row-wise
 softmax makes A_m asymmetric even when S = Q K^T is symmetric (A_ij / A_ji = Z_j / Z_i, Z the row
-sums of exp(S)), and a learned kernel need not stay symmetric: experiments/bspf_symmetry.py
+sums of exp(S)), and a learned kernel need not stay symmetric: probes/bspf_symmetry.py
 measures how far the mirrored decisions are from the exact ones.
 
 Cost: the reduction removes tokens, so every later projection, MLP and attention chunk is really

@@ -30,7 +30,7 @@ Hyper-speed regime (the paper: 2.51x, about 13% of the tokens left at the end): 
 every block from block 1, the default rates: ``imagepiece(locs=(1, 2, 3, 4, 5, 6, 7))`` leaves 24
 of DeiT-S's 196 tokens (12%; 2.44x fewer MACs, the default 1.50x). On the Fashion-MNIST reference
 (49 patches, 6 blocks) ``imagepiece(locs=(0, 1, 2, 3, 4), keep=0.7)`` leaves 7 of 49 (14%)
-(the ``imagepiece`` study, experiments/studies/imagepiece.py, with EViT and ToMe at the same MACs).
+(the ``imagepiece`` study, studies/imagepiece.py, with EViT and ToMe at the same MACs).
 
 Deviations / decisions (unpublished; each one a parameter):
 - ``locs=(2, 5, 8)``: blocks where inattentive tokens are merged; the pruning follows at 3, 6, 9,

@@ -35,8 +35,8 @@ from ..core.errors import TokenReduceError
 from ..tasks.items import decode, metric_of
 
 if TYPE_CHECKING:
+    from .declare import Study
     from .runner import Layout
-    from .study import Study
 
 #: The kinds of run a plan holds (runner.Unit.kind).
 KINDS = ("train", "evaluate", "measure", "probe", "bench")

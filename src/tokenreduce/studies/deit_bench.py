@@ -15,9 +15,9 @@ the ``lat vs random`` column, so its table has the columns the command printed t
 
 from __future__ import annotations
 
-from ...bench.compare import COLUMNS
-from ..study import Bed, Bench, Smoke, Study, register_study
-from ..testbed import Testbed
+from ..bench.compare import COLUMNS
+from ..study.declare import Bed, Bench, Smoke, Study, register_study
+from ..study.testbed import Testbed
 
 #: DeiT-S, random weights (timm's config: 224x224, patch 16, dim 384, depth 12, 6 heads)
 DEIT_S = {"name": "deit_small_patch16_224", "kwargs": {}}

@@ -26,9 +26,9 @@ measured time).
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..study import Bed, Bench, BenchTable, Smoke, Study, register_study
-from ..testbed import Testbed
+from ..study.declare import Bed, Bench, BenchTable, Smoke, Study, register_study
+from ..study.testbed import Testbed
+from ..train.recipes import get_recipe
 from .deit_bench import DEIT_S, SMOKE_BENCH
 
 BACKENDS = ("eager", "compile", "onnxruntime")

@@ -6,7 +6,7 @@ tokens: Cropr's cross-attention router (trained by its auxiliary heads), a fixed
 seed follows the run's), the CLS-attention top-k, EViT (top-k that fuses what it drops), and the
 unpruned model under the same recipe; seeds 0-2, paired by seed.
 
-``scenes`` (experiments/beds.py): the scene reference on the shortened fine-tune (100 steps of 64
+``scenes`` (studies/beds.py): the scene reference on the shortened fine-tune (100 steps of 64
 scenes; the router and heads at lr 1e-3, the backbone at 0.3 x). Cropr prunes r = 16 patches after every
 block but the last (17 after the first: 196 -> 179 -> ... -> 19 after blocks 0-10); with Last Layer
 Fusion (``+ llf()``) the pruned tokens return before the final block. Beside the rivals, the referee's
@@ -18,13 +18,14 @@ control: a fixed random *linear scorer* (a frozen random query, ``cropr(frozen=T
 The dense task (segmentation with LLF) is the study ``cropr_seg``.
 
 Compute plan (2 CPU cores): scenes 21 runs x 2-3 min (about 55 min); fmnist 15 runs x 1.5-2 min. One epoch:
-its budget (experiments/beds.py, ``one_epoch_budget``).
+its budget (studies/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..beds import (
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Study, register_study
+from ..train.recipes import get_recipe
+from .beds import (
     FMNIST,
     LENGTH,
     LONGER_PENDING,
@@ -36,7 +37,6 @@ from ..beds import (
     scene_smoke,
     shortened,
 )
-from ..study import Arm, Axis, Bed, Col, Expect, Study, register_study
 
 SOURCE = "Token Cropr, arXiv 2412.00965"
 CLS_SOURCE = f"{SOURCE}, its ImageNet classification results against other pruners"
@@ -48,7 +48,7 @@ _R = 16
 _COUNTS = tuple(196 - (_R + 1) - _R * i for i in range(11))
 _AT = f"counts={_COUNTS}, locs={tuple(range(11))}"
 _FMNIST_AT = "counts=(42, 36, 30, 24, 18), locs=(0, 1, 2, 3, 4)"  # what cropr(r=6) keeps on 49 patches
-#: the arms fine-tuned for one epoch too (experiments/beds.py, LENGTH): the router, with LLF, and its rivals
+#: the arms fine-tuned for one epoch too (studies/beds.py, LENGTH): the router, with LLF, and its rivals
 LONGER = ("cropr", "cropr_llf", "topk", "random")
 _COLUMNS = (Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True), Col("train_time_s", "wall s"))
 

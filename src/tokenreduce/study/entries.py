@@ -89,7 +89,7 @@ def probe(spec: str, *, out: Path, threads: int, device: str, amp: str | None = 
           log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the registered experiment ``spec`` as ``tokenreduce experiment SPEC`` does; returns its
     spec and results."""
-    from .base import RunContext, build_experiment
+    from ..probes.base import RunContext, build_experiment
 
     exp = build_experiment(spec)
     result = exp.run(RunContext(threads=threads, device=device, amp=amp, out_dir=out, log=log))
@@ -98,7 +98,7 @@ def probe(spec: str, *, out: Path, threads: int, device: str, amp: str | None = 
 
 def report_probe(spec: str, result: dict[str, Any]) -> str:
     """The experiment's own report of ``result``."""
-    from .base import build_experiment
+    from ..probes.base import build_experiment
 
     return build_experiment(spec).report(result)
 

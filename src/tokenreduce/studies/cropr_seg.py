@@ -5,7 +5,7 @@ arm keeps Cropr's per-block counts and brings the pruned tokens back before the 
 so arms differ only in who picks the tokens: Cropr + LLF (one query per output patch, R ramped up over
 the first steps as the official ``segm/`` does), random + LLF, top-k + LLF (and EViT + LLF on
 ``fmnist``), and the unpruned model; seeds 0-2, paired by seed. Then the reviewer's collapse diagnostic
-as an evaluated arm ``rescored``, per seed on Cropr's checkpoint (experiments/cropr_diagnostics.py):
+as an evaluated arm ``rescored``, per seed on Cropr's checkpoint (probes/cropr_diagnostics.py):
 the Spearman agreement of the deployed score (summed raw logits) with the training-time score (summed
 per-query softmax), the kept-set overlap, and the mIoU pruning by each.
 
@@ -27,10 +27,10 @@ diagnostics x 2-3 min (about 90 min); fmnist: 15 runs x 5-10 min.
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..beds import SCENES_SEG, fmnist_smoke, scene_smoke, shortened
-from ..study import Arm, Bed, Col, Expect, Study, register_study
-from ..testbed import Testbed
+from ..study.declare import Arm, Bed, Col, Expect, Study, register_study
+from ..study.testbed import Testbed
+from ..train.recipes import get_recipe
+from .beds import SCENES_SEG, fmnist_smoke, scene_smoke, shortened
 from .cropr import REVIEW, SEEDS, SOURCE, rivals, router_beats
 
 SEG_SOURCE = f"{SOURCE}, its ADE20k semantic segmentation results with LLF"

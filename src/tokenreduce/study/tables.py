@@ -2,7 +2,7 @@
 
 ``summary(study, runs)`` is the markdown ``tokenreduce study NAME --summarize`` prints and writes to
 ``<results>/summary.md``; ``verdicts(study, runs)`` judges each declared expectation
-(experiments/stats.py); the report page (experiments/page.py) reuses both. A run without a JSON
+(study/stats.py); the report page (study/page.py) reuses both. A run without a JSON
 shows as "not run" with the reason, never as a number.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .study import REFERENCE, Bench, BenchTable, Expect, Measure, Probe, Study
+from .declare import REFERENCE, Bench, BenchTable, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
 

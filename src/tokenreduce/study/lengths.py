@@ -1,4 +1,4 @@
-"""The fine-tune length (experiments/beds.py, ``LENGTH``): every claim of a study bed tested at more than
+"""The fine-tune length (studies/beds.py, ``LENGTH``): every claim of a study bed tested at more than
 one length, side by side, its verdict stated at the longest, and one figure per bed: the paired
 difference of each claim against fine-tune steps.
 
@@ -12,9 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .declare import Expect, Study
 from .figures import pyplot, set_title, write_png
 from .stats import summarize, welch_change
-from .study import Expect, Study
 from .tables import NOT_RUN, Judged, ci_text, measured, where_text, word
 
 AXIS = "steps"

@@ -5,7 +5,7 @@ the paper lacks (the conv stem alone).
 Its accuracy gain compares a conv stem + re-tokenization against a plain patch-embedding ViT and never
 trains the conv stem alone. Contrasts are paired by seed (seeds 0-2).
 
-``scenes`` (experiments/beds.py; the patch-stem reference, the shortened fine-tune with logit
+``scenes`` (studies/beds.py; the patch-stem reference, the shortened fine-tune with logit
 distillation from the reference). ImagePiece's pick is its spec nearest 1.5x measured speed-up,
 ``imagepiece(locs=(2, 5, 8), keep=0.7)``. Its rivals, two ways: at equal measured speed (EViT and ToMe at
 their own 1.5x picks) and at equal MACs (EViT ``keep=0.61``, ToMe ``r=13``, found by a search over each
@@ -32,9 +32,7 @@ runs x ~4.5 min + two speed runs; deit_s one bench of ~6 min.
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..beds import SCENES, SMOKE_MEASURE, SPEED_COLUMNS, fmnist_smoke, scene_smoke, shortened
-from ..study import (
+from ..study.declare import (
     EQUAL_SPEED,
     TESTBED_TEACHER,
     Arm,
@@ -48,7 +46,9 @@ from ..study import (
     Study,
     register_study,
 )
-from ..testbed import Testbed
+from ..study.testbed import Testbed
+from ..train.recipes import get_recipe
+from .beds import SCENES, SMOKE_MEASURE, SPEED_COLUMNS, fmnist_smoke, scene_smoke, shortened
 from .deit_bench import DEIT_S, SMOKE_BENCH
 
 _SOURCE = "ImagePiece, arXiv 2412.16491"

@@ -8,7 +8,7 @@ timm path (github.com/ArmenJeddi/saint, ViT/example_timm.py) drops in the first 
 count per block that is the batch mean of the per-image counts (``saint(count='batch')``): an image's
 prediction depends on the other images of its evaluation batch.
 
-``scenes`` (experiments/beds.py): the shipped reference, 12 blocks, 196 patches. The picks are by analytic
+``scenes`` (studies/beds.py): the shipped reference, 12 blocks, 196 patches. The picks are by analytic
 MACs on it (bench/budgets.py's family and rule 'macs', not timed): SAINT's spec nearest 1.5x and 2x in its
 family (r per block in the first six blocks), ``r=12`` (1.498x) and ``r=19`` (1.999x). At each, ToMe with r
 per block (within 0.11% and 0.19% of SAINT's MACs) and PiToMe (``keep=0.934``, 0.7% more MACs, the nearest
@@ -34,9 +34,9 @@ Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 sc
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
-from ..study import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..train.recipes import get_recipe
+from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "SAINT, arXiv 2503.11549"
 _RESULTS = (f"{_SOURCE} (abstract: dropping similar tokens beats merging them; ViT-H/14 2x throughput at -0.6 top-1 "

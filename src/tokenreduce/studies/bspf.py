@@ -4,10 +4,10 @@
 2507.12125. Arms fine-tune a reference the same way, seeds 0-2, contrasts paired by seed: full
 attention, chunked attention alone, chunked attention + pruning + fusion (``bspf``, exact scoring path),
 and W_q = W_k (the ``tie_qk`` transform of the reference's weights, the paper's precondition for
-mirroring the scores of the upper triangle). ``bspf_symmetry`` (experiments/bspf_symmetry.py: |A - A^T|,
+mirroring the scores of the upper triangle). ``bspf_symmetry`` (probes/bspf_symmetry.py: |A - A^T|,
 exact against mirrored decisions and outputs) probes the tied models.
 
-``scenes`` (experiments/beds.py; chunks of 49 patches, keep 0.5 after blocks 3, 6, 9, the shortened
+``scenes`` (studies/beds.py; chunks of 49 patches, keep 0.5 after blocks 3, 6, 9, the shortened
 fine-tune) adds the baselines at BSPF's MACs (chunked + top-k and chunked + random at BSPF's counts), the
 mirrored path trained as such, BSPF without fusion, and W_q = W_k from a fair start: phase 1 heals the
 tie with full attention (``tied_full``), phase 2 trains mirrored BSPF from it (``bspf_tied2``), and the
@@ -20,13 +20,14 @@ reference; the speed of the untied arms in one interleaved run (a tied model has
 and the symmetry probes on the reference tied and untied and on each seed's tied checkpoint.
 
 Compute plan (2 CPU cores): scenes 30 runs x 2-3 min + 3 probes + one speed run (about 90 min); fmnist 12
-fine-tunes x 2-4 min, one speed run, five probes. One epoch: its budget (experiments/beds.py, ``one_epoch_budget``).
+fine-tunes x 2-4 min, one speed run, five probes. One epoch: its budget (studies/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..beds import (
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
+from ..train.recipes import get_recipe
+from .beds import (
     FMNIST,
     LENGTH,
     LONGER_PENDING,
@@ -40,7 +41,6 @@ from ..beds import (
     scene_smoke,
     shortened,
 )
-from ..study import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
 
 _SOURCE = "BSPF-ViT, arXiv 2507.12125"
 _SEEDS = (0, 1, 2)
@@ -67,7 +67,7 @@ _SCENE_ARMS = {
                       transforms=("tie_qk",), after="tied_full"),
 }
 
-#: the arms fine-tuned for one epoch too (experiments/beds.py, LENGTH): full attention, BSPF and the top-k
+#: the arms fine-tuned for one epoch too (studies/beds.py, LENGTH): full attention, BSPF and the top-k
 #: pruner at its counts, and W_q = W_k from a fair start, both phases at the same length for either model
 LONGER = ("full", "chunked_topk", "bspf", "tied_full", "bspf_untied2", "bspf_tied2")
 

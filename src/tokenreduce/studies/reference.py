@@ -12,9 +12,9 @@ own folder.
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..beds import fmnist_smoke
-from ..study import Arm, Axis, Bed, Col, Study, register_study
+from ..study.declare import Arm, Axis, Bed, Col, Study, register_study
+from ..train.recipes import get_recipe
+from .beds import fmnist_smoke
 
 
 @register_study("reference")

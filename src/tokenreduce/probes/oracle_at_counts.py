@@ -15,7 +15,7 @@ masks in the same way (the symmetric protocol encodes them through the pruned mo
 
 Every metric of the task is reported per row; the ``metrics`` of the result are the object_first row's, with
 its per-item results (``metrics["items"]``, tasks/items.py, in the test data's order), so that a study can
-use this experiment as an evaluated arm (experiments/study.py, ``Arm.evaluates``), pair it with the arm it
+use this experiment as an evaluated arm (study/declare.py, ``Arm.evaluates``), pair it with the arm it
 reads by seed and put the test items in the contrast's interval.
 
 How the masks reach the pruner: each test item carries its mask as one extra input channel; a thin

@@ -1,7 +1,7 @@
 """``tokenreduce report``: every registered study on one page, results/REPORT.md, with PNG figures.
 
 Per claim: its source, the published value, the value measured here with its interval, the verdict,
-the test bed, the command and the provenance of the runs; per study its tables (experiments/tables.py)
+the test bed, the command and the provenance of the runs; per study its tables (study/tables.py)
 and a figure of its first metric per arm. Everything is read from the stored run JSONs of the
 study's own test bed (``results/<study>/runs``); the page holds no time stamp and no absolute path,
 and the PNGs carry no software or date metadata, so rebuilding it from the same JSONs gives the same
@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
+from ..studies.beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
 from . import lengths
-from .beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
+from .declare import Study, get_study, list_studies
 from .figures import colours, pyplot, set_title, write_png
 from .runner import Layout, load_runs, plan
 from .stats import summarize
-from .study import Study, get_study, list_studies
 from .tables import (
     NOT_RUN,
     STATISTICS,

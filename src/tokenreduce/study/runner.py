@@ -4,7 +4,7 @@ A study's plan is its training runs (arm x grid point, id ``d_eet-b16-s0``) foll
 (id = their name), which read the training runs' records, its probes (id = their name), which read
 their checkpoints, and its benches (id = their name), which read nothing and run last, alone. A run
 is done when its JSON exists (``<results>/runs/<id>.json``, written atomically at the end); a run is
-executed in-process through experiments/entries.py, its checkpoints under ``<checkpoints>/<id>/``,
+executed in-process through study/entries.py, its checkpoints under ``<checkpoints>/<id>/``,
 and a training run always resumes what an interrupted one left there (train()'s resume). So a killed
 study continues where it stopped, ``--jobs N`` runs N at once (N processes of threads // N torch
 threads each; measures and benches, which time, one at a time after the rest), and ``commands()``
@@ -39,8 +39,8 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from ..models.references import file_sha256
+from .declare import REFERENCE, Bench, Measure, Point, Probe, Study
 from .records import load_records, read_record, relative, resolved
-from .study import REFERENCE, Bench, Measure, Point, Probe, Study
 from .tables import item_pair
 
 
@@ -453,7 +453,7 @@ class Runner:
 def _fields(experiment: str) -> set[str]:
     import dataclasses
 
-    from .base import get_experiment
+    from ..probes.base import get_experiment
 
     cfg = get_experiment(experiment).Config
     return {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()

@@ -12,7 +12,7 @@ measured --match-random`` chose them once on the 2-core machine (``free.json`` o
 search), and a declared study trains the same arms wherever it runs (a measured pick moves with the
 machine).
 
-``scenes`` (experiments/beds.py): the shortened fine-tune with logit distillation from the reference; every
+``scenes`` (studies/beds.py): the shortened fine-tune with logit distillation from the reference; every
 pick with its ``random~`` arm; DynamicViT, the learned baseline, fine-tuned at the keep rates nearest 1.5x
 and 2x when its speed was timed on the reference (it has no training-free row). Cropr and BSPF are
 compared with the random pruner at their own counts in their own studies.
@@ -24,13 +24,14 @@ comparison again, eagerly and with onnxruntime.
 
 Compute plan (2 CPU cores): scenes 78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + two evaluation runs
 (about 3.5 h); fmnist 36 fine-tunes x ~8.5 min in two 1-thread lanes (~2.5 h) + 4 evaluations. One epoch:
-its budget (experiments/beds.py, ``one_epoch_budget``).
+its budget (studies/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..beds import (
+from ..study.declare import EQUAL_SPEED, TESTBED_TEACHER, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..train.recipes import get_recipe
+from .beds import (
     FMNIST,
     LENGTH,
     LONGER_PENDING,
@@ -43,7 +44,6 @@ from ..beds import (
     scene_smoke,
     shortened,
 )
-from ..study import EQUAL_SPEED, TESTBED_TEACHER, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 
 _SOURCE = "EViT, arXiv 2202.07800 (attentive against random token selection); ToMe, arXiv 2210.09461"
 _GRID = (Axis("seed", (0, 1, 2), "s"),)
@@ -150,7 +150,7 @@ def _beats_random_at_speed(name: str, method: str) -> Expect:
 
 
 _MATCHED_ARMS = ("random-1.5x", "topk-1.5x", "random~topk-1.5x")
-#: the arms fine-tuned for one epoch too (experiments/beds.py, LENGTH): DynamicViT, whose predictors start
+#: the arms fine-tuned for one epoch too (studies/beds.py, LENGTH): DynamicViT, whose predictors start
 #: untrained, and top-k, the training-free control, each with the random pruner at its counts
 LONGER = ("dynamicvit-1.5x", "random~dynamicvit-1.5x", "topk-1.5x", "random~topk-1.5x")
 

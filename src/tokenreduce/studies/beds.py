@@ -37,8 +37,8 @@ import dataclasses
 from typing import Any
 
 from ..core.errors import SpecError
-from .study import Arm, Axis, Col, Expect, Power, Smoke
-from .testbed import Testbed
+from ..study.declare import Arm, Axis, Col, Expect, Power, Smoke
+from ..study.testbed import Testbed
 
 #: the scene reference starts every run and names the data
 SCENES = Testbed(reference="scenes-vit")

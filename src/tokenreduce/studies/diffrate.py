@@ -7,7 +7,7 @@ than either alone. Its published DeiT-S schedule at 2.9 G MACs (``compression_ra
 2.9) gives 79.54 top-1 off the shelf on ImageNet-1k (the official README: ``main.py --eval
 --load_compression_rate --target_flops 2.9`` prints Acc@1 79.538, flops 2.905; DeiT-S unreduced: 79.8).
 
-``scenes`` (experiments/beds.py): the shipped reference has DeiT-S's shape (12 blocks, 196 patches), so
+``scenes`` (studies/beds.py): the shipped reference has DeiT-S's shape (12 blocks, 196 patches), so
 the published schedule runs unchanged, ``diffrate(schedule='deit_s-2.9')``: 196 -> 193 -> 175 -> ... -> 55
 -> 2 patches. The two controls remove the same number of tokens in every block, one way only:
 prune-only drops what DiffRate prunes and merges, by the same class-token ranking
@@ -27,10 +27,10 @@ Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 sc
 
 from __future__ import annotations
 
-from ...methods.diffrate import DEFAULT, kept_counts, published
-from ...train.recipes import get_recipe
-from ..beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
-from ..study import REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..methods.diffrate import DEFAULT, kept_counts, published
+from ..study.declare import REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..train.recipes import get_recipe
+from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = ("DiffRate, arXiv 2305.17997 (prune, then merge: Fig. 3); the official README (DeiT-S at 2.9 G MACs: 79.54 "
            "off the shelf)")

@@ -1,6 +1,6 @@
 """A study: a paper's claims as controlled comparisons, declared once and run on each of its test beds.
 
-A study (one module under experiments/studies/, named as registered) names the ``claim`` it tests, its
+A study (one module under studies/, named as registered) names the ``claim`` it tests, its
 ``source`` and its claims (``expect``: :class:`Expect`, the statistic, the level, the published effect),
 and its test beds (``beds``: name -> :class:`Bed`; the first is the default, ``tokenreduce study NAME
 --testbed BED`` picks another). A bed declares what depends on the test bed: the :class:`Testbed` its
@@ -16,7 +16,7 @@ tests each claim whose two arms it has (:func:`tests_claim`), so a claim is writ
 beds test it; a user's own test bed (``--model``, ``--data``) runs a declared bed's plan on it.
 
 Every arm x grid point of a bed is one run with a stable id (``d_eet-b16-s0``; ``eet/scenes/d_eet-b16-s0``
-with the study and bed), executed by experiments/runner.py. A bed of benches only has no arms: it trains
+with the study and bed), executed by study/runner.py. A bed of benches only has no arms: it trains
 nothing, so it has no grid (no seeds), baseline, columns or claims.
 """
 
@@ -47,7 +47,7 @@ class Arm:
     name grid values in braces (``random(..., seed={seed})``: a pruner's own seed that follows the run's).
 
     An *evaluated* arm trains nothing: ``evaluates`` names the arm whose checkpoint it reads at the same
-    grid point, and ``experiment`` the registered experiment (experiments/base.py) run on it, whose
+    grid point, and ``experiment`` the registered experiment (probes/base.py) run on it, whose
     result's ``metrics`` are the arm's (e.g. ``oracle_at_counts``: the oracle at a trained pruner's
     counts, on its weights; its spec may name the point's training settings in braces,
     ``subset={eval_subset}``: the test items the source run was scored on). Its runs pair with the
@@ -113,7 +113,7 @@ class Col:
     fmt: str = "{:.2f}"
 
 
-#: The margin within which two arms count as "at equal measured speed" (experiments/tables.py, claim_text):
+#: The margin within which two arms count as "at equal measured speed" (study/tables.py, claim_text):
 #: a tenth of the speed-up, the order the timing noise of one interleaved run on 2 CPU threads allows
 #: with ten rounds (each speed table prints its own measured noise); a tighter margin could not be shown.
 EQUAL_SPEED = 0.1
@@ -124,7 +124,7 @@ class Power:
     """A power plan declared before the runs: the smallest ``effect`` (paired difference, toward the claim)
     the claim's test must detect, at the per-seed spread ``sd`` of the ``pilot`` (named: the runs or study
     the spread was read from), with ``power`` (80%); the report states the n of seeds that gives it at the
-    level the claim is decided at (its level over the tests of its study's Holm family: experiments/stats.py,
+    level the claim is decided at (its level over the tests of its study's Holm family: study/stats.py,
     :func:`~.stats.seeds_for_power`) beside the n run. ``at`` instead of ``sd``: the
     pilot is the same contrast at that grid point of the study's own records (its paired differences' sd is
     read from them, so the number lives in the records alone)."""
@@ -144,7 +144,7 @@ class Power:
 
 @dataclass(frozen=True)
 class Expect:
-    """What the study expects of one paired contrast, and how it is judged (experiments/stats.py).
+    """What the study expects of one paired contrast, and how it is judged (study/stats.py).
 
     ``arm - baseline`` on ``metric`` at the grid point ``at`` (every other axis but the seed fixed),
     paired by seed; the claim is that the difference lies above ``margin`` (``direction=+1``) or
@@ -226,7 +226,7 @@ class Measure:
 
 @dataclass(frozen=True)
 class Probe:
-    """A run of a registered Experiment (experiments/base.py) given as a spec, on the test bed's
+    """A run of a registered Experiment (probes/base.py) given as a spec, on the test bed's
     reference checkpoint (a test bed without one: the baseline arm's run at the grid's first point);
     with ``arm``: on that arm's run at the grid point ``at``.
     ``fmnist_only``: it reads Fashion-MNIST's raw images, so a test bed on other data skips it."""
@@ -652,7 +652,7 @@ def _runs_there(cls: type[Study], what: str, arms: tuple[str, ...], at: dict[str
 
 
 def _builtins() -> None:
-    importlib.import_module(__package__)  # registers the built-in studies
+    importlib.import_module("tokenreduce.studies")  # the built-in studies register themselves on import
 
 
 _STUDIES: Registry[type[Study]] = Registry("study", load=_builtins)

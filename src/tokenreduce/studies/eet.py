@@ -9,7 +9,7 @@ paired by seed (a seed fixes the data order and the FISH targets of both arms):
     (c) CTP + DKT                      eet(drg=False), ctp()
     (d) full EET                       eet, ctp()
 
-``scenes`` (experiments/beds.py): the premise of EET holds there, 196 patches of which most are
+``scenes`` (studies/beds.py): the premise of EET holds there, 196 patches of which most are
 background or clutter; the scene bed's shortened schedule (100 steps of 64 scenes), 2 000 test queries
 against a fixed 5 000 training scenes. CTP keeps 98 / 49 / 12 patches after blocks 3 / 7 / 9. Beside
 the four arms:
@@ -19,7 +19,7 @@ the four arms:
   varies delta at sigma = 1: the official 1e-4, then 1e-2 and 1 (no claim is declared on them).
 - (e) the oracle at CTP's counts, an evaluated arm: each of (b)'s checkpoints with ``ctp()`` swapped for
   the ``oracle`` pruner at the same counts and blocks, which keeps the target garment's patches first
-  (the scene masks; methods/oracle.py), on the same weights and test scenes (experiments/
+  (the scene masks; methods/oracle.py), on the same weights and test scenes (probes/
   oracle_at_counts.py).
 - the speed of CTP against the unpruned model, one interleaved run of the eval pipeline (throughput at
   batch 32, latency at batch 1; at 16 bits: the hash head's width does not move the backbone's cost),
@@ -27,20 +27,21 @@ the four arms:
 
 ``fmnist``: the ``fmnist-eet`` recipe (EET's optimiser scaled to 2 CPU cores: batch 64, 1 epoch on a
 fixed 10 000 training images, per-image FISH targets) from the ``fmnist-vit`` reference, the speed run
-as above, and recall@kept of ``ctp()`` on the reference (experiments/recall_at_kept.py).
+as above, and recall@kept of ``ctp()`` on the reference (probes/recall_at_kept.py).
 
 Compute plan (2 CPU cores): scenes at 16 bits 18 training runs x 2-6 min (the arms with DKT also train the
 unpruned teacher), the oracle arm x 3 (2 min each), the speed run (3 min): about 70 minutes; at 64 bits 12
 runs + 3 oracle evaluations: about 50 minutes. fmnist: 24 training runs x 3-5 min, speed and recall ~2 min
-each. One epoch: its budget (experiments/beds.py, ``one_epoch_budget``).
+each. One epoch: its budget (studies/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ...train.recipes import get_recipe
-from ..beds import (
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
+from ..train.recipes import get_recipe
+from .beds import (
     FMNIST,
     LENGTH,
     LONGER_PENDING,
@@ -53,7 +54,6 @@ from ..beds import (
     scene_smoke,
     shortened,
 )
-from ..study import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
 
 _SOURCE = "EET, arXiv 2504.16691"
 _DB = "db_subset=5000"  # the scene bed: 2 000 test queries against a fixed 5 000 training scenes
@@ -103,7 +103,7 @@ _AT_16 = (
 )
 
 
-#: the arms fine-tuned for one epoch too, at 16 bits (experiments/beds.py, LENGTH)
+#: the arms fine-tuned for one epoch too, at 16 bits (studies/beds.py, LENGTH)
 LONGER = ("a_unpruned", "b_ctp", "d_eet", "e_oracle")
 
 

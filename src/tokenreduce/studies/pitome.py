@@ -15,7 +15,7 @@ unreduced row, 4.60 GFLOPs at 79.88%, is DeiT-S's). Those runs predate the final
 project's ``pitome()`` is checked against (commit 550b5de). The paper has no random control: the claim
 "PiToMe beats random at equal MACs" is this project's floor for any informed merge.
 
-``scenes`` (experiments/beds.py): the shipped reference, 12 blocks, 196 patches, head dim 24. The picks
+``scenes`` (studies/beds.py): the shipped reference, 12 blocks, 196 patches, head dim 24. The picks
 are by analytic MACs on it (bench/budgets.py, rule 'macs'), not timed: PiToMe's spec nearest 1.5x and 2x,
 ``keep=0.93`` (1.52x) and ``keep=0.885`` (2.02x). At each, ToMe's and the random pruner's specs with the
 same MACs: ToMe with r per block (within 0.02% and 0.15%), the random pruner at the per-block counts of a
@@ -37,9 +37,9 @@ of ~3 300 scenes (~15 s each) and one timing run of 7 cases (~5 min): about 10 m
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
-from ..study import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..train.recipes import get_recipe
+from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "PiToMe, arXiv 2405.16148"
 _RESULTS = f"{_SOURCE}; the authors' deit_ost.csv (DeiT-S off the shelf, ImageNet-1k)"

@@ -29,7 +29,7 @@ or "equivalent" (|d| < |margin|, by TOST):
                             differences have no spread (all equal: a t statistic is undefined, and a
                             p of 0 would claim certainty two equal draws cannot give).
 The p-values deciding are the adjusted ones the caller passes (Holm within a study, Benjamini-Hochberg
-over the report: experiments/tables.py); without them the raw ones.
+over the report: study/tables.py); without them the raw ones.
 """
 
 from __future__ import annotations

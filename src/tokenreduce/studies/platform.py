@@ -11,9 +11,9 @@ other hashing studies start from, not a contrast.
 
 from __future__ import annotations
 
-from ...train.recipes import get_recipe
-from ..beds import FMNIST, fmnist_smoke
-from ..study import Arm, Axis, Bed, Col, Study, register_study
+from ..study.declare import Arm, Axis, Bed, Col, Study, register_study
+from ..train.recipes import get_recipe
+from .beds import FMNIST, fmnist_smoke
 
 
 @register_study("platform")

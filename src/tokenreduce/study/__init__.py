@@ -1,0 +1,26 @@
+"""The study engine: a study declared as data (study/declare.py), planned and run into one record per run
+(study/runner.py), read back and checked (study/records.py), judged (study/stats.py, study/tables.py) and
+written as a page (study/page.py). The declarations it runs live under ``tokenreduce.studies``, one module
+per paper; the probes they call under ``tokenreduce.probes``."""
+
+from .declare import (
+    REFERENCE,
+    Arm,
+    Axis,
+    Bed,
+    Bench,
+    BenchTable,
+    Col,
+    Expect,
+    Measure,
+    Probe,
+    Smoke,
+    Study,
+    get_study,
+    list_studies,
+    register_study,
+)
+from .testbed import Testbed
+
+__all__ = ["REFERENCE", "Arm", "Axis", "Bed", "Bench", "BenchTable", "Col", "Expect", "Measure", "Probe", "Smoke",
+           "Study", "Testbed", "get_study", "list_studies", "register_study"]
