@@ -248,17 +248,16 @@ class HostParts:
 
 
 def attach(model: nn.Module, spec: str | Reducer, host: Host, *, trace: bool, dense: bool,
-           model_name: str | None = None) -> Patch:
+           undo: Callable[[nn.Module], Any], model_name: str | None = None) -> Patch:
     """Build ``spec``, check it against ``host``, bind it and leave the :class:`Patch` on ``model``
-    (replacing a previous patch only once everything succeeded). The adapter then installs its
-    forward. A reducer with parameters or buffers becomes ``model.tokenreduce`` (its own keys)."""
+    (replacing a previous patch, taken off with ``undo``, the calling adapter's ``remove``, only once
+    everything succeeded). The adapter then installs its forward. A reducer with parameters or buffers
+    becomes ``model.tokenreduce`` (its own keys)."""
     reducer = build_reducer(spec)
     refuse(reducer, host, model_name or type(model).__name__)
     schedule = reducer.bind(host)
     if hasattr(model, ATTR):  # only now: a failed apply leaves the previous patch in place
-        from .hosts import remove  # cycle: hosts imports common
-
-        remove(model)
+        undo(model)
     ref = next(model.parameters())
     reducer.to(device=ref.device, dtype=ref.dtype)
     reducer.train(model.training)  # later model.train()/eval() calls reach it as a submodule

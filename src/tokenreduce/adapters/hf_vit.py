@@ -492,7 +492,7 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     if "forward" in vars(base) and not hasattr(model, ATTR):
         raise TokenReduceError(f"the {type(base).__name__} in this model is already patched through another "
                                "module; call tokenreduce.remove on that one first")
-    patch = attach(model, spec, host, trace=trace, dense=dense)
+    patch = attach(model, spec, host, trace=trace, dense=dense, undo=remove)
     # instance attributes (per model), picklable: a partial of a module-level function, a plain object
     base.forward = functools.partial(_forward, base, family, patch)
     base.__prepare_scriptable__ = RefuseScript(patch.reducer.spec())

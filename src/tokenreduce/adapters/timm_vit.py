@@ -152,7 +152,7 @@ def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: 
     in the original order (pruned tokens restored, merged ones copied to every position they
     hold: ``TokenState.dense``), for dense tasks.
     """
-    patch = attach(model, spec, check_host(model), trace=trace, dense=dense)
+    patch = attach(model, spec, check_host(model), trace=trace, dense=dense, undo=remove)
     # partial, not a bound method: a bound method pickles as getattr(model, '_forward_features')
     model.forward_features = partial(_forward_features, model)
     model.forward_intermediates = partial(_forward_intermediates, model)
