@@ -241,7 +241,7 @@ def test_budget_family_is_valid_and_mildest_first(method):
 def test_runs_on_each_device_and_precision(method, device, amp, images):
     """The example on ``device`` under ``--amp``'s autocast: the compiled counts, finite logits near the
     float32 ones; the zero spec equal to the unpatched model run the same way."""
-    from tokenreduce.precision import autocast
+    from tokenreduce.models.precision import autocast
 
     cls = tr.get_method(method)
     model, x = make_host("deit").to(device), images.to(device)

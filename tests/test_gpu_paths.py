@@ -26,7 +26,7 @@ from tokenreduce.cli import build_parser
 from tokenreduce.data.fashion_mnist import make_synthetic
 from tokenreduce.methods.random import _moved
 from tokenreduce.models import checkpoint
-from tokenreduce.precision import autocast, device_info, grad_scaler
+from tokenreduce.models.precision import autocast, device_info, grad_scaler
 from tokenreduce.train.dist import FiniteWatch
 from tokenreduce.train.loop import TrainConfig, train
 

@@ -1,7 +1,7 @@
 """The layers of the architecture (README, "Architecture"), read from the source with ``ast`` (nothing is
 imported but tokenreduce):
 
-    cli/commands -> bench/train/experiments -> tasks/data/models -> adapters -> methods -> core
+    cli/commands -> bench/train/study/studies/probes/visualize -> tasks/data/models -> adapters -> methods -> core
 
 A module never imports (absolutely or relatively, at the top or inside a function) a package of a
 higher layer; ``core`` imports no timm; and no registered method's name is spelled as a string
@@ -21,11 +21,12 @@ import tokenreduce
 SRC = Path(tokenreduce.__file__).resolve().parent
 #: Layer of each top-level part of the package (file or sub-package); higher = further from core.
 #: ``api`` is the adapter's public face, ``visualize`` draws with it like bench does, the package
-#: ``__init__`` re-exports core, methods and api.
+#: ``__init__`` re-exports core, methods and api; ``models`` holds precision.py (device and amp), which
+#: bench, train and the commands all use.
 LAYERS = {
     "core": 0, "methods": 1, "adapters": 2, "api": 2, "__init__": 2,
     "tasks": 3, "data": 3, "models": 3,
-    "bench": 4, "train": 4, "study": 4, "studies": 4, "probes": 4, "visualize": 4, "precision": 4,
+    "bench": 4, "train": 4, "study": 4, "studies": 4, "probes": 4, "visualize": 4,
     "commands": 5, "cli": 5,
 }
 #: Above all: these never import train/, bench/, commands/ or the cli.
@@ -123,27 +124,33 @@ def adapter_privates(name: str, path: Path, tree: ast.Module) -> list[tuple[int,
     return privates(name, path, tree, within="tokenreduce.adapters", private=_adapter_private)
 
 
-def cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One import cycle of ``graph`` (module -> modules it imports) as [a, b, ..., a], or []."""
-    done: set[str] = set()
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (module -> modules it imports): its strongly connected components of
+    more than one module (Tarjan), each sorted, in sorted order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
 
-    def visit(node: str, path: list[str]) -> list[str]:
-        if node in path:
-            return path[path.index(node):] + [node]
-        if node in done:
-            return []
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
         for nxt in sorted(graph.get(node, ())):
-            found = visit(nxt, path + [node])
-            if found:
-                return found
-        done.add(node)
-        return []
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = stack[stack.index(node):]
+            del stack[stack.index(node):]
+            if len(component) > 1:
+                out.append(sorted(component))
 
     for start in sorted(graph):
-        found = visit(start, [])
-        if found:
-            return found
-    return []
+        if start not in index:
+            visit(start)
+    return sorted(out)
 
 
 def spelled(tree: ast.Module, names: set[str]) -> list[ast.Constant]:
@@ -163,6 +170,23 @@ def _is_module(dotted: str) -> bool:
 MODULES = modules()
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the tokenreduce modules it imports, at its top or inside a function (a registry's
+    ``importlib.import_module`` load is no import statement, and no edge)."""
+    names = {name for name, _, _ in MODULES}
+    return {name: {t for _, t in imported(name, path, tree) if t in names and t != name}
+            for name, path, tree in MODULES}
+
+
+def climbs(name: str, path: Path, tree: ast.Module) -> list[str]:
+    """Each import of the module ``name`` into a higher layer than its own, as a message."""
+    mine = LAYERS.get(part(name), 99)
+    return [f"{path.relative_to(SRC)}:{line} ({part(name)}, layer {mine}) imports {target} "
+            f"({part(target)}, layer {LAYERS[part(target)]})"
+            for line, target in imported(name, path, tree)
+            if part(target) is not None and LAYERS.get(part(target), -1) > mine]
+
+
 def test_every_part_of_the_package_has_a_layer():
     parts = {part(name) for name, _, _ in MODULES}
     assert parts <= set(LAYERS), f"give these a layer in LAYERS: {sorted(parts - set(LAYERS))}"
@@ -176,15 +200,20 @@ def test_no_lower_layer_imports_train_bench_commands_or_cli():
 
 
 def test_no_module_imports_a_higher_layer():
-    bad = []
-    for name, path, tree in MODULES:
-        mine = LAYERS.get(part(name), 99)
-        for line, target in imported(name, path, tree):
-            theirs = part(target)
-            if theirs is not None and LAYERS.get(theirs, -1) > mine:
-                bad.append(f"{path.relative_to(SRC)}:{line} ({part(name)}, layer {mine}) imports {target} "
-                           f"({theirs}, layer {LAYERS[theirs]})")
+    bad = [message for name, path, tree in MODULES for message in climbs(name, path, tree)]
     assert not bad, "\n".join(bad)
+
+
+def test_precision_sits_below_bench_and_train():
+    """Where and in what precision a model runs (``--device``, ``--amp``: models/precision.py) is a utility of
+    bench, train, visualize and the commands; it lives a layer below them all, so that reaching up from it into
+    train (train.dist's device check, once) is a climb :func:`climbs` refuses."""
+    homes = [(name, path) for name, path, _ in MODULES if name.rpartition(".")[2] == "precision"]
+    assert [name for name, _ in homes] == ["tokenreduce.models.precision"]
+    assert LAYERS["models"] < min(LAYERS[p] for p in ("bench", "train", "visualize", "commands"))
+    name, path = homes[0]
+    assert climbs(name, path, ast.parse("def f():\n    from ..train.dist import setup\n")) == [
+        "models/precision.py:2 (models, layer 3) imports tokenreduce.train.dist (train, layer 4)"]
 
 
 def test_core_imports_no_timm():
@@ -230,14 +259,18 @@ def test_public_functions_have_type_hints():
                               "def _p(z): ...\n")) == [(1, "f"), (4, "A.h")]
 
 
-def test_core_has_no_import_cycle():
-    """Within ``core`` imports form a tree of layers, at the top of a module or inside a function:
-    a module that needs another's service at run time gets it by registration, not a late import."""
-    graph = {name: {t for _, t in imported(name, path, tree) if part(t) == "core" and t != name}
-             for name, path, tree in MODULES if part(name) == "core"}
-    assert len(graph) > 5
-    found = cycle(graph)
-    assert not found, " -> ".join(found)
+#: Circles being taken apart in the study engine (its runner and records); delete the entry once it is gone.
+PENDING_CIRCLES = [["tokenreduce.study.records", "tokenreduce.study.runner"]]
+
+
+def test_no_import_circle():
+    """No import circle anywhere in the package, counting the imports inside functions (a late import
+    hides a circle, it does not remove it): a module that needs another's service at run time gets it
+    passed in or by registration (``importlib.import_module`` of a registry's entry is no import)."""
+    graph = import_graph()
+    assert len(graph) > 100
+    found = [c for c in circles(graph) if c not in PENDING_CIRCLES]
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 #: Where a study names things in its own namespace: its name, its arms' keys and display labels, and the arm labels its
@@ -319,6 +352,77 @@ def test_the_private_name_checks_catch_each_form(check, module, source, expected
     assert sorted(check(module, path, ast.parse(source))) == expected
 
 
-def test_the_cycle_check_finds_a_late_import_circle():
-    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
-    assert cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+def test_the_circle_check_finds_every_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": {"a"}, "g": set()}
+    assert circles(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+    tree = ast.parse("from .common import attach\ndef f():\n    from .hosts import remove\n")
+    name, path = "tokenreduce.adapters.hf_vit", SRC / "adapters" / "hf_vit.py"
+    assert [t for _, t in imported(name, path, tree)] == ["tokenreduce.adapters.common", "tokenreduce.adapters.hosts"]
+
+
+def walk(start: str, graph: dict[str, set[str]]) -> set[str]:
+    """The modules importing ``start`` can load: every module its imports reach, at the top of a module or
+    inside a function, with the packages above each (importing a.b.c imports a and a.b)."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        bits = module.split(".")
+        todo += [".".join(bits[:i]) for i in range(1, len(bits))] + sorted(graph.get(module, ()))
+    return seen
+
+
+def room(module: str) -> str:
+    """The room a module stands in: its package, or itself for a package or a module at the top of the
+    package (``tokenreduce.api``, ``tokenreduce.visualize``)."""
+    bits = module.split(".")
+    package = SRC.joinpath(*bits[1:], "__init__.py").is_file()
+    return module if package or len(bits) <= 2 else ".".join(bits[:-1])
+
+
+def side_hops(modules: set[str], graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(from part, to part) of each import among ``modules`` between two top-level parts where the second is
+    not in a strictly lower layer (sideways within a layer, or up)."""
+    return {(part(a), part(b)) for a in modules for b in graph.get(a, ()) if part(a) != part(b)
+            and LAYERS.get(part(b), 99) >= LAYERS.get(part(a), 99)}
+
+
+#: The most rooms and side hops each command's walk may take. train, eval and demo as before the
+#: ``--device`` work (which added a room, the top-level precision module, and three hops through it);
+#: study as measured on the new floor (study/, studies/ and probes/ as three parts).
+WALK_CEILINGS = {"train": (11, 6), "eval": (11, 6), "demo": (12, 7), "study": (14, 15)}
+
+
+@pytest.mark.parametrize("command", sorted(WALK_CEILINGS))
+def test_a_commands_walk_stays_short(command):
+    """How much of the house one command needs, read from the source: no longer than before the device work.
+
+    The walk of ``tokenreduce.commands.<command>`` is every tokenreduce module its imports reach, at the top
+    of a module or inside a function, with the packages above each (:func:`walk`). A *room* is the package a
+    walked module stands in, or the module itself at the top of the package (:func:`room`): ``core``,
+    ``bench``, ``api``, ... A *side hop* is a pair of top-level parts (a, b) with a walked module of a
+    importing one of b where b is not in a strictly lower layer of :data:`LAYERS` (:func:`side_hops`): a
+    step across the house rather than down it. Neither may exceed the command's :data:`WALK_CEILINGS`."""
+    graph = import_graph()
+    modules = walk(f"tokenreduce.commands.{command}", graph)
+    rooms, hops = {room(m) for m in modules}, side_hops(modules, graph)
+    most_rooms, most_hops = WALK_CEILINGS[command]
+    assert len(rooms) <= most_rooms, f"{command} enters {len(rooms)} rooms (at most {most_rooms}): {sorted(rooms)}"
+    assert len(hops) <= most_hops, f"{command} takes {len(hops)} side hops (at most {most_hops}): {sorted(hops)}"
+
+
+def test_the_walk_measure():
+    graph = {"tokenreduce.commands.x": {"tokenreduce.bench.a"}, "tokenreduce.bench.a": {"tokenreduce.train.b"},
+             "tokenreduce.train.b": {"tokenreduce.core.ops"}}
+    modules = walk("tokenreduce.commands.x", graph)
+    assert modules == {"tokenreduce", "tokenreduce.commands", "tokenreduce.commands.x", "tokenreduce.bench",
+                       "tokenreduce.bench.a", "tokenreduce.train", "tokenreduce.train.b", "tokenreduce.core",
+                       "tokenreduce.core.ops"}
+    assert {room(m) for m in modules} == {"tokenreduce", "tokenreduce.commands", "tokenreduce.bench",
+                                          "tokenreduce.train", "tokenreduce.core"}
+    assert room("tokenreduce.api") == "tokenreduce.api" and room("tokenreduce.models.precision") == "tokenreduce.models"
+    assert side_hops(modules, graph) == {("bench", "train")}

@@ -17,7 +17,7 @@ from .bench.report import write_figure
 from .core.errors import TokenReduceError
 from .core.method import Reducer
 from .data import build_dataset, data_config_from_model
-from .precision import autocast
+from .models.precision import autocast
 
 
 def patch_groups(source: Tensor, num_prefix: int) -> Tensor:

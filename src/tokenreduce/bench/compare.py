@@ -119,7 +119,7 @@ def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[s
     on ``device`` and ``dtype``; every forward autocast to ``amp``, precision.autocast) with ``settings``
     (batch, warmup, repeats, min_run_s), plus provenance, the model (``model_info`` with its input size and
     parameter count) and the settings."""
-    from ..precision import autocast
+    from ..models.precision import autocast
 
     with autocast(device, amp):
         rows = bench_specs(model, specs, control=control, match_random=match_random, img_size=img_size,

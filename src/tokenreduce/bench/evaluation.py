@@ -426,7 +426,7 @@ def evaluate(req: EvalRequest) -> EvalResult:
     Specs are checked (and fine-tuned checkpoints matched to the reference) before the data is read;
     the caller sets torch's threads (``req.speed['threads']`` is what the timing records).
     """
-    from ..precision import autocast
+    from ..models.precision import autocast
 
     ref = load_reference(req.reference)
     ref.model.to(req.device)

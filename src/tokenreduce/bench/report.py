@@ -117,7 +117,7 @@ def provenance(
     """What a results file needs to be reproduced (:data:`PROVENANCE_KEYS`): command, revision,
     versions, machine, settings (on CUDA: the GPUs, CUDA, cuDNN and driver versions and TF32,
     precision.device_info; None on the CPU); ``extra``: the writer's own settings."""
-    from ..precision import device_info
+    from ..models.precision import device_info
 
     info = {
         "command": command_text(argv if argv is not None else sys.argv),

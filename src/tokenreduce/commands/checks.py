@@ -28,12 +28,11 @@ def resolve_threads(n: int | None, flag: str = "--threads") -> int:
 
 
 def device(name: str | None, here: bool = True) -> str | None:
-    """``name`` if torch knows it and this machine has it (train.dist.resolve_device), else a TokenReduceError;
+    """``name`` if torch knows it and this machine has it (models.precision.resolve_device), else a TokenReduceError;
     None (``--device``'s default): cuda when torch sees one, else cpu. On CUDA, TF32 is enabled for float32
-    matmuls (precision.prepare_device). ``here=False``, for a command that runs nothing here (``study
+    matmuls (models.precision.prepare_device). ``here=False``, for a command that runs nothing here (``study
     --list``, ``--summarize``): the name is checked, not the machine, and None stays None."""
-    from ..precision import prepare_device
-    from ..train.dist import resolve_device
+    from ..models.precision import prepare_device, resolve_device
 
     if not here:
         if name is not None:

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise TokenReduceError("--amp bf16 cannot be exported: the autocast graph feeds bfloat16 to ONNX operators "
                                "that take none (the patch embedding's Conv), so onnxruntime refuses the file; give "
                                "--amp fp16 (the casts held in the graph) or off")
-    from ..precision import autocast
+    from ..models.precision import autocast
 
     checks.writable_file(args.onnx, "--onnx")
     args.device = checks.device(args.device)

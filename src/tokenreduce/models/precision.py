@@ -1,5 +1,8 @@
 """Where and in what precision a command runs its model: ``--device`` and ``--amp`` (commands/vocab.py).
+It sits with the models, below bench, train and the commands that all use it, and imports none of them.
 
+- :func:`resolve_device`: a device string checked against torch and this machine (train.dist's process
+  group and every command's ``--device`` check);
 - :func:`prepare_device`: the ``--device`` string resolved (None: cuda when available, else cpu) and
   checked; on CUDA, TF32 is allowed for float32 matmuls and convolutions (what :func:`device_info`
   records).
@@ -16,6 +19,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+
+from ..core.errors import TokenReduceError
 
 #: ``--amp`` choices (commands/vocab.py repeats them, torch-free) -> autocast dtype.
 AMP_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
@@ -43,6 +48,32 @@ def grad_scaler(device: torch.device | str, amp: str | None) -> torch.amp.GradSc
     return torch.amp.GradScaler(torch.device(device).type, enabled=amp == "fp16")
 
 
+def resolve_device(device: str | None, local_rank: int = 0, here: bool = True) -> torch.device:
+    """``device`` (any torch device string: cpu, cuda, cuda:N, mps, ...) checked to exist here or, when
+    None, cuda:<local_rank> if CUDA is available, else cpu. A TokenReduceError for a string torch
+    does not know or (``here``) a device this machine lacks; ``here=False`` checks the name only (for
+    what runs elsewhere: the commands ``study --list`` prints)."""
+    if device in (None, "auto"):
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise TokenReduceError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device(f"cuda:{local_rank}")
+    if not here:
+        return dev
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
+    available = getattr(backend, "is_available", None)
+    if available is not None and not available():
+        raise TokenReduceError(f"device {device!r} requested but torch sees no {dev.type} device here; use cpu")
+    count = getattr(backend, "device_count", None)
+    if dev.index is not None and count is not None and dev.index >= count():
+        raise TokenReduceError(f"device {device!r} requested but torch sees {count()} {dev.type} device(s) "
+                               f"({', '.join(f'{dev.type}:{i}' for i in range(count()))})")
+    return dev
+
+
 def enable_tf32() -> None:
     """Let float32 matmuls and cuDNN convolutions use TF32 tensor cores (CUDA only; no effect elsewhere)."""
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -50,10 +81,8 @@ def enable_tf32() -> None:
 
 
 def prepare_device(device: str | None) -> str:
-    """``device`` checked (train.dist.resolve_device; None: cuda when available, else cpu), as a string;
+    """``device`` checked (:func:`resolve_device`; None: cuda when available, else cpu), as a string;
     on CUDA, TF32 is enabled for float32 matmuls."""
-    from .train.dist import resolve_device
-
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = resolve_device(device)

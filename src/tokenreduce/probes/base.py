@@ -41,7 +41,7 @@ class RunContext:
 
     def autocast(self) -> AbstractContextManager:
         """The forwards' autocast on this context's device (nothing for float32)."""
-        from ..precision import autocast
+        from ..models.precision import autocast
 
         return autocast(self.device, self.amp)
 

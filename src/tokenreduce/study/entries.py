@@ -35,7 +35,7 @@ def evaluate(reference: str, specs: Sequence[str], recorded: Sequence[dict[str, 
 
     from ..bench import evaluation as ev
     from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
-    from ..precision import autocast
+    from ..models.precision import autocast
     from ..train import final_evaluation
 
     defaults = {k: ev.SPEED[k] for k in ("batch", "warmup", "repeats")}  # the eval command's
@@ -68,7 +68,7 @@ def off_the_shelf(spec: str, *, checkpoint: str, data_dir: str | None, subset: i
 
     from ..api import apply
     from ..bench import evaluation as ev
-    from ..precision import autocast
+    from ..models.precision import autocast
 
     torch.set_num_threads(threads)
     ref = ev.load_reference(checkpoint)

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import Sampler
 
 from ..core.errors import TokenReduceError
+from ..models.precision import resolve_device
 from ..tasks._dist import (
     ShardSampler,
     all_reduce_sum,
@@ -36,7 +37,7 @@ from ..tasks._dist import (
 )
 
 __all__ = ["DistInfo", "FiniteWatch", "ShardSampler", "TrainBatchSampler", "all_reduce_sum", "barrier", "counters",
-           "gather_shards", "loader_options", "resolve_device", "sample_seed", "setup", "shard_loader", "teardown",
+           "gather_shards", "loader_options", "sample_seed", "setup", "shard_loader", "teardown",
            "world_size"]
 
 _MASK64 = (1 << 64) - 1
@@ -58,32 +59,6 @@ class DistInfo:
     @property
     def distributed(self) -> bool:
         return self.world > 1
-
-
-def resolve_device(device: str | None, local_rank: int = 0, here: bool = True) -> torch.device:
-    """``device`` (any torch device string: cpu, cuda, cuda:N, mps, ...) checked to exist here or, when
-    None, cuda:<local_rank> if CUDA is available, else cpu. A TokenReduceError for a string torch
-    does not know or (``here``) a device this machine lacks; ``here=False`` checks the name only (for
-    what runs elsewhere: the commands ``study --list`` prints)."""
-    if device in (None, "auto"):
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise TokenReduceError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device(f"cuda:{local_rank}")
-    if not here:
-        return dev
-    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
-    available = getattr(backend, "is_available", None)
-    if available is not None and not available():
-        raise TokenReduceError(f"device {device!r} requested but torch sees no {dev.type} device here; use cpu")
-    count = getattr(backend, "device_count", None)
-    if dev.index is not None and count is not None and dev.index >= count():
-        raise TokenReduceError(f"device {device!r} requested but torch sees {count()} {dev.type} device(s) "
-                               f"({', '.join(f'{dev.type}:{i}' for i in range(count()))})")
-    return dev
 
 
 def setup(device: str | None = None) -> DistInfo:

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from .. import models, precision
+from .. import models
 from ..api import find_info
 from ..bench.report import provenance
 from ..core.errors import TokenReduceError
@@ -65,6 +65,7 @@ from ..models import (
     classes_of,
     load_model,
     load_weights,
+    precision,
     read_checkpoint,
     read_meta,
     resolve,
