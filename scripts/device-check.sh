@@ -41,7 +41,7 @@ step() {  # step NAME SECONDS COMMAND...: run with the smaller of SECONDS and th
 if (( smoke )); then device=cpu; amp=off; else device=cuda; amp=bf16; fi
 "$py" - <<PY | tee -a "$log"
 import json, torch
-from tokenreduce.precision import device_info
+from tokenreduce.models.precision import device_info
 print(json.dumps({"torch": torch.__version__, "cuda": torch.cuda.is_available(), **device_info("$device")}))
 PY
 if (( ! smoke )) && ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
