@@ -16,6 +16,7 @@ import pytest
 
 import tokenreduce.study.runner as runner_module
 from tokenreduce.cli import main
+from tokenreduce.core.errors import TokenReduceError
 from tokenreduce.models.references import file_sha256
 from tokenreduce.study import Arm, Axis, Bed, Expect, Study, execute, get_study, register_study
 from tokenreduce.study.runner import Layout, Runner, layout_for, load_runs
@@ -44,8 +45,8 @@ class _InProcessPool:
     hold: tuple[str, ...] = ()
     made: list[_InProcessPool] = []
 
-    def __init__(self, max_workers: int, mp_context: Any = None) -> None:
-        self.jobs, self.start = max_workers, mp_context.get_start_method()
+    def __init__(self, max_workers: int, mp_context: Any, initializer: Any, initargs: tuple) -> None:
+        self.jobs, self.start, self.initializer = max_workers, mp_context.get_start_method(), initializer
         self.submitted: list[tuple[str, int, tuple[str, ...]]] = []  # (run, threads, runs still running then)
         self.held: list[tuple[str, Future, Any]] = []
         _InProcessPool.made.append(self)
@@ -108,7 +109,7 @@ def test_a_run_starts_as_soon_as_its_needs_are_done_with_threads_split(threads: 
     runner = Runner(study, layout_for(study, str(tmp_path)), threads=threads, log=lambda msg: None)
     assert sorted(runner.run(jobs=jobs)) == sorted(u.id for u in runner.units)
     (made,) = pool.made
-    assert (made.jobs, made.start) == (jobs, "spawn")
+    assert (made.jobs, made.start, made.initializer) == (jobs, "spawn", runner_module._orphaned_exit)
     assert made.submitted == [("a-b8-s0", each, ()), ("a-b8-s1", each, ()),
                               ("b-b8-s0", each, ("a-b8-s1",)),  # not in waves: a-b8-s1 is still running
                               ("b-b8-s1", each, ())]
@@ -183,13 +184,23 @@ def test_the_runner_never_reenters_the_cli_nor_starts_a_subprocess():
         tree = ast.parse(Path(module.__file__).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        assert not imported & {"subprocess", "os", "tokenreduce.cli", "cli", "commands"}, module.__name__
+        assert not imported & {"subprocess", "tokenreduce.cli", "cli", "commands"}, module.__name__
         strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
         assert not [s for s in strings if "tokenreduce.cli" in s or s == "-m"], module.__name__
         attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         assert not attributes & {"executable", "Popen", "system", "run_module"}, module.__name__
     source = Path(runner_module.__file__).read_text()
     assert "ProcessPoolExecutor(" in source and 'get_context("spawn")' in source
+
+
+def test_a_worker_ends_when_the_runners_process_is_gone(monkeypatch: pytest.MonkeyPatch):
+    """A SIGKILLed runner's pool never tells its workers: each watches its parent and ends with it."""
+    ended = threading.Event()
+    parents = iter([41, 41, 1])  # the runner's pid twice, then init's: the runner was killed
+    monkeypatch.setattr(runner_module.os, "getppid", lambda: next(parents, 1))
+    monkeypatch.setattr(runner_module.os, "_exit", lambda status: ended.set())
+    runner_module._orphaned_exit(41, every=0.001)
+    assert ended.wait(5)
 
 
 @pytest.mark.slow  # spawns two workers that import torch (~40 s on 2 busy cores); the scheduling: tests above
@@ -215,3 +226,44 @@ def test_jobs_run_the_plan_in_worker_processes_with_the_records_of_one_job(tmp_p
         assert doc["provenance"]["threads"] == 1 and (two / "checkpoints" / f"{run_id}.log").is_file()
     assert [r["sha256"] for r in mine["b-b8-s0"]["read"]] == [mine["a-b8-s0"]["checkpoint_sha256"]]
     assert runner.run(jobs=2) == []  # done: nothing runs again
+
+
+@pytest.mark.slow  # a CLI process with two spawned workers, then the study again in-process (~1 min)
+def test_a_killed_study_leaves_no_worker_behind_and_resumes_with_jobs(tmp_path: Path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import default_sigint, wait_for
+
+    import tokenreduce
+    from tokenreduce.train import lock
+    from tokenreduce.train.loop import HOLD_ENV
+
+    out, held = tmp_path / "s", tmp_path / "held"
+    flags = ["study", "platform", "--smoke", "--jobs", "2", "--threads", "2", "--out", str(out)]
+    src = str(Path(tokenreduce.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p),
+           HOLD_ENV: f"1:{held}"}  # each training run checkpoints its first step, then waits
+    proc = subprocess.Popen([sys.executable, "-m", "tokenreduce.cli", *flags], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=default_sigint)
+    try:
+        wait_for(held, proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    runs = sorted((out / "checkpoints").glob("hash-*/last.safetensors"))
+    assert runs and not list((out / "runs").glob("*.json"))
+    end = time.monotonic() + 120
+    for run in runs:  # its worker ended with the runner: the run's own output is free again
+        while True:
+            try:
+                with lock.hold(run.parent):
+                    break
+            except TokenReduceError:
+                assert time.monotonic() < end, f"a worker still holds {run.parent}"
+                time.sleep(0.2)
+    assert main(flags) == 0  # resumes the killed runs from their checkpoints
+    assert sorted(p.stem for p in (out / "runs").glob("*.json")) == ["hash-b8-s0", "hash-b8-s1"]

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 import shlex
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -386,7 +388,8 @@ class Runner:
         lane = max(1, self.threads // jobs)
         waiting, running, failed = list(units), {}, []
         with self._hold("pool", timing=False), ProcessPoolExecutor(
-                jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_orphaned_exit,
+                initargs=(os.getpid(),)) as pool:
             while waiting or running:
                 busy = {u.id for u in waiting} | {u.id for u, *_ in running.values()}
                 for u in [u for u in waiting if not failed and not set(u.needs) & busy][:jobs - len(running)]:
@@ -414,6 +417,17 @@ class Runner:
                     finished(u, time.perf_counter() - t0, jobs)
         if failed:
             raise TokenReduceError("; ".join(failed))
+
+
+def _orphaned_exit(parent: int, every: float = 1.0) -> None:
+    """A worker's start: it ends when the runner's process ``parent`` is gone (killed: its pool never tells the
+    workers), as a killed run in-process would; the study resumes its runs where their checkpoints stand."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _work(request: Any, ctx: RunContext, log: Path) -> dict[str, Any]:
