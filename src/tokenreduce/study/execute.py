@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..bench.evaluation import EvalRequest, Recorded
+from ..bench import evaluation as ev
 from ..models.references import file_sha256
-from ..probes.base import RunContext
+from ..probes.base import RunContext, build_experiment
 from ..train.config import TrainConfig
 
 
@@ -47,8 +47,8 @@ class MeasureRequest:
     """``tokenreduce eval`` (``eval``: the reference, the training-free specs, the seeds, speed settings, data) with
     the ``recorded`` fine-tuned runs beside it, each scored by the evaluation it made of itself on the same items."""
 
-    eval: EvalRequest
-    recorded: tuple[Recorded, ...] = ()
+    eval: ev.EvalRequest
+    recorded: tuple[ev.Recorded, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,6 @@ def fold(req: FoldRequest, ctx: RunContext) -> dict[str, Any]:
     from torch.utils.data import Subset
 
     from ..api import apply
-    from ..bench import evaluation as ev
 
     torch.set_num_threads(ctx.threads)
     ref = ev.load_reference(req.checkpoint)
@@ -102,16 +101,12 @@ def fold(req: FoldRequest, ctx: RunContext) -> dict[str, Any]:
 
 def probe(req: ProbeRequest, ctx: RunContext) -> dict[str, Any]:
     """The experiment's spec and results."""
-    from ..probes.base import build_experiment
-
     exp = build_experiment(req.spec)
     return {"experiment": exp.spec(), "result": exp.run(ctx)}
 
 
 def report_probe(spec: str, result: dict[str, Any]) -> str:
     """The experiment's own report of ``result``."""
-    from ..probes.base import build_experiment
-
     return build_experiment(spec).report(result)
 
 
@@ -121,7 +116,6 @@ def measure(req: MeasureRequest, ctx: RunContext) -> dict[str, Any]:
     files to the context's folder."""
     import torch
 
-    from ..bench import evaluation as ev
     from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
     from ..precision import autocast
 
@@ -148,10 +142,9 @@ def bench(req: BenchRequest, ctx: RunContext) -> dict[str, Any]:
     import torch
 
     from ..bench.compare import bench_document, with_stem
-    from ..bench.evaluation import SPEED
     from ..models import ModelSource, make_model
 
-    speed = {"backend": "eager", "compile_mode": "default", "dtype": "float32", "seed": 0, **SPEED, **req.speed}
+    speed = {"backend": "eager", "compile_mode": "default", "dtype": "float32", "seed": 0, **ev.SPEED, **req.speed}
     backend, compile_mode = speed.pop("backend"), speed.pop("compile_mode")
     dtype, seed = speed.pop("dtype"), speed.pop("seed")
     torch.manual_seed(seed)

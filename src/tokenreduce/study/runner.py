@@ -49,7 +49,7 @@ from ..bench.report import provenance, write_json
 from ..core.errors import TokenReduceError
 from ..core.registry import format_spec, parse_spec
 from ..models.references import file_sha256
-from ..probes.base import RunContext
+from ..probes.base import RunContext, get_experiment
 from ..train import lock
 from ..train.config import TrainConfig
 from .declare import REFERENCE, Study
@@ -443,11 +443,9 @@ def _work(request: Any, ctx: RunContext, log: Path) -> dict[str, Any]:
         except BaseException as e:
             traceback.print_exc(file=f)
             raise TokenReduceError(f"{type(e).__name__}: {e}".splitlines()[0]) from None
+
+
 def _fields(experiment: str) -> set[str]:
-    import dataclasses
-
-    from ..probes.base import get_experiment
-
     cfg = get_experiment(experiment).Config
     return {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
 
