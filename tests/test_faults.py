@@ -821,11 +821,12 @@ def test_a_checkpoint_fingerprinted_before_content_digests_still_resumes(data, t
 @pytest.mark.parametrize("load_1min, warned", [(5.0, True), (0.5, False)])
 def test_a_timing_records_the_machines_load_and_says_when_it_was_loaded(load_1min, warned, tmp_path, monkeypatch):
     from tokenreduce.bench import load
-    from tokenreduce.study import entries
+    from tokenreduce.study import execute
     from tokenreduce.study.runner import Runner, layout_for
 
     monkeypatch.setattr(load.os, "getloadavg", lambda: (load_1min, 0.0, 0.0))
-    monkeypatch.setattr(entries, "bench", lambda *a, **kw: {"results": []})  # the timing itself is not under test
+    monkeypatch.setitem(execute.EXECUTORS, execute.BenchRequest,  # the timing itself is not under test
+                        lambda request, ctx: {"result": {"results": []}})
     study = get_study("deit_bench")(smoke=True)
     logged: list[str] = []
     runner = Runner(study, layout_for(study, str(tmp_path)), threads=2, log=logged.append)
@@ -867,18 +868,20 @@ def test_an_img_size_that_is_not_whole_patches_is_one_line_naming_the_valid_size
 def test_a_run_made_again_inside_a_timing_runs_under_the_timings_hold(tmp_path, monkeypatch):
     """A measure whose reference checkpoint is gone trains it again (Runner._checkpoint) while it holds the output
     alone: that run must not be refused by its own process's hold."""
+    from tokenreduce.study import execute
     from tokenreduce.study.runner import Runner, layout_for
 
     study = get_study("eet")(smoke=True)
     runner = Runner(study, layout_for(study, str(tmp_path / "s")), threads=1, log=lambda msg: None)
-    work = runner._work
+    request = runner._request
 
-    def measure(unit, doc):
+    def measure(unit, threads):
         if unit.id != "speed":
-            return work(unit, doc)
-        doc["made_again"] = runner.run_one(runner.unit("a_unpruned-b8-s0"))["run"]
+            return request(unit, threads)
+        return runner.run_one(runner.unit("a_unpruned-b8-s0"))["run"]  # what the measure's request names
 
-    monkeypatch.setattr(runner, "_work", measure)
+    monkeypatch.setattr(runner, "_request", measure)
+    monkeypatch.setitem(execute.EXECUTORS, str, lambda made_again, ctx: {"made_again": made_again})
     monkeypatch.setitem(runner.by_id, "speed", dataclasses.replace(runner.unit("speed"), needs=()))
     assert runner.run_one(runner.unit("speed"))["made_again"] == "a_unpruned-b8-s0"
 

@@ -1,5 +1,5 @@
 """Studies (study/declare.py, runner.py, tables.py, page.py): every registered study's smoke end to end,
-an interrupted plan continued, the per-run commands against the in-process runner, ``--jobs`` in subprocesses,
+an interrupted plan continued, the per-run commands against the in-process runner (``--jobs``: test_study_runner.py),
 a study on a timm model with local weights and an image folder, the report rebuilt byte-identical, the EET
 study's committed tables regenerated from its stored runs, and benches (the bench command's pipeline as a
 study's run; the bench studies' committed tables regenerated from the stored bench outputs)."""
@@ -27,7 +27,7 @@ from tokenreduce.study import (
     Col,
     Expect,
     Study,
-    entries,
+    execute,
     get_study,
     list_studies,
     register_study,
@@ -147,83 +147,14 @@ def test_listed_commands_give_the_in_process_results(eet_smoke: Path, tmp_path: 
         assert _comparable(a) == _comparable(b), run_id
 
 
-def _as_subprocesses(monkeypatch: pytest.MonkeyPatch, fake: bool = False) -> list[list[str]]:
-    """The argv of every subprocess the runner starts (run for real unless ``fake``), recorded; the
-    subprocesses import this checkout's tokenreduce (the one under test), not another installed one."""
-    import os
-    import subprocess
-
-    import tokenreduce
-    from tokenreduce.study import runner as runner_module
-
-    src = str(Path(tokenreduce.__file__).resolve().parents[1])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
-    started: list[list[str]] = []
-    real = subprocess.run
-
-    def recording(argv: list[str], **kw: Any) -> subprocess.CompletedProcess:
-        if "tokenreduce.cli" not in argv:  # not a run (git, say)
-            return real(argv, **kw)
-        started.append(list(argv))
-        return subprocess.CompletedProcess(argv, 0) if fake else real(argv, **kw)
-
-    monkeypatch.setattr(runner_module.subprocess, "run", recording)
-    return started
-
-
-def _run_ids(started: list[list[str]]) -> list[str]:
-    return [argv[argv.index("--run") + 1] for argv in started]
-
-
-@pytest.mark.slow  # the scheduling itself: test_jobs_split_the_threads_among_the_subprocesses (faked, fast)
-def test_jobs_run_each_run_once_in_subprocesses_with_the_in_process_results(tmp_path: Path,
-                                                                              monkeypatch: pytest.MonkeyPatch):
-    study = get_study("platform")(smoke=True)  # two training runs, both ready at once: two lanes
-    one = tmp_path / "jobs1"
-    _runner(study, one).run()
-    started = _as_subprocesses(monkeypatch)
-    out = tmp_path / "jobs2"
-    runner = Runner(study, layout_for(study, str(out)), threads=2, flags=["--smoke", "--out", str(out)],
-                    log=lambda msg: None)
-    assert sorted(runner.run(jobs=2)) == sorted(u.id for u in runner.units)
-    assert sorted(_run_ids(started)) == sorted(u.id for u in runner.units)  # each run once, each in its own process
-    assert all(argv[argv.index("--threads") + 1] == "1" for argv in started)  # 2 threads // 2 jobs
-    assert runner.run(jobs=2) == [] and len(started) == len(runner.units)  # done: nothing runs again
-    mine, theirs = load_runs(Layout(out, out)), load_runs(Layout(one, one))
-    assert mine.keys() == theirs.keys() == {u.id for u in runner.units}
-    for run_id, doc in mine.items():
-        assert doc["provenance"]["threads"] == 1 and "--threads 1" in doc["command"]
-        assert _comparable(doc) == _comparable(theirs[run_id]), run_id
-
-
-@pytest.mark.parametrize(("threads", "jobs", "each"), [(8, 3, "2"), (1, 4, "1")])
-def test_jobs_split_the_threads_among_the_subprocesses(threads: int, jobs: int, each: str, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch):
-    study = get_study("eet")("fmnist", smoke=True)
-    started = _as_subprocesses(monkeypatch, fake=True)
-    in_process: list[str] = []
-    monkeypatch.setattr(Runner, "run_one", lambda self, unit: in_process.append(unit.id) or {})
-    runner = Runner(study, layout_for(study, str(tmp_path)), threads=threads,
-                    flags=["--smoke", "--out", str(tmp_path)], log=lambda msg: None)
-    runner.run(jobs=jobs)
-    timed = [u.id for u in runner.units if u.kind in ("measure", "bench")]
-    assert timed and in_process == timed  # the timing runs: one at a time, in-process, every thread
-    assert sorted(_run_ids(started)) == sorted(u.id for u in runner.units if u.id not in timed)
-    first_wave = {u.id for u in runner.units if not u.needs}
-    assert set(_run_ids(started)[:len(first_wave)]) == first_wave  # the runs that read others start after
-    for argv in started:
-        assert argv[1:4] == ["-m", "tokenreduce.cli", "study"] and argv[4:7] == ["eet", "--testbed", "fmnist"]
-        assert argv[argv.index("--threads") + 1] == each  # threads // jobs, at least 1
-        assert argv[argv.index("--out") + 1] == str(tmp_path) and "--smoke" in argv
-
-
 def test_a_killed_study_continues_and_does_each_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    done: list[str] = []
-    real = entries.train_run
+    from tokenreduce.train.config import TrainConfig
 
-    def counting(fields: dict[str, Any]) -> dict[str, Any]:
+    done: list[str] = []
+    real = execute.EXECUTORS[TrainConfig]
+
+    def counting(cfg: TrainConfig, ctx: Any) -> dict[str, Any]:
         if len(done) == 2:  # the third run is killed in its first steps, a checkpoint left behind
-            from tokenreduce.train.config import TrainConfig
             from tokenreduce.train.loop import train
 
             def kill(step: int) -> None:
@@ -231,12 +162,12 @@ def test_a_killed_study_continues_and_does_each_run_once(tmp_path: Path, monkeyp
                     raise KeyboardInterrupt
 
             done.append("killed")
-            train(TrainConfig.from_dict(fields), on_step=kill)
-        out = real(fields)
-        done.append(Path(fields["out"]).name)
+            train(cfg, on_step=kill)
+        out = real(cfg, ctx)
+        done.append(Path(cfg.out).name)
         return out
 
-    monkeypatch.setattr(entries, "train_run", counting)
+    monkeypatch.setitem(execute.EXECUTORS, TrainConfig, counting)
     study = get_study("_tiny_eet_test")(smoke=True)
     with pytest.raises(KeyboardInterrupt):
         _runner(study, tmp_path).run()
@@ -549,41 +480,6 @@ def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: p
     assert "test_vit (64x64, random weights), batch 2 (latency: batch 1), 0 warm-up + 1 timed rounds" in text
     assert _bench_block(text, "tiny")[0].split() == ["case", "GMACs", "img/s", "iqr", "lat", "ms", "iqr", "speedup",
                                                      "lat", "speedup", "vs", "random", "lat", "vs", "random"]
-
-
-@pytest.mark.slow  # the order alone: test_jobs_run_a_measure_after_the_training_runs_alone_even_when_it_reads_none
-def test_jobs_run_benches_one_at_a_time_with_every_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from tokenreduce.study import entries as entries_module
-
-    started = _as_subprocesses(monkeypatch, fake=True)
-    threads: list[int] = []
-    real = entries_module.bench
-    monkeypatch.setattr(entries_module, "bench", lambda *a, **kw: threads.append(kw["threads"]) or real(*a, **kw))
-    study = get_study("deit_bench")(smoke=True)
-    runner = Runner(study, layout_for(study, str(tmp_path)), threads=2, flags=["--smoke", "--out", str(tmp_path)],
-                    log=lambda msg: None)
-    assert runner.run(jobs=2) == ["deit_small"]
-    assert started == [] and threads == [2]  # a timing shares its cores with no other run
-    assert load_runs(Layout(tmp_path, tmp_path))["deit_small"]["kind"] == "bench"
-
-
-def test_jobs_run_a_measure_after_the_training_runs_alone_even_when_it_reads_none(tmp_path: Path,
-                                                                               monkeypatch: pytest.MonkeyPatch):
-    """baselines' training-free measure reads no run; it still times alone, in-process, after every
-    training run (the runs and the evaluation are faked: only the order is under test)."""
-    from tokenreduce.study import entries as entries_module
-
-    started = _as_subprocesses(monkeypatch, fake=True)
-    order: list[str] = []
-    monkeypatch.setattr(entries_module, "evaluate", lambda *a, **kw: order.append(f"after {len(started)}") or {})
-    study = get_study("baselines")()
-    runner = Runner(study, layout_for(study, str(tmp_path)), threads=2, flags=["--out", str(tmp_path)],
-                    log=lambda msg: None)
-    assert runner.unit("free").needs == ()  # it would have gone with the first wave of runs
-    trained = [u.id for u in runner.units if u.kind == "train"]
-    with pytest.raises(TokenReduceError, match="not done"):  # the faked runs wrote no records for "final"
-        runner.run(jobs=2)
-    assert sorted(_run_ids(started)) == sorted(trained) and order == [f"after {len(trained)}"]
 
 
 def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tokenreduce.core.method import build_reducer
-from tokenreduce.study import entries, get_study, list_studies
+from tokenreduce.study import get_study, list_studies
 from tokenreduce.study.runner import Layout, Runner, load_runs, plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,9 +83,6 @@ def test_the_random_arm_prunes_with_the_runs_seed(tmp_path: Path):
 def test_a_measure_reads_the_test_bed_reference_every_seed_of_its_arms_and_its_backend(tmp_path: Path, monkeypatch):
     study = get_study("baselines")("fmnist")
     monkeypatch.setattr(type(study.bed), "checkpoint", lambda self: "REF")
-    seen = {}
-    monkeypatch.setattr(entries, "evaluate", lambda ref, specs, tuned, **kw: seen.update(ref=ref, specs=specs,
-                                                                                          tuned=tuned, **kw) or {})
     runner = Runner(study, Layout(tmp_path, tmp_path / "checkpoints"), threads=1, log=lambda msg: None)
     unit = runner.unit("matched-onnxruntime")
     assert unit.needs == tuple(f"{a}-s{s}" for a in ("random-1.5x", "topk-1.5x", "random~topk-1.5x")
@@ -98,9 +95,9 @@ def test_a_measure_reads_the_test_bed_reference_every_seed_of_its_arms_and_its_b
                                     "run": run_id, "kind": "train", "testbed": study.bed.describe(),
                                     "point": {"seed": int(run_id[-1])}, "config": {"model": model,
                                                                                    "seed": int(run_id[-1])},
-                                    "metrics": {"checkpoint": f"gone/{run_id}", "top1": 50.0}}))
-    runner.run_one(unit)
-    assert seen["ref"] == "REF" and seen["specs"] == ("random(keep=0.55, locs=(1, 3, 4))",)
-    assert seen["tuned"] == [{"name": n, "model": model, "seed": int(n[-1]),
-                              "metrics": {"checkpoint": f"gone/{n}", "top1": 50.0}} for n in unit.needs]
-    assert seen["speed"] == {"backend": "onnxruntime"}
+                                    "metrics": {"checkpoint": f"gone/{run_id}", "top1": 50.0, "task": "classify"}}))
+    request, read = runner.request(unit)
+    assert request.eval.reference == "REF" and request.eval.specs == ("random(keep=0.55, locs=(1, 3, 4))",)
+    assert [(r.name, r.model, r.seed, r.task) for r in request.recorded] == [(n, model, int(n[-1]), "classify")
+                                                                            for n in unit.needs]
+    assert request.eval.speed["backend"] == "onnxruntime" and read == []

@@ -14,7 +14,7 @@ With a ``stem`` (a method that needs another stem, e.g. ImagePiece's conv stem) 
 the unreduced model with that stem (``stem S``) and each spec on it (``spec [stem S]``), counted and timed
 on that model against the same plain unpatched model, so a method's figures include its stem.
 :func:`bench_document` is the whole run as ``tokenreduce bench`` makes it (its ``results.json``), for
-the command and for a study's benches (study/entries.py) alike.
+the command and for a study's benches (study/execute.py) alike.
 """
 
 from __future__ import annotations

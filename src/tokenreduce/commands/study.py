@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run nothing: print the tables and verdicts, write summary.md")
     p.add_argument("--smoke", action="store_true", help="the tiny version (seconds; what the tests run)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="runs at once (N processes, threads // N each; runs that time go one at a time, last)")
+                   help="runs at once (a pool of N worker processes, threads // N each; a run starts when the runs "
+                   "it reads are done; runs that time go one at a time, last)")
     vocab.add_threads(p)
     vocab.add_device(p, note="every run and measure; repeated by --list's commands (--list and --summarize "
                                  "check the name only, so a GPU's commands list anywhere)")

@@ -28,17 +28,15 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..bench.report import metric_range
 from ..core.errors import TokenReduceError
 from ..tasks.items import decode, metric_of
+from .declare import Study
+from .plan import Layout, plan
 
-if TYPE_CHECKING:
-    from .declare import Study
-    from .runner import Layout
-
-#: The kinds of run a plan holds (runner.Unit.kind).
+#: The kinds of run a plan holds (plan.Unit.kind).
 KINDS = ("train", "evaluate", "measure", "probe", "bench")
 #: Kinds whose record holds the run's ``metrics`` (the arm tables and claims read them).
 WITH_METRICS = ("train", "evaluate")
@@ -96,8 +94,6 @@ def read_record(path: str | os.PathLike, study: Study | None = None, *, units: d
         raise RecordError(f"{path} is not a run record: a JSON object was expected, it holds a {type(doc).__name__}")
     if study is None:
         return doc
-    from .runner import plan
-
     run = path.stem
     want = {"study": study.name, "bed": study.bed_name, "id": f"{study.key}/{run}", "run": run,
             "testbed": study.bed.describe()}
@@ -203,8 +199,6 @@ def load_records(folder: Path, study: Study | None = None) -> dict[str, dict[str
     """Run id -> the checked record (:func:`read_record`) of every ``*.json`` in ``folder`` (none: {})."""
     if not folder.is_dir():
         return {}
-    from .runner import plan
-
     units = {u.id: u for u in plan(study)} if study is not None else None
     return {p.stem: read_record(p, study, units=units) for p in sorted(folder.glob("*.json"))
             if not p.name.startswith(".")}

@@ -1,15 +1,18 @@
-"""Executing a study: its plan of idempotent runs, each writing one JSON.
+"""Executing a study: its plan (plan.py) of idempotent runs, each writing one JSON.
 
 A study's plan is its training runs (arm x grid point, id ``d_eet-b16-s0``) followed by its measures
 (id = their name), which read the training runs' records, its probes (id = their name), which read
 their checkpoints, and its benches (id = their name), which read nothing and run last, alone. A run
-is done when its JSON exists (``<results>/runs/<id>.json``, written atomically at the end); a run is
-executed in-process through study/entries.py, its checkpoints under ``<checkpoints>/<id>/``,
-and a training run always resumes what an interrupted one left there (train()'s resume). So a killed
-study continues where it stopped, ``--jobs N`` runs N at once (N processes of threads // N torch
-threads each; measures and benches, which time, one at a time after the rest), and ``commands()``
-gives one shell command per run for any scheduler. ``where`` (:func:`select`) narrows the plan to a slice
-of the grid, e.g. the one-epoch runs on a CPU and the ten-epoch ones on a GPU.
+is done when its JSON exists (``<results>/runs/<id>.json``, written atomically at the end). When its needs are
+done, a run becomes one request of the library (execute.py: a ``TrainConfig``, an evaluation, an experiment, a
+bench), which names what it reads; its kind's executor turns it into the record's body and :meth:`Runner._record`
+(the one place that builds records) writes it. Checkpoints go under ``<checkpoints>/<id>/``, and a training run
+always resumes what an interrupted one left there (train()'s resume). So a killed study continues where it
+stopped; ``--jobs N`` runs the requests in a pool of N worker processes (spawned, threads // N torch threads each),
+each run as soon as its needs are done, its log in ``<checkpoints>/<id>.log``; measures and benches, which time,
+run after the rest, one at a time in this process with every thread; and ``commands()`` gives one shell command per
+run for any scheduler. ``where`` (:func:`select`) narrows the plan to a slice of the grid, e.g. the one-epoch runs
+on a CPU and the ten-epoch ones on a GPU.
 
 The records are what a study keeps (results/ is committed; checkpoints are not): a measure takes each
 fine-tuned run's own final evaluation, made on the same test items, from its record, and counts and
@@ -26,110 +29,36 @@ read unchecked.
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
+import os
 import shlex
-import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+from ..bench import load
+from ..bench.evaluation import SPEED, EvalRequest, Recorded
+from ..bench.report import provenance, write_json
 from ..core.errors import TokenReduceError
+from ..core.registry import format_spec, parse_spec
 from ..models.references import file_sha256
-from .declare import REFERENCE, Bench, Measure, Point, Probe, Study
+from ..probes.base import RunContext, get_experiment
+from ..train import lock
+from ..train.config import TrainConfig
+from .declare import REFERENCE, Study
+from .execute import BenchRequest, FoldRequest, MeasureRequest, ProbeRequest, execute
+from .plan import TIMED, Layout, Unit, layout_for, plan, select
 from .records import load_records, read_record, relative, resolved
 from .tables import item_pair
 
-
-@dataclass(frozen=True)
-class Layout:
-    """Where a study's results (``results/runs/<id>.json``, summary.md) and checkpoints go."""
-
-    results: Path
-    checkpoints: Path
-
-    def json(self, run_id: str) -> Path:
-        return self.results / "runs" / f"{run_id}.json"
-
-
-def layout_for(study: Study, out: str | None) -> Layout:
-    """``--out DIR``: results in DIR, checkpoints in DIR/checkpoints. Without it: results/<study>/<bed>
-    and runs/<study>/<bed> for a declared test bed, runs/studies/<study>-<bed>-<test bed or smoke>
-    otherwise (a run on another test bed never lands beside the committed results)."""
-    if out:
-        return Layout(Path(out), Path(out) / "checkpoints")
-    if study.default_bed and not study.is_smoke:
-        return Layout(Path("results") / study.key, Path("runs") / study.key)
-    root = Path("runs") / "studies" / f"{study.name}-{study.bed_name}-{'smoke' if study.is_smoke else study.bed.slug()}"
-    return Layout(root, root / "checkpoints")
-
-
-#: The kinds of run that time (measures and benches): each runs last, alone, with every thread.
-TIMED = ("measure", "bench")
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One run of the plan: a training ``point`` (``needs``: the run an evaluated arm reads, or the one a
-    second training phase starts from), a ``measure`` / ``probe`` that ``needs`` runs, or a ``bench``."""
-
-    id: str
-    point: Point | None = None
-    step: Measure | Probe | Bench | None = None
-    needs: tuple[str, ...] = ()
-
-    evaluated: bool = False
-
-    @property
-    def kind(self) -> str:
-        if self.point is not None:
-            return "evaluate" if self.evaluated else "train"
-        return "measure" if isinstance(self.step, Measure) else "bench" if isinstance(self.step, Bench) else "probe"
-
-
-def plan(study: Study) -> list[Unit]:
-    """The study's runs in execution order."""
-    units = []
-    for p in study.points():
-        arm = study.arms[p.arm]
-        source = arm.after or (arm.evaluates if arm.evaluates != REFERENCE else None)
-        units.append(Unit(p.id, point=p, needs=(study.point(source, p.values).id,) if source else (),
-                          evaluated=arm.evaluates is not None))
-    for m in study.measures:
-        ref, tuned = study.measure_runs(m)
-        units.append(Unit(m.name, step=m, needs=(*([ref] if ref else []), *tuned)))
-    for pr in study.probes:
-        if pr.fmnist_only and not study.bed.fmnist():
-            continue  # the summary says why it is not run
-        needs = (study.point(pr.arm, pr.at).id,) if pr.arm else \
-            () if study.bed.reference else (study.point(study.baseline, {}).id,)
-        units.append(Unit(pr.name, step=pr, needs=needs))
-    units += [Unit(b.name, step=b) for b in study.benches]
-    return units
-
-
-def select(study: Study, units: Sequence[Unit], where: Mapping[str, Collection[str]]) -> list[Unit]:
-    """The ``units`` in the grid slice ``where`` (axis name -> the values kept, written as in run ids'
-    values: ``{"steps": {"937"}}``): the runs at those values, and the measures and probes whose every
-    run read is in the slice; a bench, on no grid, is in none. An axis or value the study's grid lacks
-    is refused, naming the valid ones."""
-    axes = {a.name: a.values for a in study.axes()}
-    for name, values in where.items():
-        if name not in axes:
-            raise TokenReduceError(f"study {study.name} has no grid axis {name!r}; its axes: {', '.join(axes)}")
-        unknown = sorted(set(values) - {str(v) for v in axes[name]})
-        if unknown:
-            raise TokenReduceError(f"study {study.name}: {name}={','.join(unknown)} is not on its grid; valid: "
-                                   f"{name}={','.join(map(str, axes[name]))}")
-
-    def at(p: Point) -> bool:
-        return all(str(p.values[name]) in values for name, values in where.items())
-
-    inside = {u.id for u in units if u.point is not None and at(u.point)}
-    return [u for u in units if u.id in inside or (u.point is None and u.needs and set(u.needs) <= inside)]
+__all__ = ["TIMED", "Layout", "Runner", "Unit", "layout_for", "load_runs", "plan", "select"]
 
 
 class Runner:
@@ -148,8 +77,8 @@ class Runner:
         self.by_id = {u.id: u for u in everything}
         self.units = select(study, everything, where) if where else everything
         self.where = " ".join(f"{k}={','.join(sorted(v))}" for k, v in (where or {}).items())
-        self._read: list[dict[str, str]] = []  # the checkpoints the run being made read, with their digests
-        self._holding = False  # whether run_one holds the study's output (train/lock.py) in this process
+        self._read: list[dict[str, str]] = []  # the checkpoints the request being made reads, with their digests
+        self._holding = False  # whether this process holds the study's output (train/lock.py)
 
     # -- state
 
@@ -181,103 +110,95 @@ class Runner:
         """One shell command per run, in plan order (runs that read others come after them)."""
         return [shlex.join(self.command(u)) for u in self.units]
 
-    # -- execution
+    # -- requests: what each run computes, named in full once its needs are done
 
-    def run_one(self, unit: Unit) -> dict[str, Any]:
-        """Execute ``unit`` in-process (its needs must be done) and write its JSON; returns the document.
-
-        Meanwhile the study's output is held (train/lock.py): shared by a run that trains or evaluates, alone
-        by a timing (a measure, a bench), which so shares its cores with no other run writing there, another
-        study's into the same ``--out`` included; the machine's load around it goes into its record
-        (bench/load.py)."""
-        if self._holding:  # a run made again inside another (_checkpoint): this process holds the output already
-            return self._run_one(unit)
-        from ..train import lock
-
-        timing = unit.kind in TIMED
-        with lock.hold(self.layout.results, what=f"{'timing' if timing else 'study'} run {unit.id}", shared=not timing):
-            self._holding = True
-            try:
-                return self._run_one(unit)
-            finally:
-                self._holding = False
-
-    def _run_one(self, unit: Unit) -> dict[str, Any]:
-        from ..bench import load
-        from ..bench.report import provenance, write_json
-
+    def request(self, unit: Unit, threads: int | None = None) -> tuple[Any, list[dict[str, str]]]:
+        """``unit``'s request (execute.py) for ``threads`` torch threads, and the checkpoints it reads with their
+        digests; its needs must be done (a gone checkpoint is made again here, :meth:`_checkpoint`)."""
         missing = [n for n in unit.needs if not self.layout.json(n).is_file()]
         if missing:
             raise TokenReduceError(f"run {unit.id} reads the runs {missing}, which are not done; run them first")
-        t0 = time.perf_counter()
-        doc: dict[str, Any] = {"id": f"{self.study.key}/{unit.id}", "study": self.study.name,
-                               "bed": self.study.bed_name, "run": unit.id, "kind": unit.kind,
-                               "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
-                               "command": shlex.join(self.command(unit))}
-        timing = unit.kind in TIMED
-        outer, self._read = self._read, []  # a gone checkpoint is made again inside this run: its own list
+        outer, self._read = self._read, []  # a gone checkpoint is made again inside this one: its own list
         try:
-            with load.watched(self.threads, self.log) if timing else nullcontext() as seen:
-                self._work(unit, doc)
+            made = self._request(unit, self.threads if threads is None else threads)
         finally:
             read, self._read = self._read, outer
-        if read:
-            doc["read"] = read
-        doc["provenance"] = provenance(argv=self.command(unit), threads=self.threads, device=self.device,
-                                       amp=self.amp, wall_s=round(time.perf_counter() - t0, 1),
-                                       **({load.KEY: seen} if timing else {}))
-        write_json(self.layout.json(unit.id), relative(doc, self.layout))
-        return doc
+        return made, read
 
-    def _work(self, unit: Unit, doc: dict[str, Any]) -> None:
-        """Do ``unit``'s work, adding its results to its record ``doc``."""
-        from . import entries
-
-        work = self.layout.checkpoints / unit.id
-        if unit.kind == "evaluate" and self.study.arms[unit.point.arm].evaluates == REFERENCE:
-            doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=REFERENCE, **self._off_the_shelf(unit))
-        elif unit.kind == "evaluate":
-            arm = self.study.arms[unit.point.arm]
+    def _request(self, unit: Unit, threads: int) -> Any:
+        if unit.kind == "train":
+            return self._train(unit, threads)
+        if self._off_shelf(unit):
+            return self._off_the_shelf(unit)
+        if unit.kind == "evaluate":
             # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
-            spec = arm.experiment.format(**self.study.train_fields(unit.point, self.layout.checkpoints))
-            probe = self._experiment(spec, self._checkpoint(unit.needs[0]), work)
-            metrics, source = probe["result"].get("metrics", {}), self._doc(unit.needs[0])
-            for metric in sorted(set(metrics.get("items") or {}) & set(source["metrics"].get("items") or {})):
-                item_pair({"id": doc["id"], "metrics": metrics}, source, metric)  # refused here, not at the report
-            doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=unit.needs[0], **probe, metrics=metrics)
-        elif unit.point is not None:
-            doc.update(arm=unit.point.arm, point=unit.point.values, **self._train(unit))
-        elif isinstance(unit.step, Measure):
-            m = unit.step
-            ref_id, tuned_ids = self.study.measure_runs(m)
-            ref = self._checkpoint(ref_id) if ref_id else self._reference()
-            tuned = [{"name": n, "model": self._model(n), "seed": self._doc(n)["config"].get("seed"),
-                      "metrics": self._doc(n)["metrics"]} for n in tuned_ids]
-            speed = {**m.speed, **(self.study.smoke.measure if self.study.is_smoke else {})}
-            data_dir, subset = self.study.eval_items(self.layout.checkpoints)  # the runs' test items
-            doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
-                                                           speed=speed, data_dir=data_dir, subset=subset,
-                                                           device=self.device, amp=self.amp, log=self.log))
-        elif isinstance(unit.step, Bench):
+            spec = self.study.arms[unit.point.arm].experiment.format(
+                **self.study.train_fields(unit.point, self.layout.checkpoints))
+            return self._experiment(spec, self._checkpoint(unit.needs[0]))
+        if unit.kind == "measure":
+            return self._measure(unit)
+        if unit.kind == "bench":
             b = self.study.bench_run(unit.step)
-            doc["result"] = entries.bench(b.model, b.specs, checkpoint=b.checkpoint, control=b.control,
-                                          match_random=b.match_random, stem=b.stem, speed=b.speed, threads=self.threads,
-                                          device=self.device, amp=self.amp, argv=self.command(unit), log=self.log)
-        else:
-            doc.update(self._probe(unit, work))
+            return BenchRequest(model=b.model, specs=tuple(b.specs), control=b.control, match_random=b.match_random,
+                                speed=b.speed, argv=tuple(self.command(unit, threads)), checkpoint=b.checkpoint,
+                                stem=b.stem)
+        checkpoint = self._checkpoint(unit.needs[0]) if unit.needs else self.study.bed.checkpoint()
+        return self._experiment(unit.step.experiment, checkpoint)
 
-    def _off_the_shelf(self, unit: Unit) -> dict[str, Any]:
+    def _off_shelf(self, unit: Unit) -> bool:
+        """Whether ``unit`` is an arm evaluated off the shelf on the test bed's reference."""
+        return unit.evaluated and self.study.arms[unit.point.arm].evaluates == REFERENCE
+
+    def _train(self, unit: Unit, threads: int) -> TrainConfig:
+        """The training run ``unit`` (resumed where an interrupted one stopped)."""
+        fields = self.study.train_fields(unit.point, self.layout.checkpoints)
+        if unit.needs:  # a second phase: it starts from the first phase's checkpoint
+            fields["init"] = self._checkpoint(unit.needs[0])
+        fields.update(out=str(self.layout.checkpoints / unit.id), resume=True, threads=threads, device=self.device)
+        if self.amp != "off":  # off leaves a study's own amp (none of them sets one today) standing
+            fields["amp"] = self.amp
+        return TrainConfig.from_dict(fields)
+
+    def _off_the_shelf(self, unit: Unit) -> FoldRequest:
         """An arm evaluated on the test bed's reference (study.REFERENCE): its spec off the shelf on the fold
         of the test items its seed names (the seed's place among the planned seeds)."""
-        from . import entries
-
         p = unit.point
-        spec = self.study.arms[p.arm].spec.format(**p.values)
         seeds = list(next(a.values for a in self.study.axes() if a.name == "seed"))
         data_dir, subset = self.study.eval_items(self.layout.checkpoints)
-        return entries.off_the_shelf(spec, checkpoint=self._reference(), data_dir=data_dir, subset=subset,
-                                     fold=(seeds.index(p.values["seed"]), len(seeds)), threads=self.threads,
-                                     device=self.device, amp=self.amp)
+        return FoldRequest(spec=self.study.arms[p.arm].spec.format(**p.values), checkpoint=self._reference(),
+                           fold=(seeds.index(p.values["seed"]), len(seeds)), data_dir=data_dir, subset=subset)
+
+    def _measure(self, unit: Unit) -> MeasureRequest:
+        """The measure ``unit``: the reference's specs beside the fine-tuned runs' recorded evaluations."""
+        from ..train import final_evaluation
+
+        m = unit.step
+        ref_id, tuned_ids = self.study.measure_runs(m)
+        reference = self._checkpoint(ref_id) if ref_id else self._reference()
+        recorded = []
+        for n in tuned_ids:
+            doc = self._doc(n)
+            recorded.append(Recorded(n, self._model(n), doc["metrics"].get("spec"), doc["metrics"]["task"],
+                                     doc["config"].get("seed"), final_evaluation(doc["metrics"])))
+        defaults = {k: SPEED[k] for k in ("batch", "warmup", "repeats")}  # the eval command's
+        speed = {**defaults, **m.speed, **(self.study.smoke.measure if self.study.is_smoke else {})}
+        data_dir, subset = self.study.eval_items(self.layout.checkpoints)  # the runs' test items
+        return MeasureRequest(EvalRequest(reference, specs=tuple(m.specs), speed=speed, data_dir=data_dir,
+                                          subset=subset, device=self.device, amp=self.amp), tuple(recorded))
+
+    def _experiment(self, spec: str, checkpoint: str | None) -> ProbeRequest:
+        """The experiment ``spec`` on ``checkpoint``, with the test bed's data where it takes one."""
+        name, params = parse_spec(spec)
+        params["checkpoint"] = checkpoint
+        bed = self.study.bed.train_fields(self.layout.checkpoints)
+        takes = _fields(name)
+        if bed.get("data") and bed["data"] != "fashion_mnist" and "data" in takes:  # others read the checkpoint's
+            params["data"] = bed["data"]
+        if bed.get("data_dir") and "data_dir" in takes:
+            params["data_dir"] = bed["data_dir"]
+        if self.study.is_smoke:
+            params.update(self.study.smoke.probe)
+        return ProbeRequest(format_spec(name, params))
 
     def _reference(self) -> str:
         """The test bed's reference checkpoint; on a bed without one (a smoke's), its model at the seed-0
@@ -298,20 +219,6 @@ class Runner:
                                                              "data": {"name": fields.get("data")}, "complete": True})
         return str(path)
 
-    def _train(self, unit: Unit) -> dict[str, Any]:
-        """Train (or resume) the training run ``unit``; returns its config and final metrics."""
-        from . import entries
-
-        fields = self.study.train_fields(unit.point, self.layout.checkpoints)
-        if unit.needs:  # a second phase: it starts from the first phase's checkpoint
-            fields["init"] = self._checkpoint(unit.needs[0])
-        fields.update(out=str(self.layout.checkpoints / unit.id), resume=True, threads=self.threads,
-                      device=self.device)
-        if self.amp != "off":  # off leaves a study's own amp (none of them sets one today) standing
-            fields["amp"] = self.amp
-        made = entries.train_run(fields)
-        return {**made, "checkpoint_sha256": file_sha256(made["metrics"]["checkpoint"])}
-
     def _doc(self, run_id: str) -> dict[str, Any]:
         """The record of run ``run_id``, checked, its paths resolved where the study is now."""
         return resolved(read_record(self.layout.json(run_id), self.study, units=self.by_id), self.layout)
@@ -321,10 +228,8 @@ class Runner:
         the checkpoints are not: a new checkout, another machine) is made again by running the run
         again. Where that does not reproduce the recorded metric (another machine's arithmetic), the
         new run replaces the record, which keeps the old one's metric and provenance under
-        ``replaces``: a record describes the checkpoint later runs read. Where a done run read the old
-        run, the error names it (its result no longer matches the record)."""
-        from ..bench.report import write_json
-
+        ``replaces`` (:meth:`_record`): a record describes the checkpoint later runs read. Where a done run
+        read the old run, the error names it (its result no longer matches the record)."""
         doc = self._doc(run_id)
         path = doc["metrics"]["checkpoint"]  # resolved (_doc)
         if Path(path).is_file():
@@ -341,21 +246,13 @@ class Runner:
             raise TokenReduceError(f"run {run_id} has no checkpoint of its own to read ({unit.kind})")
         readers = [u.id for u in self.by_id.values() if run_id in u.needs and self.done(u)]
         self.log(f"{self.study.key}/{run_id}: its checkpoint {path} is gone; running it again to make it")
-        again = self.run_one(unit)
-        metric = doc["metrics"]["metric"]
-        if again["metrics"][metric] != doc["metrics"][metric]:
-            self.log(f"{self.study.key}/{run_id}: made again, {metric} {again['metrics'][metric]} (recorded "
-                     f"{doc['metrics'][metric]}, {doc['metrics']['provenance'].get('cpu')}); the new run replaces "
-                     "its record")
-            again["replaces"] = {"why": "its checkpoint was gone and running it again did not reproduce its metric",
-                                 "metrics": {metric: doc["metrics"][metric]}, "provenance": doc["provenance"],
-                                 "cpu": doc["metrics"]["provenance"].get("cpu")}
-            write_json(self.layout.json(run_id), relative(again, self.layout))
-            if readers:
-                raise TokenReduceError(f"{run_id} made again gave {metric} {again['metrics'][metric]}, not the "
-                                       f"recorded {doc['metrics'][metric]} (its record now holds the new run), and "
-                                       f"the done runs {readers} read the old run: delete their records to make "
-                                       "them again from the new one")
+        again = self.run_one(unit, replacing=doc)
+        if "replaces" in again and readers:
+            metric = doc["metrics"]["metric"]
+            raise TokenReduceError(f"{run_id} made again gave {metric} {again['metrics'][metric]}, not the "
+                                   f"recorded {doc['metrics'][metric]} (its record now holds the new run), and "
+                                   f"the done runs {readers} read the old run: delete their records to make "
+                                   "them again from the new one")
         self._read.append({"path": again["metrics"]["checkpoint"], "sha256": again["checkpoint_sha256"]})
         return again["metrics"]["checkpoint"]
 
@@ -377,32 +274,82 @@ class Runner:
             raise TokenReduceError(f"run {run_id} names no model and starts from no run or reference")
         return read_meta(start)["model"]
 
-    def _probe(self, unit: Unit, work: Path) -> dict[str, Any]:
-        checkpoint = self._checkpoint(unit.needs[0]) if unit.needs else self.study.bed.checkpoint()
-        return self._experiment(unit.step.experiment, checkpoint, work)
+    # -- execution
 
-    def _experiment(self, spec: str, checkpoint: str | None, work: Path) -> dict[str, Any]:
-        """Run the experiment ``spec`` on ``checkpoint``, with the test bed's data where it takes one."""
-        from ..core.registry import format_spec, parse_spec
-        from . import entries
+    def run_one(self, unit: Unit, replacing: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Execute ``unit`` in this process (its needs must be done) and write its record; returns it.
+        ``replacing``: the record of a run made again (:meth:`_checkpoint`).
 
-        name, params = parse_spec(spec)
-        params["checkpoint"] = checkpoint
-        bed = self.study.bed.train_fields(self.layout.checkpoints)
-        takes = _fields(name)
-        if bed.get("data") and bed["data"] != "fashion_mnist" and "data" in takes:  # others read the checkpoint's
-            params["data"] = bed["data"]
-        if bed.get("data_dir") and "data_dir" in takes:
-            params["data_dir"] = bed["data_dir"]
-        if self.study.is_smoke:
-            params.update(self.study.smoke.probe)
-        return entries.probe(format_spec(name, params), out=work, threads=self.threads, device=self.device,
-                             amp=self.amp, log=self.log)
+        Meanwhile the study's output is held (train/lock.py): shared by a run that trains or evaluates, alone
+        by a timing (a measure, a bench), which so shares its cores with no other run writing there, another
+        study's into the same ``--out`` included; the machine's load around it goes into its record
+        (bench/load.py)."""
+        timing = unit.kind in TIMED
+        with nullcontext() if self._holding else self._hold(unit.id, timing):
+            t0 = time.perf_counter()
+            request, read = self.request(unit)
+            with load.watched(self.threads, self.log) if timing else nullcontext() as seen:
+                body = execute(request, self._context(unit, self.threads, self.log))
+            return self._record(unit, body, read=read, threads=self.threads, t0=t0,
+                                extra={load.KEY: seen} if timing else {}, replacing=replacing)
+
+    @contextmanager
+    def _hold(self, what: str, timing: bool) -> Iterator[None]:
+        """The study's output held for the block (alone for a timing), this process marked as its holder."""
+        with lock.hold(self.layout.results, what=f"{'timing' if timing else 'study'} run {what}", shared=not timing):
+            self._holding = True
+            try:
+                yield
+            finally:
+                self._holding = False
+
+    def _context(self, unit: Unit, threads: int, log: Callable[[str], None]) -> RunContext:
+        return RunContext(threads=threads, device=self.device, amp=self.amp, out_dir=self.layout.checkpoints / unit.id,
+                          log=log)
+
+    def _record(self, unit: Unit, body: dict[str, Any], *, read: list[dict[str, str]], threads: int, t0: float,
+                extra: dict[str, Any], replacing: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The one place a record is built: ``unit``'s coordinates, its request's ``body``, the checkpoints it
+        ``read``, its provenance (``extra``: a timing's load) and, for a run made again that did not reproduce the
+        record it ``replac``es, the old metric; written atomically. Returns it."""
+        argv = self.command(unit, threads)
+        doc: dict[str, Any] = {"id": f"{self.study.key}/{unit.id}", "study": self.study.name,
+                               "bed": self.study.bed_name, "run": unit.id, "kind": unit.kind,
+                               "testbed": self.study.bed.describe(), "smoke": self.study.is_smoke,
+                               "command": shlex.join(argv)}
+        if unit.point is not None:
+            doc.update(arm=unit.point.arm, point=unit.point.values)
+            if unit.evaluated:
+                doc["evaluates"] = REFERENCE if self._off_shelf(unit) else unit.needs[0]
+        elif unit.kind == "measure":
+            doc["point"] = unit.step.at
+        doc.update(body)
+        if unit.evaluated and not self._off_shelf(unit):  # an experiment's metrics, item-paired with the run it reads
+            metrics, source = body["result"].get("metrics", {}), self._doc(unit.needs[0])
+            for metric in sorted(set(metrics.get("items") or {}) & set(source["metrics"].get("items") or {})):
+                item_pair({"id": doc["id"], "metrics": metrics}, source, metric)  # refused here, not at the report
+            doc["metrics"] = metrics
+        if read:
+            doc["read"] = read
+        doc["provenance"] = provenance(argv=argv, threads=threads, device=self.device, amp=self.amp,
+                                       wall_s=round(time.perf_counter() - t0, 1), **extra)
+        if replacing is not None:
+            metric = replacing["metrics"]["metric"]
+            if doc["metrics"][metric] != replacing["metrics"][metric]:
+                self.log(f"{self.study.key}/{unit.id}: made again, {metric} {doc['metrics'][metric]} (recorded "
+                         f"{replacing['metrics'][metric]}, {replacing['metrics']['provenance'].get('cpu')}); the new "
+                         "run replaces its record")
+                doc["replaces"] = {"why": "its checkpoint was gone and running it again did not reproduce its "
+                                   "metric", "metrics": {metric: replacing["metrics"][metric]},
+                                   "provenance": replacing["provenance"],
+                                   "cpu": replacing["metrics"]["provenance"].get("cpu")}
+        write_json(self.layout.json(unit.id), relative(doc, self.layout))
+        return doc
 
     def run(self, jobs: int = 1) -> list[str]:
-        """Run every run not done yet (``jobs`` at a time, in subprocesses when > 1; measures and benches,
-        which time, last, one at a time in-process with every thread: a timing shares its cores with
-        nothing); returns the ids run."""
+        """Run every run not done yet (``jobs`` at a time in worker processes when > 1, each as soon as its
+        needs are done; measures and benches, which time, last, one at a time in this process with every thread:
+        a timing shares its cores with nothing); returns the ids run."""
         pending = [u for u in self.units if not self.done(u)]
         total, ran, times = len(self.units), [], []
         self.log(f"study {self.study.key}: {len(pending)} of {total} runs{f' at {self.where}' if self.where else ''} "
@@ -414,47 +361,91 @@ class Runner:
             if sum(n > 0 for n in count.values()) > 1:
                 self.log(f"  to do by {axis.name}: " + ", ".join(f"{v}: {n}" for v, n in count.items() if n)
                          + f" (--where {axis.name}=V runs one)")
+
+        def finished(u: Unit, seconds: float, lanes: int) -> None:
+            times.append(seconds)
+            ran.append(u.id)
+            left = len(pending) - len(ran)
+            eta = sum(times) / len(times) * left / max(1, min(lanes, left or 1))
+            self.log(f"[{total - left}/{total}] {self.study.key}/{u.id} done in {seconds:.0f} s; "
+                     f"{left} left, about {eta / 60:.1f} min")
+
         timed = [u for u in pending if u.kind in TIMED]
         rest = [u for u in pending if u not in timed]
-        waves = [([u for u in rest if not u.needs], jobs), ([u for u in rest if u.needs], jobs), (timed, 1)]
-        for wave, lanes in waves:
-            def one(u: Unit, lanes: int = lanes) -> str:
-                t0 = time.perf_counter()
-                if lanes > 1:
-                    self._subprocess(u, max(1, self.threads // jobs))
-                else:
-                    self.run_one(u)
-                times.append(time.perf_counter() - t0)
-                ran.append(u.id)
-                left = len(pending) - len(ran)
-                eta = sum(times) / len(times) * left / max(1, min(lanes, left or 1))
-                self.log(f"[{total - left}/{total}] {self.study.key}/{u.id} done in {times[-1]:.0f} s; "
-                         f"{left} left, about {eta / 60:.1f} min")
-                return u.id
-
-            if lanes > 1:
-                with ThreadPoolExecutor(max_workers=lanes) as pool:
-                    list(pool.map(one, wave))
-            else:
-                for u in wave:
-                    one(u)
+        if jobs > 1 and rest:
+            self._pool(rest, jobs, finished)
+            rest = []
+        for u in rest + timed:
+            t0 = time.perf_counter()
+            self.run_one(u)
+            finished(u, time.perf_counter() - t0, 1)
         return ran
 
-    def _subprocess(self, unit: Unit, threads: int) -> None:
-        argv = [sys.executable, "-m", "tokenreduce.cli", *self.command(unit, threads)[1:]]
-        log = self.layout.checkpoints / f"{unit.id}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as f:
-            rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode
-        if rc != 0:
-            raise TokenReduceError(f"run {unit.id} failed (exit status {rc}); its log: {log}")
+    def _pool(self, units: list[Unit], jobs: int, finished: Callable[[Unit, float, int], None]) -> None:
+        """Run ``units`` (none of them a timing) in a pool of ``jobs`` spawned worker processes, threads // jobs
+        torch threads each, a run as soon as the runs it needs are done; the requests are made and the records
+        written here. A failed run ends the pool once the running ones finish, with one line naming it."""
+        lane = max(1, self.threads // jobs)
+        waiting, running, failed = list(units), {}, []
+        with self._hold("pool", timing=False), ProcessPoolExecutor(
+                jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_orphaned_exit,
+                initargs=(os.getpid(),)) as pool:
+            while waiting or running:
+                busy = {u.id for u in waiting} | {u.id for u, *_ in running.values()}
+                for u in [u for u in waiting if not failed and not set(u.needs) & busy][:jobs - len(running)]:
+                    waiting.remove(u)
+                    t0 = time.perf_counter()
+                    log = self.layout.checkpoints / f"{u.id}.log"
+                    try:
+                        request, read = self.request(u, lane)
+                    except TokenReduceError as e:
+                        failed.append(f"run {u.id} failed: {e}")
+                        continue
+                    future = pool.submit(_work, request, self._context(u, lane, print), log)
+                    running[future] = (u, read, t0, log)
+                if not running:
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    u, read, t0, log = running.pop(future)
+                    try:
+                        body = future.result()
+                    except Exception as e:  # noqa: BLE001 - any failure of a worker is reported, naming its run
+                        failed.append(f"run {u.id} failed ({e}); its log: {log}")
+                        continue
+                    self._record(u, body, read=read, threads=lane, t0=t0, extra={})
+                    finished(u, time.perf_counter() - t0, jobs)
+        if failed:
+            raise TokenReduceError("; ".join(failed))
+
+
+def _orphaned_exit(parent: int, every: float = 1.0) -> None:
+    """A worker's start: it ends when the runner's process ``parent`` is gone (killed: its pool never tells the
+    workers), as a killed run in-process would; the study resumes its runs where their checkpoints stand."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _work(request: Any, ctx: RunContext, log: Path) -> dict[str, Any]:
+    """A worker's run: ``request`` executed in ``ctx``, its output and progress lines into ``log``; a failure is
+    re-raised as one line (its traceback stays in the log)."""
+    import torch
+
+    torch.set_num_threads(ctx.threads)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f, redirect_stdout(f), redirect_stderr(f):
+        try:
+            return execute(request, dataclasses.replace(ctx, log=lambda msg: print(msg, file=f, flush=True)))
+        except BaseException as e:
+            traceback.print_exc(file=f)
+            raise TokenReduceError(f"{type(e).__name__}: {e}".splitlines()[0]) from None
 
 
 def _fields(experiment: str) -> set[str]:
-    import dataclasses
-
-    from ..probes.base import get_experiment
-
     cfg = get_experiment(experiment).Config
     return {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
 

@@ -171,7 +171,7 @@ def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
 
 
 def probe_text(decl: Probe, doc: dict[str, Any] | None) -> list[str]:
-    from .entries import report_probe
+    from .execute import report_probe
 
     if doc is None:
         return [f"{NOT_RUN}: no run JSON for {decl.name}"]

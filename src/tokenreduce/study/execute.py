@@ -1,0 +1,176 @@
+"""A study's kinds of run as requests of the library, and one executor per kind: request -> record body.
+
+Training is ``train.config.TrainConfig`` (what ``tokenreduce train`` builds from its flags); a measure carries
+``bench.evaluation.EvalRequest`` (``tokenreduce eval``'s) with the fine-tuned runs' recorded evaluations
+(``bench.evaluation.Recorded``); the rest are the small frozen requests below. A request names everything its run
+reads (checkpoints, records' numbers), so :func:`execute` runs it in any process: the runner's own or a worker of its
+pool. The context (``probes.base.RunContext``: threads, device, precision, a folder for files, a log) is where it
+runs, not what it computes; a training's ``TrainConfig`` carries its own threads and device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..bench import evaluation as ev
+from ..models.references import file_sha256
+from ..probes.base import RunContext, build_experiment
+from ..train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class FoldRequest:
+    """``tokenreduce eval --checkpoint CHECKPOINT --spec SPEC`` on one fold of the test items, per item: ``spec``
+    applied off the shelf and scored on items i, i + k, i + 2k, ... of the ``subset`` (``fold`` = (i, k)) of the
+    data (read from ``data_dir`` when given)."""
+
+    spec: str
+    checkpoint: str
+    fold: tuple[int, int]
+    data_dir: str | None = None
+    subset: int | None = None
+    eval_batch: int = 250
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """``tokenreduce experiment SPEC``: the registered experiment ``spec`` (probes/), its checkpoint among its
+    parameters."""
+
+    spec: str
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    """``tokenreduce eval`` (``eval``: the reference, the training-free specs, the seeds, speed settings, data) with
+    the ``recorded`` fine-tuned runs beside it, each scored by the evaluation it made of itself on the same items."""
+
+    eval: ev.EvalRequest
+    recorded: tuple[ev.Recorded, ...] = ()
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """``tokenreduce bench --model NAME --spec S ...``: ``specs`` against the unpatched model and the ``control``
+    in one interleaved run, on the timm model ``model`` (``{"name", "kwargs"}``, random weights from
+    ``speed['seed']``) or, with ``checkpoint`` (a trained recipe's name), on its trained weights; ``speed``: the
+    command's timing flags (batch, warmup, repeats, min_run_s; the rest as eval's ``SPEED``), backend,
+    compile_mode, dtype, seed; ``argv``: the command line its document names."""
+
+    model: dict[str, Any]
+    specs: tuple[str, ...]
+    control: str
+    match_random: bool
+    speed: dict[str, Any]
+    argv: tuple[str, ...]
+    checkpoint: str | None = None
+    stem: str | None = None
+
+
+def train(cfg: TrainConfig, ctx: RunContext) -> dict[str, Any]:
+    """Train (or resume, or reuse) the run ``cfg``: its config, final metrics and the checkpoint's SHA-256."""
+    from ..train.loop import train as run
+
+    metrics = run(cfg)
+    return {"config": cfg.to_dict(), "metrics": metrics, "checkpoint_sha256": file_sha256(metrics["checkpoint"])}
+
+
+def fold(req: FoldRequest, ctx: RunContext) -> dict[str, Any]:
+    """The fold's per-item evaluation, with the per-item results the study's item-level tests read."""
+    import torch
+    from torch.utils.data import Subset
+
+    from ..api import apply
+
+    torch.set_num_threads(ctx.threads)
+    ref = ev.load_reference(req.checkpoint)
+    ref.model.to(ctx.device)
+    ref.task.to(ctx.device)
+    test = ev.load_data(ref, data_dir=req.data_dir, subset=req.subset)
+    i, k = req.fold
+    items = Subset(test.test, range(i, len(test.test), k))
+    apply(ref.model, req.spec)
+    with ctx.autocast():
+        metrics = ref.task.evaluate(ref.model, items, batch_size=req.eval_batch, device=ctx.device,
+                                    database=test.database, items=True)
+    return {"spec": req.spec, "checkpoint": req.checkpoint, "data": test.info, "fold": [i, k],
+            "items": len(items), "metrics": metrics}
+
+
+def probe(req: ProbeRequest, ctx: RunContext) -> dict[str, Any]:
+    """The experiment's spec and results."""
+    exp = build_experiment(req.spec)
+    return {"experiment": exp.spec(), "result": exp.run(ctx)}
+
+
+def report_probe(spec: str, result: dict[str, Any]) -> str:
+    """The experiment's own report of ``result``."""
+    return build_experiment(spec).report(result)
+
+
+def measure(req: MeasureRequest, ctx: RunContext) -> dict[str, Any]:
+    """The reference unpatched and with each training-free spec evaluated, and the recorded runs grouped by model
+    and spec: the task's metric, MACs, throughput and latency in one interleaved run; writes the eval command's
+    files to the context's folder."""
+    import torch
+
+    from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
+    from ..models.precision import autocast
+
+    e = req.eval
+    settings = ev.speed_settings(threads=ctx.threads, eval_batch=e.eval_batch, **e.speed)
+    torch.set_num_threads(ctx.threads)
+    ref = ev.load_reference(str(e.reference))
+    ref.model.to(e.device)
+    ref.task.to(e.device)
+    cases = [EvalCase(s, s) for s in e.specs]
+    check_cases(ref.model, cases)
+    cases += ev.finetuned_cases([], ref, list(req.recorded))
+    data = ev.load_data(ref, data_dir=e.data_dir, subset=e.subset)
+    with autocast(e.device, e.amp):
+        rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=list(e.seeds),
+                              eval_batch=e.eval_batch, speed=settings, progress=ctx.log)
+    info = {"reference": {"checkpoint": e.reference, "task": ref.task.spec()}, "data": data.info, "speed": settings}
+    ev.write_outputs(ctx.out_dir, rows, info, f"{data.info['name']}, {data.info['n']} test images", task=ref.task)
+    return {"result": {**info, "results": list(rows)}}
+
+
+def bench(req: BenchRequest, ctx: RunContext) -> dict[str, Any]:
+    """The bench command's results document (bench/compare.py)."""
+    import torch
+
+    from ..bench.compare import bench_document, with_stem
+    from ..models import ModelSource, make_model
+
+    speed = {"backend": "eager", "compile_mode": "default", "dtype": "float32", "seed": 0, **ev.SPEED, **req.speed}
+    backend, compile_mode = speed.pop("backend"), speed.pop("compile_mode")
+    dtype, seed = speed.pop("dtype"), speed.pop("seed")
+    torch.manual_seed(seed)
+    if req.checkpoint:
+        from ..train.recipes import reference_checkpoint
+
+        source = ModelSource(checkpoint=str(reference_checkpoint(req.checkpoint)), spec=None)
+    else:
+        source = ModelSource(config={"name": req.model["name"], "kwargs": dict(req.model.get("kwargs", {})),
+                                     "pretrained": False})
+    built = make_model(source)
+    built.model.to(ctx.device, getattr(torch, dtype))
+    info = {"name": built.config["name"], "kwargs": built.config.get("kwargs", {}), "pretrained": False,
+            "reference": req.checkpoint}
+    return {"result": bench_document(built.model, req.specs, model_info=info, settings=speed, control=req.control,
+                                     match_random=req.match_random, threads=ctx.threads, backend=backend,
+                                     device=ctx.device, dtype=dtype, seed=seed, argv=list(req.argv),
+                                     stem=with_stem(built.model, req.stem) if req.stem else None, amp=ctx.amp,
+                                     compile_mode=compile_mode, progress=ctx.log)}
+
+
+#: The executor of each kind of request.
+EXECUTORS: dict[type, Callable[[Any, RunContext], dict[str, Any]]] = {
+    TrainConfig: train, FoldRequest: fold, ProbeRequest: probe, MeasureRequest: measure, BenchRequest: bench}
+
+
+def execute(request: Any, ctx: RunContext) -> dict[str, Any]:
+    """The record body of ``request`` run in ``ctx`` (its kind's executor, :data:`EXECUTORS`)."""
+    return EXECUTORS[type(request)](request, ctx)
