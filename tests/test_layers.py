@@ -259,17 +259,13 @@ def test_public_functions_have_type_hints():
                               "def _p(z): ...\n")) == [(1, "f"), (4, "A.h")]
 
 
-#: Circles being taken apart in the study engine (its runner and records); delete the entry once it is gone.
-PENDING_CIRCLES = [["tokenreduce.study.records", "tokenreduce.study.runner"]]
-
-
 def test_no_import_circle():
     """No import circle anywhere in the package, counting the imports inside functions (a late import
     hides a circle, it does not remove it): a module that needs another's service at run time gets it
     passed in or by registration (``importlib.import_module`` of a registry's entry is no import)."""
     graph = import_graph()
     assert len(graph) > 100
-    found = [c for c in circles(graph) if c not in PENDING_CIRCLES]
+    found = circles(graph)
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
