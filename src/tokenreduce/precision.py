@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
-#: ``--amp`` choices (commands/vocab.py repeats them, torch-free) -> autocast dtype.
-AMP_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+from .bench.settings import AMP_CHOICES
+
+#: ``--amp`` choice (declared torch-free in bench/settings.py) -> autocast dtype, in the same order.
+AMP_DTYPES: dict[str, torch.dtype | None] = dict(zip(AMP_CHOICES, (torch.bfloat16, torch.float16, None), strict=True))
 
 
 def amp_dtype(amp: str | None) -> torch.dtype | None:

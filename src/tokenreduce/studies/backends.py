@@ -44,11 +44,10 @@ def _fmnist_vit() -> dict:
 
 
 def _benches() -> tuple[Bench, ...]:
-    speed = {"batch": 32, "repeats": 10}
-    deit = [Bench(f"deit_small-{b}", model=DEIT_S, specs=_DEIT_SPECS, match_random=True, speed={**speed, "backend": b},
+    deit = [Bench(f"deit_small-{b}", model=DEIT_S, specs=_DEIT_SPECS, match_random=True, speed={"backend": b},
                   title=f"DeiT-S (random weights), {b}") for b in BACKENDS]
     fmnist = [Bench(f"fmnist-{b}", model=_fmnist_vit(), checkpoint="fmnist-vit", specs=_FMNIST_SPECS,
-                    match_random=True, speed={**speed, "backend": b},
+                    match_random=True, speed={"backend": b},
                     title=f"The Fashion-MNIST reference at the 1.5x picks, {b}") for b in BACKENDS]
     return (*deit, *fmnist)
 
@@ -57,8 +56,8 @@ def _benches() -> tuple[Bench, ...]:
 #: top-k at EViT's placement, DynamicViT's keep 0.7 at blocks (2, 5, 8), ImagePiece's and BSPF's, Cropr's
 #: (deployed: its summed query, random like every weight here) and PiToMe's defaults, DiffRate's deit_s-2.9
 GPU_SPECS = (*_DEIT_SPECS, "dynamicvit()", "imagepiece()", "bspf()", "cropr(inference=True)", "pitome()", "diffrate()")
-#: the preset's timing: bfloat16 weights, batch 256 (throughput) and 1 (latency), 2 warm-up and 10 timed rounds
-GPU_SPEED = {"batch": 256, "warmup": 2, "repeats": 10, "dtype": "bfloat16"}
+#: the preset's timing: bfloat16 weights, batch 256 for throughput (latency at 1), the default rounds
+GPU_SPEED = {"batch": 256, "dtype": "bfloat16"}
 
 
 def _gpu_benches() -> tuple[Bench, ...]:

@@ -174,7 +174,7 @@ class Baselines(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="The scene test bed: top-1 at ~1.5x and ~2x measured speed-up, training-free and fine-tuned",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "teacher": TESTBED_TEACHER},
+            recipe=shortened("fmnist-vit-ft", teacher=TESTBED_TEACHER),
             arms=lengths(_scene_arms(), LONGER), baseline="random-1.5x", pending=LONGER_PENDING, grid=(LENGTH, *_GRID),
             columns=(Col("top1", "top-1 % (fine-tuned)"), Col("top1", "Δ top-1 vs random 1.5x", paired=True),
                      Col("train_time_s", "wall s")),
@@ -195,7 +195,7 @@ class Baselines(Study):
             testbed=FMNIST,
             title="Fashion-MNIST: top-1 against measured speed-up, training-free and fine-tuned",
             # fmnist-vit-ft for 2 epochs on the full training set, scored on all 10 000 test images
-            recipe={**get_recipe("fmnist-vit-ft"), "epochs": 2, "eval_subset": None},
+            recipe=get_recipe("fmnist-vit-ft", epochs=2, eval_subset=None),
             arms=_fmnist_arms(), baseline="random-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (fine-tuned)"), Col("top1", "Δ top-1 vs random 1.5x", paired=True)),
             measures=(

@@ -93,7 +93,7 @@ class Cropr(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="Token Cropr on the scene test bed (classification): the learned router against fixed scorers",
-            recipe=shortened(get_recipe("fmnist-cropr")),
+            recipe=shortened("fmnist-cropr"),
             arms=lengths({
                 "cropr": Arm("Token Cropr", spec=f"cropr(r={_R}, classes=10)"),
                 "cropr_llf": Arm("Token Cropr + LLF", spec=f"cropr(r={_R}, classes=10) + llf()"),

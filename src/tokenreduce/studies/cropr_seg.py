@@ -27,6 +27,7 @@ diagnostics x 2-3 min (about 90 min); fmnist: 15 runs x 5-10 min.
 
 from __future__ import annotations
 
+from ..data.scenes import EVAL_SUBSET
 from ..study.declare import Arm, Bed, Col, Expect, Study, register_study
 from ..study.testbed import Testbed
 from ..train.recipes import get_recipe
@@ -67,13 +68,13 @@ class CroprSeg(Study):
         "scenes": Bed(
             testbed=SCENES_SEG,
             title="Token Cropr on the scene masks (segmentation): the router with LLF, fixed scorers, the collapse",
-            recipe={**shortened(get_recipe("fmnist-cropr")), "task": "segment", "label_smoothing": 0.0},
+            recipe=shortened("fmnist-cropr", task="segment", label_smoothing=0.0),
             arms={
                 "cropr": Arm("Token Cropr + LLF",
                              spec=f"cropr(r={_R}, queries=196, classes=11, warmup_steps=50) + llf()"),
                 **{k: a for k, a in rivals(_AT, " + llf()").items() if k != "evit"},
                 "none": Arm("unpruned (same fine-tune)"),
-                "rescored": _rescored("cropr_diagnostics(images=2000, seeds=(0, 1, 2))"),
+                "rescored": _rescored(f"cropr_diagnostics(images={EVAL_SUBSET}, seeds=(0, 1, 2))"),
             },
             baseline="none", grid=(SEEDS,), columns=_COLUMNS,
             smoke=scene_smoke("fmnist_scenes_seg", probe={"images": 16, "seeds": (0,), "batch": 8}),

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from ..methods.diffrate import DEFAULT, kept_counts, published
 from ..study.declare import REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
-from ..train.recipes import get_recipe
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = ("DiffRate, arXiv 2305.17997 (prune, then merge: Fig. 3); the official README (DeiT-S at 2.9 G MACs: 79.54 "
@@ -65,7 +64,7 @@ class DiffRateStudy(Study):
             testbed=SCENES,
             title="DiffRate on the scene test bed: its DeiT-S 2.9 G MACs schedule, prune-then-merge against each "
                   "alone",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "eval_subset": None},
+            recipe=shortened("fmnist-vit-ft", eval_subset=None),
             arms=_ARMS, baseline="diffrate", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"), Col("top1", "Δ top-1 vs DiffRate", paired=True)),
             measures=(

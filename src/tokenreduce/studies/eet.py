@@ -127,7 +127,7 @@ class EET(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="EET on the scene test bed: CTP, DKT and DRG, and the oracle at CTP's counts",
-            recipe=shortened(get_recipe("fmnist-eet")),
+            recipe=shortened("fmnist-eet"),
             arms=lengths({
                 **_arms(_DB),
                 "e_oracle": Arm("(e) oracle at CTP's counts, (b)'s weights", evaluates="b_ctp",

@@ -170,7 +170,7 @@ class ImagePiece(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="ImagePiece on the scene test bed: re-tokenization at equal speed and MACs, as an add-on, ablated",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "teacher": TESTBED_TEACHER},
+            recipe=shortened("fmnist-vit-ft", teacher=TESTBED_TEACHER),
             arms=_SCENE_ARMS, baseline="none", grid=_GRID,
             columns=(Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True),
                      Col("train_time_s", "wall s")),
@@ -194,7 +194,6 @@ class ImagePiece(Study):
         "deit_s": Bed(
             title="ImagePiece on DeiT-S, the conv stem counted (CPU, random weights)",
             benches=(Bench("deit_small_conv", model=DEIT_S, specs=DEIT_SPECS, stem="conv",
-                           speed={"batch": 32, "repeats": 10},
                            title="DeiT-S, 2 CPU threads: ImagePiece with the patch stem and with its conv stem, "
                                  "against the plain model"),),
             smoke=Smoke(testbed=Testbed(), bench=SMOKE_BENCH),

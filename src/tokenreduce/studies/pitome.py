@@ -38,7 +38,6 @@ of ~3 300 scenes (~15 s each) and one timing run of 7 cases (~5 min): about 10 m
 from __future__ import annotations
 
 from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
-from ..train.recipes import get_recipe
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "PiToMe, arXiv 2405.16148"
@@ -99,7 +98,7 @@ class PiToMeStudy(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="PiToMe on the scene test bed: against ToMe and the random pruner at PiToMe's 1.5x and 2x MACs",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "eval_subset": None},
+            recipe=shortened("fmnist-vit-ft", eval_subset=None),
             arms=_ARMS, baseline="tome-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs ToMe 1.5x", paired=True)),

@@ -35,7 +35,6 @@ Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 sc
 from __future__ import annotations
 
 from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
-from ..train.recipes import get_recipe
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "SAINT, arXiv 2503.11549"
@@ -123,7 +122,7 @@ class SaintStudy(Study):
             testbed=SCENES,
             title="SAINT on the scene test bed: against ToMe and PiToMe at SAINT's 1.5x and 2x MACs, each against "
                   "the random pruner at its counts, and the official batch-mean count against a calibrated one",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "eval_subset": None},
+            recipe=shortened("fmnist-vit-ft", eval_subset=None),
             arms=_ARMS, baseline="saint-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs SAINT 1.5x", paired=True)),
