@@ -1,4 +1,4 @@
-"""One home per fact (issue 45): each fact below is declared once and every other place reads it; a test
+"""One home per fact: each fact below is declared once and every other place reads it; a test
 fails when a second home comes back (a literal restated in the code) or the value drifts from its source."""
 
 from __future__ import annotations
@@ -84,3 +84,19 @@ def test_no_study_restates_the_default_timing_settings():
                 same = {k: v for k, v in b.speed.items() if settings.SPEED.get(k) == v}
                 restated += [f"{name}/{bed_name} bench {b.name}: {same}"] if same else []
     assert not restated, "bench/settings.SPEED is the one home of the default timing:\n" + "\n".join(restated)
+
+
+def test_a_compute_plan_is_declared_once_as_numbers_and_the_page_writes_its_sentence():
+    from tokenreduce.study.page import budget_text
+
+    assert budget_text(((20, "training", 4), (1, "speed", 3))) == \
+        "20 training runs x 4 min + 1 speed run x 3 min: about 83 min planned"
+    assert budget_text(((30, "training", 4), (12, "937-step training", 205 / 12))) == \
+        "30 training runs x 4 min + 12 937-step training runs x 17.1 min: about 5.4 h planned"
+    for name in list_studies():
+        for bed_name, bed in get_study(name).beds.items():
+            assert bed.budget and all(type(n) is int and n > 0 and isinstance(kind, str) and minutes > 0
+                                      for n, kind, minutes in bed.budget), (name, bed_name, bed.budget)
+    stated = [p.name for p in _sources("studies") if re.search(r"(?i)compute plan|budget:|\d+ min\b",
+                                                               ast.get_docstring(ast.parse(p.read_text())) or "")]
+    assert not stated, f"a study's compute plan restated in its docstring (Bed.budget is its home): {stated}"

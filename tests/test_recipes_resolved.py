@@ -1,5 +1,5 @@
 """The resolved training settings of every recipe and of every study's runs are what they were before the
-recipes were declared as a base plus differences (issue 45): the expected values below were generated once
+recipes were declared as a base plus differences: the expected values below were generated once
 from the code before that change, not from the code under test.
 
 A recipe is compared field by field; a study's runs (every point of every bed, smoke included: its

@@ -24,12 +24,9 @@ top-1 by less than half a point.
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
 (``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
 disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``). The measure
-``free`` evaluates every fixed-count spec again in one interleaved timing run (MACs, img/s at batch 32,
-latency at batch 1); a claim reads "at equal measured speed" only where it timed both arms within 0.05x of
-each other. The official count is not timed: its MACs follow the batch.
-
-Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 scenes): 14 arms x 3 folds of
-~3 300 scenes (~15 s each) and one timing run of 13 cases (~8 min): about 20 minutes.
+``free`` evaluates every fixed-count spec again in one interleaved timing run (MACs, img/s and latency at
+bench/settings.SPEED's batches); a claim reads "at equal measured speed" only where it timed both arms within
+0.05x of each other. The official count is not timed: its MACs follow the batch.
 """
 
 from __future__ import annotations
@@ -134,5 +131,5 @@ class SaintStudy(Study):
                               "reference (the random pruners at pattern seed 0)"),
             ),
             smoke=scene_smoke(measure=SMOKE_MEASURE),
-            budget="42 fold evaluations of ~15 s and one timing run of ~8 min on 2 CPU cores: about 20 minutes"),
+            budget=((42, "fold evaluation", 0.25), (1, "speed", 8))),
     }
