@@ -100,3 +100,15 @@ def test_a_compute_plan_is_declared_once_as_numbers_and_the_page_writes_its_sent
     stated = [p.name for p in _sources("studies") if re.search(r"(?i)compute plan|budget:|\d+ min\b",
                                                                ast.get_docstring(ast.parse(p.read_text())) or "")]
     assert not stated, f"a study's compute plan restated in its docstring (Bed.budget is its home): {stated}"
+
+
+def test_each_shared_training_setting_is_declared_once_in_the_recipes():
+    entries: dict[tuple[str, object], list[str]] = {}
+    for path in _sources("train/recipes.py", "studies"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Dict):
+                for k, v in zip(n.keys, n.values, strict=True):
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant):
+                        entries.setdefault((k.value, v.value), []).append(f"{path.relative_to(SRC)}:{n.lineno}")
+    for setting in (("augment", "crop_flip"), ("threads", 2), ("data", "fashion_mnist")):
+        assert len(entries.get(setting, [])) == 1, (setting, entries.get(setting))
