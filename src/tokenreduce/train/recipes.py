@@ -1,16 +1,16 @@
 """Named training recipes: a model config plus optimiser and schedule, as TrainConfig fields.
 
-``scenes-vit`` is the reference of the scene test bed (``data/scenes.py``): a 12-block ViT on
-DeiT-S's 14x14 grid; its trained checkpoint ships with the package (``models/references.py``).
+``scenes-vit`` is the reference of the scene test bed (``data/scenes.py``); its trained checkpoint ships
+with the package (``models/references.py``).
 
-``fmnist-vit`` is the reference model for Fashion-MNIST: a timm VisionTransformer (class token,
-28x28 grayscale input, patch 4 -> 49 patch tokens) trained from scratch on a CPU. Its
-trained checkpoint lives in the cache (``$TOKENREDUCE_CACHE``, default ``cache/``), outside git:
+``fmnist-vit`` is the reference model for Fashion-MNIST, a timm VisionTransformer trained from scratch on a
+CPU. Its trained checkpoint lives in the cache (``$TOKENREDUCE_CACHE``, default ``cache/``), outside git:
 ``reference_checkpoint()`` is where others find it.
 
-A recipe is a description and TrainConfig fields: its keys are checked against TrainConfig's
-fields when this module loads, and :func:`get_recipe` parses its values through TrainConfig, so a
-misspelt key or a value of the wrong type fails naming the recipe, the key and the valid fields.
+A recipe is a description (what it is for; its fields are the only description of its settings) and
+TrainConfig fields, declared as a shared base plus the recipe's differences: its keys are checked against
+TrainConfig's fields when this module loads, and :func:`get_recipe` parses its values through TrainConfig, so
+a misspelt key or a value of the wrong type fails naming the recipe, the key and the valid fields.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def parse_recipe(name: str, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def get_recipe(name: str, **differences: Any) -> dict[str, Any]:
-    """TrainConfig fields of recipe ``name`` with a user's declared ``differences`` (a copy, without the
+    """TrainConfig fields of recipe ``name`` with a study's declared ``differences`` (a copy, without the
     description, parsed through TrainConfig: :func:`parse_recipe`; callables, such as paths under the cache,
     are resolved now)."""
     if name not in RECIPES:
