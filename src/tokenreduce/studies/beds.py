@@ -51,13 +51,14 @@ TEN_EPOCHS = 10 * EPOCH_STEPS
 #: the papers' schedules in epochs, shortest and longest (the 30-epoch fine-tunes of EViT, DynamicViT and
 #: Cropr; DeiT's 300 epochs from scratch, as EET and BSPF train): what the report sets the lengths run against
 PAPER_EPOCHS = (30, 300)
+#: what a longer length trains on and is scored on: every item
+_WHOLE_SETS = {"subset": None, "eval_subset": None}
 #: the fine-tune length, a grid axis of the studies whose arms have learned parts: the shortened schedule
 #: (the runs made first keep their ids), one epoch and ten, the longer ones scored on all the test scenes;
 #: the recipe is otherwise the same (its schedule is in epochs of the training items: the warm-up stays a
 #: fraction of the run)
 LENGTH = Axis("steps", (STEPS, EPOCH_STEPS, TEN_EPOCHS), "t", implicit=STEPS,
-              sets={EPOCH_STEPS: {"subset": None, "eval_subset": None},
-                    TEN_EPOCHS: {"subset": None, "eval_subset": None, "epochs": 10}})
+              sets={EPOCH_STEPS: _WHOLE_SETS, TEN_EPOCHS: {**_WHOLE_SETS, "epochs": TEN_EPOCHS // EPOCH_STEPS}})
 
 
 def one_epoch_budget(runs: int, minutes: float) -> tuple[int, str, float]:
