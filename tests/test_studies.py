@@ -593,4 +593,4 @@ def test_a_study_section_says_what_its_runs_cost_as_run_per_fine_tune_length():
                                    "time summed"
     assert as_run(fmnist, {"full-s0": runs["full-s0"]}) == "as run: 1 run, 2 min of training wall time summed"
     assert as_run(scenes, {}) == ""
-    assert scenes.budget.endswith(one_epoch_budget(18, 105)) and "one epoch (937 steps): 18 runs" in scenes.budget
+    assert scenes.budget[-1] == one_epoch_budget(18, 105) == (18, "937-step training", 105 / 18)

@@ -16,6 +16,9 @@ BUDGET_ROUNDS = {"warmup": 1, "repeats": 5}
 #: (bench/budgets.py): half the gap between adjacent targets (1.5x, 2x, 2.5x), so a pick on target is nearer
 #: its own target than any other and the rows of two targets never overlap.
 BAND = 0.25
+#: ``--amp``: the forward's precision (models/precision.py maps each to its autocast dtype, a test holds the two
+#: equal), the one spelling of these choices for the command line, TrainConfig and every runner.
+AMP_CHOICES = ("bf16", "fp16", "off")
 #: How a timed case runs (``--backend``; bench/backends.py holds one class per name), in this order.
 BACKENDS = ("eager", "compile", "onnxruntime")
 #: torch.compile's modes for the 'compile' backend (``--compile-mode``): reduce-overhead adds CUDA graphs (one

@@ -17,8 +17,8 @@
    results.csv, pareto.png and per-method visualisations of a few test images in ``--out``.
    Progress goes to stderr.
 
-``--quick`` is a seconds-long smoke run of the same pipeline on the chosen test bed: a tiny model
-trained on 512 images, 200 test images, 2 budgets, short timings. Its numbers mean nothing.
+``--quick`` is a seconds-long smoke run of the same pipeline on the chosen test bed: a tiny model trained
+briefly (:data:`QUICK_TRAIN`), few test images, budgets and timings (:data:`QUICK`). Its numbers mean nothing.
 
 Threads: all the cores torch uses by default (``torch.get_num_threads()``: the physical cores, or
 OMP_NUM_THREADS when set), ``--threads`` overrides. The load average is not consulted: it is a
@@ -94,14 +94,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="test bed: 'scenes' (one garment on clutter, 56x56, a 12-block 196-patch reference shipped "
                    "with the package) or 'fmnist' (28x28 Fashion-MNIST, 49 patches, 6 blocks) (default: %(default)s)")
     vocab.renamed(p, "--data", "--testbed", "demo runs on a built-in test bed, not a dataset")
-    vocab.add_quick(p, "a tiny model trained on 512 images, 200 test images, 2 budgets, short timings")
+    vocab.add_quick(p, f"a tiny model trained on {QUICK_TRAIN['subset']} images, {QUICK['subset']} test images, "
+                    f"{len(QUICK['budgets'].split(','))} budgets, short timings")
     vocab.add_threads(p)
     vocab.add_device(p, note="a reference trained now trains there too")
     vocab.add_amp(p)
-    p.add_argument("--subset", type=int, help="test images (default: a fixed 1000 scenes; on fmnist all 10000 with "
-                   "the cached reference, a fixed 5000 with the short one; 200 with --quick)")
-    vocab.add_budgets(p, "default 1.5,2 on the scenes, 1.5,2,2.5 on fmnist; quick 1.5,2")
-    vocab.add_seeds(p, default=None, note="default 0,1,2; quick 0,1")
+    scenes, fmnist = TESTBEDS["scenes"], TESTBEDS["fmnist"]
+    p.add_argument("--subset", type=int, help=f"test images (default: a fixed {scenes.subset} scenes; on fmnist all "
+                   f"10000 with the cached reference, a fixed {FULL['short_subset']} with the short one; "
+                   f"{QUICK['subset']} with --quick)")
+    vocab.add_budgets(p, f"default {scenes.budgets} on the scenes, {fmnist.budgets} on fmnist; "
+                      f"quick {QUICK['budgets']}")
+    vocab.add_seeds(p, default=None, note=f"default {FULL['seeds']}; quick {QUICK['seeds']}")
     p.set_defaults(func=run)
 
 
@@ -132,7 +136,7 @@ def reference(quick: bool, threads: int, bed: Testbed, device: str | None = None
         out = cache_dir() / f"demo-quick-{bed.data}"
         cfg = {**QUICK_TRAIN, "model": bed.quick_model, "data": bed.data, "out": str(out), "threads": threads,
                "device": device, "download": True, "quiet": True}
-        note = f"quick mode: a tiny ViT trained on 512 {bed.data} images into {out} (seconds)"
+        note = f"quick mode: a tiny ViT trained on {QUICK_TRAIN['subset']} {bed.data} images into {out} (seconds)"
         return _train(cfg, note), "tiny model (quick)", False
     try:
         return reference_checkpoint(bed.recipe), f"reference {bed.recipe}", True

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..bench.settings import BACKENDS
+from ..bench.settings import AMP_CHOICES, BACKENDS
 
 #: The timm model a command builds when none is given.
 DEFAULT_MODEL = "deit_small_patch16_224"
@@ -263,10 +263,6 @@ def add_device(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, default:
     shown = default or "cuda if available, else cpu"
     return _add(p, "--device", default=default, note=note,
                 help=f"cpu, cuda[:i] or mps (default: {shown}; on CUDA float32 matmuls use TF32)")
-
-
-#: ``--amp`` choices (precision.AMP_DTYPES, said here without torch).
-AMP_CHOICES = ("bf16", "fp16", "off")
 
 
 def add_amp(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, default: str | None = "off",

@@ -67,6 +67,9 @@ INTENSITY = (0.6, 1.0)
 MIN_FRAGMENT_INK = 0.25
 #: Bump when the generator changes: cached scenes of another version are not reused.
 VERSION = 2
+#: The fixed random subset of test scenes the scene test bed scores a run on (its references' recipes, the
+#: studies' shortened schedule, a probe's default): the same scenes for every run.
+EVAL_SUBSET = 2000
 #: Names under which the scenes are registered with ``build_dataset``: classification, segmentation.
 NAMES = ("fmnist_scenes", "fashion_mnist_scenes", "scenes")
 SEG_NAMES = ("fmnist_scenes_seg", "scenes_seg")
@@ -293,4 +296,4 @@ def _fmnist_scenes_seg(split: str, cfg: DataConfig, *, train: bool, augment: str
     return SceneMasks(_scenes(split, cfg, train=train, augment=augment, data_dir=data_dir, download=download))
 
 
-__all__ = ["CANVAS", "NAMES", "SEED", "SEG_NAMES", "SceneMasks", "Scenes", "generate", "make_scene"]
+__all__ = ["CANVAS", "EVAL_SUBSET", "NAMES", "SEED", "SEG_NAMES", "SceneMasks", "Scenes", "generate", "make_scene"]

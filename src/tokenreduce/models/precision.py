@@ -22,7 +22,8 @@ import torch
 
 from ..core.errors import TokenReduceError
 
-#: ``--amp`` choices (commands/vocab.py repeats them, torch-free) -> autocast dtype.
+#: ``--amp`` choice -> autocast dtype. The choices are spelled for the command line in bench/settings.py
+#: (``AMP_CHOICES``, torch-free, above this layer); tests/test_facts.py holds the two equal.
 AMP_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 
 

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from ..core.errors import SpecError, TokenReduceError
+from ..data.scenes import EVAL_SUBSET
 from .base import Experiment, RunContext, register_experiment
 
 #: smoke mode's model: the scene grid (56x56, patch 4 -> 14 x 14), 12 blocks, narrow
@@ -48,13 +49,14 @@ TINY = {"name": "vit_tiny_patch16_224",
 class OracleAtCountsConfig:
     """``checkpoint``: a model trained with a pruner (required, except in smoke mode); ``data``,
     ``data_dir``: the test set (default: the checkpoint's; it must have object masks: the scenes);
-    ``subset``: a fixed random subset of the test items (as ``tokenreduce eval --subset``; None: all);
+    ``subset``: a fixed random subset of the test items (as ``tokenreduce eval --subset``; None: all;
+    default: the scene test bed's);
     ``ties``: the oracle's tie rule ('index' | 'cls_attn'); ``batch``; ``tiny``: smoke mode."""
 
     checkpoint: str | None = None
     data: str | None = None
     data_dir: str | None = None
-    subset: int | None = 2000
+    subset: int | None = EVAL_SUBSET
     ties: str = "index"
     batch: int = 250
     tiny: bool = False

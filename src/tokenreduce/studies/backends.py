@@ -1,27 +1,25 @@
 """Backends: every method against the unreduced model and its matched random pruner, run eagerly,
 torch.compile'd and exported to ONNX (onnxruntime), as a study of benches.
 
-Each bench is one ``tokenreduce bench --match-random --backend B`` run (bench/compare.py): batch 32
-img/s and batch 1 latency in the same interleaved run, 2 warm-up and 10 timed rounds; the unreduced
+Each bench is one ``tokenreduce bench --match-random --backend B`` run (bench/compare.py): img/s
+and latency in the same interleaved run at bench/settings.SPEED's timing; the unreduced
 model and the zero-reduction control ``tome(r=0)`` run on the same backend as the specs. Two models:
 DeiT-S with random weights at the published schedules (EViT, ToMe, CTP, top-k), and the trained
 ``fmnist-vit`` reference at each training-free method's 1.5x pick (the measured budget rule:
 the arms of the study ``baselines`` on its ``fmnist`` bed). A pure speed measurement, no training and no seeds.
 
 The stored runs (``runs/<model>-<backend>.json``) are the ``<model>-<backend>.json`` files beside
-them, made by ``tokenreduce bench`` (``deit_small-eager`` at commit 026a70f, the others at ec525be
-from a snapshot of ``src/``, so without a git revision) and converted once to run JSONs: their
+them, made by ``tokenreduce bench`` (``deit_small-eager`` at the revision in its provenance, the others at
+ec525be from a snapshot of ``src/``, so without a git revision) and converted once to run JSONs: their
 numbers are those measurements (a timing is never reproduced exactly), their commands the ones that
 made them. The smoke times every bench eagerly: inductor's code generation takes tens of seconds a
 graph on 2 cores (the compiled and exported paths have their own tests).
 
 The ``gpu`` bed is the GPU preset (``tokenreduce study backends --testbed gpu``, on CUDA by default where
-torch sees it): DeiT-S shapes in bfloat16 weights at batch 256 (and batch 1 latency) for every method
+torch sees it): DeiT-S shapes at :data:`GPU_SPEED` (bfloat16 weights) for every method
 at its published DeiT-S schedule (:data:`GPU_SPECS`), each with its matched random pruner, against the
 unpatched model, eagerly; and a compiled subset, CUDA graphs (``reduce-overhead``): ToMe, the case
-launch-bound at batch 1. Peak memory per case is in its table. Budget: about 1 min eager and 3-4 min
-compiling on one H100-class GPU (written before any run there: the device script's log holds the
-measured time).
+launch-bound at batch 1. Peak memory per case is in its table.
 """
 
 from __future__ import annotations
@@ -44,11 +42,10 @@ def _fmnist_vit() -> dict:
 
 
 def _benches() -> tuple[Bench, ...]:
-    speed = {"batch": 32, "repeats": 10}
-    deit = [Bench(f"deit_small-{b}", model=DEIT_S, specs=_DEIT_SPECS, match_random=True, speed={**speed, "backend": b},
+    deit = [Bench(f"deit_small-{b}", model=DEIT_S, specs=_DEIT_SPECS, match_random=True, speed={"backend": b},
                   title=f"DeiT-S (random weights), {b}") for b in BACKENDS]
     fmnist = [Bench(f"fmnist-{b}", model=_fmnist_vit(), checkpoint="fmnist-vit", specs=_FMNIST_SPECS,
-                    match_random=True, speed={**speed, "backend": b},
+                    match_random=True, speed={"backend": b},
                     title=f"The Fashion-MNIST reference at the 1.5x picks, {b}") for b in BACKENDS]
     return (*deit, *fmnist)
 
@@ -57,8 +54,8 @@ def _benches() -> tuple[Bench, ...]:
 #: top-k at EViT's placement, DynamicViT's keep 0.7 at blocks (2, 5, 8), ImagePiece's and BSPF's, Cropr's
 #: (deployed: its summed query, random like every weight here) and PiToMe's defaults, DiffRate's deit_s-2.9
 GPU_SPECS = (*_DEIT_SPECS, "dynamicvit()", "imagepiece()", "bspf()", "cropr(inference=True)", "pitome()", "diffrate()")
-#: the preset's timing: bfloat16 weights, batch 256 (throughput) and 1 (latency), 2 warm-up and 10 timed rounds
-GPU_SPEED = {"batch": 256, "warmup": 2, "repeats": 10, "dtype": "bfloat16"}
+#: the preset's timing: bfloat16 weights, batch 256 for throughput (latency at 1), the default rounds
+GPU_SPEED = {"batch": 256, "dtype": "bfloat16"}
 
 
 def _gpu_benches() -> tuple[Bench, ...]:
@@ -86,7 +83,7 @@ class Backends(Study):
             for model, what in (("deit_small", "DeiT-S (4.6 GMACs)"),
                                 ("fmnist", "Fashion-MNIST reference, 1.5x picks"))),
         smoke=Smoke(testbed=Testbed(), bench={**SMOKE_BENCH, "backend": "eager"}),
-        budget="6 runs of 3-15 min on 2 idle CPU threads (compiling and exporting every case included)"),
+        budget=((6, "bench", 9),)),
         "gpu": Bed(
             title="The GPU preset: DeiT-S in bfloat16 on one GPU",
             benches=_gpu_benches(),
@@ -96,6 +93,6 @@ class Backends(Study):
                                       "CUDA graphs b256 / b1", "vs random")),),
             smoke=Smoke(testbed=Testbed(), bench={**SMOKE_BENCH, "backend": "eager", "compile_mode": "default",
                                                  "dtype": "float32"}),
-            budget="2 runs, about 5 min together on one H100-class GPU (planned; scripts/device-check.sh)",
+            budget=((1, "GPU eager bench", 1), (1, "GPU compiled bench", 3.5)),
             pending="made on a GPU only: scripts/device-check.sh (or tokenreduce study backends --testbed gpu "
                     "--device cuda) runs it where one is lent")}

@@ -17,14 +17,10 @@ pick with its ``random~`` arm; DynamicViT, the learned baseline, fine-tuned at t
 and 2x when its speed was timed on the reference (it has no training-free row). Cropr and BSPF are
 compared with the random pruner at their own counts in their own studies.
 
-``fmnist``: ``fmnist-vit-ft`` for 2 epochs on all 60 000 training images (logit distillation from the
-reference), scored on all 10 000 test images; ImagePiece's 2x pick is its 1.5x pick (one arm); top-k's
+``fmnist``: ``fmnist-vit-ft`` (logit distillation from the reference) on the whole training set for two
+epochs, scored on the whole test set; ImagePiece's 2x pick is its 1.5x pick (one arm); top-k's
 1.5x pick has its ``random~`` arm, and the measures ``matched`` and ``matched-onnxruntime`` time that
 comparison again, eagerly and with onnxruntime.
-
-Compute plan (2 CPU cores): scenes 78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + two evaluation runs
-(about 3.5 h); fmnist 36 fine-tunes x ~8.5 min in two 1-thread lanes (~2.5 h) + 4 evaluations. One epoch:
-its budget (studies/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
@@ -174,7 +170,7 @@ class Baselines(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="The scene test bed: top-1 at ~1.5x and ~2x measured speed-up, training-free and fine-tuned",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "teacher": TESTBED_TEACHER},
+            recipe=shortened("fmnist-vit-ft", teacher=TESTBED_TEACHER),
             arms=lengths(_scene_arms(), LONGER), baseline="random-1.5x", pending=LONGER_PENDING, grid=(LENGTH, *_GRID),
             columns=(Col("top1", "top-1 % (fine-tuned)"), Col("top1", "Δ top-1 vs random 1.5x", paired=True),
                      Col("train_time_s", "wall s")),
@@ -189,13 +185,13 @@ class Baselines(Study):
                         title="Fine-tuned (3 seeds each), one interleaved timing run"),
             ),
             smoke=scene_smoke(measure=SMOKE_MEASURE),
-            budget=("78 fine-tunes x 2-3 min (DynamicViT's 6: ~6 min) + 2 evaluation runs x ~5 min on 2 CPU cores "
-                    f"(run with --jobs 2, about 2 h elapsed); {one_epoch_budget(12, 170)}")),
+            budget=((72, "fine-tune", 2.5), (6, "DynamicViT fine-tune", 6), (2, "evaluation", 5),
+                    one_epoch_budget(12, 170))),
         "fmnist": Bed(
             testbed=FMNIST,
             title="Fashion-MNIST: top-1 against measured speed-up, training-free and fine-tuned",
             # fmnist-vit-ft for 2 epochs on the full training set, scored on all 10 000 test images
-            recipe={**get_recipe("fmnist-vit-ft"), "epochs": 2, "eval_subset": None},
+            recipe=get_recipe("fmnist-vit-ft", epochs=2, eval_subset=None),
             arms=_fmnist_arms(), baseline="random-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (fine-tuned)"), Col("top1", "Δ top-1 vs random 1.5x", paired=True)),
             measures=(
@@ -212,6 +208,5 @@ class Baselines(Study):
                         title="Equal token counts, with onnxruntime (each case exported, metric eager)"),
             ),
             smoke=fmnist_smoke(measure={**SMOKE_MEASURE, "backend": "eager"}),  # exporting takes minutes
-            budget=("36 fine-tunes x ~8.5 min (0.55 s a step, 936 steps) in two 1-thread lanes on 2 CPU cores "
-                    "(~2.5 h), 4 evaluations of ~1.5-5 min each on the 2 idle cores")),
+            budget=((36, "fine-tune", 8.5), (4, "evaluation", 3.25))),
     }

@@ -1,31 +1,21 @@
 """The test beds the papers' studies declare, and what every study on each of them shares.
 
 ``scenes`` (the default of every paper's study) is the papers' regime in miniature: the shipped
-``scenes-vit`` reference (12 blocks, DeiT-S's 14x14 grid of 196 patches + class token) on 56x56 scenes
-where one garment sits among clutter (data/scenes.py). A fine-tune there costs about 5x one on the
-49-patch model per image, so every scene run trains for the same short schedule, :data:`STEPS` steps
-of batch 64 (a fixed 6 400 of the 60 000 training scenes, one pass), and is scored on a fixed
-:data:`EVAL_SCENES` test scenes: the schedule is shortened identically for every arm of every study
-rather than dropping arms or seeds.
+``scenes-vit`` reference (DeiT-S's depth and 14x14 patch grid) on 56x56 scenes where one garment sits among
+clutter (data/scenes.py). A fine-tune there costs more per image than one on the 49-patch model, so every
+scene run trains on the same shortened schedule (:func:`shortened`) and is scored on the same fixed test
+scenes: the schedule is shortened identically for every arm of every study rather than dropping arms or seeds.
 
-``fmnist`` is the second bed: the ``fmnist-vit`` reference (6 blocks, 49 patches of 28x28
-Fashion-MNIST), each study with the paper's own recipe scaled to 2 CPU cores (or, where a study trains
-from scratch, the recipe's model).
+``fmnist`` is the second bed: the ``fmnist-vit`` reference (49 patches of 28x28 Fashion-MNIST), each study
+with the paper's own recipe scaled to 2 CPU cores (or, where a study trains from scratch, the recipe's model).
 
-The fine-tune length (:data:`LENGTH`) adds one epoch (937 steps) and ten (9 370) for the arms of the studies
-whose parts start untrained (Cropr, DynamicViT in ``baselines``, EET, BSPF) and the training-free control
-(top-k against random at its counts). Compute plan for one epoch, 2 CPU cores, 2 threads, one run at a time,
-from one timed run (``cropr-t937-s0``: 0.53 s a step alone, about 9.5 min with its evaluation of 10 000 test
-scenes; 21 min while tests shared the cores) and each arm's recorded 100-step wall time relative to Cropr's:
-each longer study's budget states its part (:func:`one_epoch_budget`), about 10 hours in all, run in the
-background across sittings (a run is resumable and its record is what is kept). The report prints each budget
-beside what the stored runs cost as run (page.py ``as_run``). Three seeds: at the 100-step spreads three
-resolve differences of a few points (Cropr against top-k: sd 0.7 of the paired difference); where a claim's sd
-says three cannot resolve the paper's effect its report says so rather than this plan adding seeds: the BSPF
-and EET claims declare their power plans (``at_longer(..., plans=)``) before their first one-epoch run, the
-pilot sd read from the same contrast's 100-step records; Cropr's and DynamicViT's one-epoch runs came first
-and have none.
-Ten epochs is the GPU's part of the curve: ten times the CPU plan.
+The fine-tune length (:data:`LENGTH`) adds one epoch and ten for the arms of the studies whose parts start
+untrained and for the training-free control (top-k against random at its counts); one epoch is the CPU's
+part of the plan, run in the background across sittings (a run is resumable and its record is what is
+kept), ten epochs a GPU's. Each study's bed declares what its runs cost (``Bed.budget``, numbers from timed
+runs), and the report prints it beside what the stored runs cost as run. Three seeds: where a claim's spread
+says three cannot resolve the paper's effect its report says so rather than the plan adding seeds; a claim
+whose longer runs need a power plan declares it before them (:func:`at_longer`).
 
 Each bed's smoke runs the same study on a tiny model of the bed's shape (same depth and patch grid, so
 every published schedule runs unchanged) on synthetic Fashion-MNIST-format images, in seconds.
@@ -37,8 +27,11 @@ import dataclasses
 from typing import Any
 
 from ..core.errors import SpecError
+from ..data.fashion_mnist import SIZES
+from ..data.scenes import EVAL_SUBSET
 from ..study.declare import Arm, Axis, Col, Expect, Power, Smoke
 from ..study.testbed import Testbed
+from ..train.recipes import get_recipe
 
 #: the scene reference starts every run and names the data
 SCENES = Testbed(reference="scenes-vit")
@@ -47,32 +40,31 @@ SCENES = Testbed(reference="scenes-vit")
 SCENES_SEG = Testbed(reference="scenes-vit-seg", data="fmnist_scenes_seg")
 #: the Fashion-MNIST reference starts every run of a study that fine-tunes on that bed
 FMNIST = Testbed(reference="fmnist-vit")
-#: optimiser steps of every scene fine-tune (batch 64)
+#: optimiser steps of every scene fine-tune, and its batch
 STEPS = 100
 BATCH = 64
-#: test scenes every run is scored on
-EVAL_SCENES = 2000
-#: one epoch of the 60 000 training scenes at batch 64 (the loader drops the last 32)
-EPOCH_STEPS = 60_000 // BATCH
+#: one epoch of the training scenes (one per training item; the loader drops the last partial batch)
+EPOCH_STEPS = SIZES["train"] // BATCH
 
 #: ten epochs: the length a GPU adds to the curve (``tokenreduce study NAME --device cuda``)
 TEN_EPOCHS = 10 * EPOCH_STEPS
 #: the papers' schedules in epochs, shortest and longest (the 30-epoch fine-tunes of EViT, DynamicViT and
 #: Cropr; DeiT's 300 epochs from scratch, as EET and BSPF train): what the report sets the lengths run against
 PAPER_EPOCHS = (30, 300)
+#: what a longer length trains on and is scored on: every item
+_WHOLE_SETS = {"subset": None, "eval_subset": None}
 #: the fine-tune length, a grid axis of the studies whose arms have learned parts: the shortened schedule
-#: (the runs made first keep their ids), one epoch and ten, the longer ones scored on all 10 000 test scenes;
+#: (the runs made first keep their ids), one epoch and ten, the longer ones scored on all the test scenes;
 #: the recipe is otherwise the same (its schedule is in epochs of the training items: the warm-up stays a
 #: fraction of the run)
 LENGTH = Axis("steps", (STEPS, EPOCH_STEPS, TEN_EPOCHS), "t", implicit=STEPS,
-              sets={EPOCH_STEPS: {"subset": None, "eval_subset": None},
-                    TEN_EPOCHS: {"subset": None, "eval_subset": None, "epochs": 10}})
+              sets={EPOCH_STEPS: _WHOLE_SETS, TEN_EPOCHS: {**_WHOLE_SETS, "epochs": TEN_EPOCHS // EPOCH_STEPS}})
 
 
-def one_epoch_budget(runs: int, minutes: int) -> str:
-    """A longer study's part of the one-epoch compute plan (module docstring), as its budget says it: ``runs``
-    runs of about ``minutes`` minutes in all, declared before the runs."""
-    return f"one epoch ({EPOCH_STEPS} steps): {runs} runs, about {minutes} min planned from one timed run"
+def one_epoch_budget(runs: int, minutes: float) -> tuple[int, str, float]:
+    """A longer study's part of the one-epoch compute plan, as a budget entry (``Bed.budget``): ``runs`` runs
+    of about ``minutes`` minutes in all, planned from one timed run before the runs."""
+    return runs, f"{EPOCH_STEPS}-step training", minutes / runs
 
 
 #: why a longer run may have no record yet (a scene bed's ``pending``)
@@ -109,9 +101,9 @@ def at_longer(claims: tuple[Expect, ...], arms: tuple[str, ...],
     return tuple(dataclasses.replace(e, at={**e.at, "steps": steps}, power=plan(e)) for steps in LENGTH.values[1:]
                  for e in claims if e.arm in arms and e.baseline in arms)
 
-#: the shortened schedule's fields, laid over a study's own recipe
-SHORT: dict[str, Any] = {"subset": STEPS * BATCH, "batch_size": BATCH, "epochs": 1, "eval_subset": EVAL_SCENES,
-                         "data": "fmnist_scenes", "augment": "crop_flip", "threads": 2, "ckpt_every": 25}
+#: the shortened schedule: the scene bed's one difference from a study's own recipe
+SHORT: dict[str, Any] = {"subset": STEPS * BATCH, "batch_size": BATCH, "epochs": 1, "eval_subset": EVAL_SUBSET,
+                         "data": "fmnist_scenes", "ckpt_every": 25}
 
 #: the columns of a scene study's speed measure: each fine-tuned arm's MACs and measured speed beside its top-1
 SPEED_COLUMNS = (Col("label", "spec", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
@@ -119,10 +111,11 @@ SPEED_COLUMNS = (Col("label", "spec", fmt="{}"), Col("kind", "kind", fmt="{}"), 
                  Col("top1", "top-1 %"))
 
 
-def shortened(recipe: dict[str, Any]) -> dict[str, Any]:
-    """``recipe`` (TrainConfig fields) on the scene test bed's shortened schedule (module docstring)."""
-    out = {k: v for k, v in recipe.items() if k not in ("init", "model", "description")}
-    return {**out, **SHORT}
+def shortened(recipe: str, **differences: Any) -> dict[str, Any]:
+    """Recipe ``recipe`` on the scene test bed (which gives the model and its weights) on its shortened
+    schedule (:data:`SHORT`), with a study's own ``differences`` (TrainConfig fields)."""
+    out = {k: v for k, v in get_recipe(recipe).items() if k not in ("init", "model")}
+    return {**out, **SHORT, **differences}
 
 
 #: the smokes' tiny models: each reference's shape at a width that trains in seconds

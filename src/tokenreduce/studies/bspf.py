@@ -14,17 +14,16 @@ tie with full attention (``tied_full``), phase 2 trains mirrored BSPF from it (`
 untied model gets the same two phases (``bspf_untied2`` after ``full``). One measure times every arm's
 seed-0 run against the reference.
 
-``fmnist``: ``fmnist-bspf`` (1 epoch on a fixed 20 000 training images, AdamW 3e-4, batch 128; chunks
-of 7 patches = one row of the 7 x 7 grid, keep 0.5 after blocks 1, 3), W_q = W_k tied straight from the
-reference; the speed of the untied arms in one interleaved run (a tied model has the untied one's cost),
-and the symmetry probes on the reference tied and untied and on each seed's tied checkpoint.
-
-Compute plan (2 CPU cores): scenes 30 runs x 2-3 min + 3 probes + one speed run (about 90 min); fmnist 12
-fine-tunes x 2-4 min, one speed run, five probes. One epoch: its budget (studies/beds.py, ``one_epoch_budget``).
+``fmnist``: ``fmnist-bspf`` (chunks of 7 patches = one row of the 7 x 7 grid, keep 0.5 after blocks 1, 3), W_q
+= W_k tied straight from the reference; the speed of the untied arms in one interleaved run (a tied model has
+the untied one's cost), and the symmetry probes on the reference tied and untied and on each seed's tied
+checkpoint.
 """
 
 from __future__ import annotations
 
+from ..data.fashion_mnist import SIZES
+from ..data.scenes import EVAL_SUBSET
 from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
 from ..train.recipes import get_recipe
 from .beds import (
@@ -84,7 +83,7 @@ _COSTS_NOTHING = dict(kind="noninferior", margin=-0.5,
 
 
 def _symmetry(name: str, title: str, **params: str) -> Probe:
-    args = ", ".join([*(f"{k}={v}" for k, v in params.items()), "images=10000"])
+    args = ", ".join([*(f"{k}={v}" for k, v in params.items()), f"images={SIZES['test']}"])
     return Probe(name, f"bspf_symmetry({args})", title=title)
 
 
@@ -126,7 +125,7 @@ class BSPF(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="BSPF on the scene test bed: chunking, pruning + fusion, MAC-matched pruners, W_q = W_k",
-            recipe=shortened(get_recipe("fmnist-bspf")), arms=lengths(_SCENE_ARMS, LONGER), baseline="full",
+            recipe=shortened("fmnist-bspf"), arms=lengths(_SCENE_ARMS, LONGER), baseline="full",
             pending=LONGER_PENDING, grid=(LENGTH, *_GRID),
             columns=_COLUMNS,
             # bspf_untied2 carries bspf_mirrored's model and spec (the same cost): one row for both
@@ -135,11 +134,10 @@ class BSPF(Study):
                               columns=SPEED_COLUMNS,
                               title="MACs and speed: every arm's seed-0 run against the reference, one interleaved "
                                     "run"),),
-            probes=tuple(Probe(f"symmetry_tied2_s{s}", "bspf_symmetry(images=2000)", arm="bspf_tied2",
+            probes=tuple(Probe(f"symmetry_tied2_s{s}", f"bspf_symmetry(images={EVAL_SUBSET})", arm="bspf_tied2",
                                at={"seed": s}, title=f"Symmetry: the phase-2 tied model, seed {s}") for s in _SEEDS),
             smoke=scene_smoke(probe=_PROBE_SMOKE, measure=SMOKE_MEASURE),
-            budget=("30 training runs x 2-3 min + 3 symmetry probes x 1 min + one speed run ~6 min on 2 CPU cores: "
-                    f"about 90 min; {one_epoch_budget(18, 105)}")),
+            budget=((30, "training", 2.5), (3, "symmetry probe", 1), (1, "speed", 6), one_epoch_budget(18, 105))),
         "fmnist": Bed(
             testbed=FMNIST,
             title="BSPF on Fashion-MNIST: chunked attention, pruning + fusion, W_q = W_k",
@@ -161,10 +159,9 @@ class BSPF(Study):
                           spec=f'"{_FM_BSPF}"'),
                 _symmetry("symmetry_reference_untied", "Symmetry: the reference, untied", spec=f'"{_FM_BSPF}"',
                           transform="''"),
-                *(Probe(f"symmetry_tied_s{s}", "bspf_symmetry(images=10000)", arm="bspf_tied", at={"seed": s},
-                        title=f"Symmetry: the fine-tuned tied arm, seed {s}") for s in _SEEDS),
+                *(Probe(f"symmetry_tied_s{s}", f"bspf_symmetry(images={SIZES['test']})", arm="bspf_tied",
+                        at={"seed": s}, title=f"Symmetry: the fine-tuned tied arm, seed {s}") for s in _SEEDS),
             ),
             smoke=fmnist_smoke(measure=SMOKE_MEASURE, probe=_PROBE_SMOKE),
-            budget=("12 fine-tunes x 2-4 min on 2 CPU cores, one speed run ~5 min, five symmetry runs "
-                    "(10 000 test images) ~2 min each")),
+            budget=((12, "fine-tune", 3), (1, "speed", 5), (5, "symmetry probe", 2))),
     }

@@ -6,19 +6,16 @@ tokens: Cropr's cross-attention router (trained by its auxiliary heads), a fixed
 seed follows the run's), the CLS-attention top-k, EViT (top-k that fuses what it drops), and the
 unpruned model under the same recipe; seeds 0-2, paired by seed.
 
-``scenes`` (studies/beds.py): the scene reference on the shortened fine-tune (100 steps of 64
-scenes; the router and heads at lr 1e-3, the backbone at 0.3 x). Cropr prunes r = 16 patches after every
+``scenes`` (studies/beds.py): the scene reference on the shortened fine-tune of ``fmnist-cropr`` (the
+backbone at a fraction of the router's learning rate). Cropr prunes r = 16 patches after every
 block but the last (17 after the first: 196 -> 179 -> ... -> 19 after blocks 0-10); with Last Layer
 Fusion (``+ llf()``) the pruned tokens return before the final block. Beside the rivals, the referee's
 control: a fixed random *linear scorer* (a frozen random query, ``cropr(frozen=True)``).
 
-``fmnist``: the ``fmnist-cropr`` recipe (1 epoch fine-tune of the fmnist-vit reference on a fixed
-20 000 images; 49 -> 42 -> 36 -> 30 -> 24 -> 18 patches after blocks 0-4).
+``fmnist``: the ``fmnist-cropr`` recipe, a fine-tune of the fmnist-vit reference (49 -> 42 -> 36 -> 30 -> 24
+-> 18 patches after blocks 0-4).
 
 The dense task (segmentation with LLF) is the study ``cropr_seg``.
-
-Compute plan (2 CPU cores): scenes 21 runs x 2-3 min (about 55 min); fmnist 15 runs x 1.5-2 min. One epoch:
-its budget (studies/beds.py, ``one_epoch_budget``).
 """
 
 from __future__ import annotations
@@ -93,7 +90,7 @@ class Cropr(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="Token Cropr on the scene test bed (classification): the learned router against fixed scorers",
-            recipe=shortened(get_recipe("fmnist-cropr")),
+            recipe=shortened("fmnist-cropr"),
             arms=lengths({
                 "cropr": Arm("Token Cropr", spec=f"cropr(r={_R}, classes=10)"),
                 "cropr_llf": Arm("Token Cropr + LLF", spec=f"cropr(r={_R}, classes=10) + llf()"),
@@ -103,7 +100,7 @@ class Cropr(Study):
                 "none": Arm("unpruned (same fine-tune)"),
             }, LONGER),
             baseline="none", pending=LONGER_PENDING, grid=(LENGTH, SEEDS), columns=_COLUMNS, smoke=scene_smoke(),
-            budget=f"21 training runs x 2-3 min on 2 CPU cores: about 55 min; {one_epoch_budget(12, 135)}"),
+            budget=((21, "training", 2.5), one_epoch_budget(12, 135))),
         "fmnist": Bed(
             testbed=FMNIST,
             title="Token Cropr on Fashion-MNIST classification: the learned router against fixed scorers",
@@ -111,5 +108,5 @@ class Cropr(Study):
             arms={"cropr": Arm("Token Cropr", spec="cropr(r=6, classes=10)"), **rivals(_FMNIST_AT),
                   "none": Arm("unpruned (same fine-tune)")},
             baseline="none", grid=(SEEDS,), columns=_COLUMNS, smoke=fmnist_smoke(),
-            budget="15 training runs x 1.5-2 min on 2 CPU cores (two lanes of 1 thread)"),
+            budget=((15, "training", 1.75),)),
     }

@@ -9,24 +9,21 @@ as an evaluated arm ``rescored``, per seed on Cropr's checkpoint (probes/cropr_d
 the Spearman agreement of the deployed score (summed raw logits) with the training-time score (summed
 per-query softmax), the kept-set overlap, and the mIoU pruning by each.
 
-``scenes``: the scene masks as a segmentation task (the target's class on its pixels, background
-elsewhere, clutter included; 11 classes), fine-tuned from the dense reference ``scenes-vit-seg`` (the
-classification reference with a segmentation head trained, unpruned, for one epoch over the 60 000
-training scenes; every parameter at lr 1e-3) on the shortened schedule; 196 -> 179 -> ... -> 35 after
-blocks 0-9. A fresh head in 100 steps does not learn the task (two runs from the classification
+``scenes``: the scene masks as a segmentation task (the target's class on its pixels, background elsewhere,
+clutter included; 11 classes), fine-tuned from the dense reference ``scenes-vit-seg`` (the classification
+reference with a segmentation head trained, unpruned: its recipe) on the shortened schedule; 196 -> 179 ->
+... -> 35 after blocks 0-9. A fresh head in 100 steps does not learn the task (two runs from the classification
 reference: mIoU 10.2-10.6, barely above all-background), so the arms start from a model that segments.
 
-``fmnist``: segmentation of the 56x56 mosaics, ``fmnist-cropr-seg`` (from scratch, 3 epochs on 6 000
-mosaics; 196 -> 155 -> 115 -> 75 -> 35 after blocks 0-3; R ramped over the first 140 steps). Its
-``rescored`` runs were made by ``tokenreduce experiment cropr_diagnostics`` before evaluated arms
-existed and converted, numbers unchanged.
-
-Compute plan (2 CPU cores): scenes: the dense reference once (~25 min), 12 runs x 3-7 min and 3
-diagnostics x 2-3 min (about 90 min); fmnist: 15 runs x 5-10 min.
+``fmnist``: segmentation of the 56x56 mosaics, ``fmnist-cropr-seg`` (from scratch; 196 -> 155 -> 115 -> 75 ->
+35 after blocks 0-3; R ramped over the first 140 steps). Its ``rescored`` runs were made by ``tokenreduce
+experiment cropr_diagnostics`` before evaluated arms existed and converted, numbers unchanged; its unpruned
+arm was trained by the platform's segmentation baseline with the same recipe.
 """
 
 from __future__ import annotations
 
+from ..data.scenes import EVAL_SUBSET
 from ..study.declare import Arm, Bed, Col, Expect, Study, register_study
 from ..study.testbed import Testbed
 from ..train.recipes import get_recipe
@@ -67,18 +64,17 @@ class CroprSeg(Study):
         "scenes": Bed(
             testbed=SCENES_SEG,
             title="Token Cropr on the scene masks (segmentation): the router with LLF, fixed scorers, the collapse",
-            recipe={**shortened(get_recipe("fmnist-cropr")), "task": "segment", "label_smoothing": 0.0},
+            recipe=shortened("fmnist-cropr", task="segment", label_smoothing=0.0),
             arms={
                 "cropr": Arm("Token Cropr + LLF",
                              spec=f"cropr(r={_R}, queries=196, classes=11, warmup_steps=50) + llf()"),
                 **{k: a for k, a in rivals(_AT, " + llf()").items() if k != "evit"},
                 "none": Arm("unpruned (same fine-tune)"),
-                "rescored": _rescored("cropr_diagnostics(images=2000, seeds=(0, 1, 2))"),
+                "rescored": _rescored(f"cropr_diagnostics(images={EVAL_SUBSET}, seeds=(0, 1, 2))"),
             },
             baseline="none", grid=(SEEDS,), columns=_COLUMNS,
             smoke=scene_smoke("fmnist_scenes_seg", probe={"images": 16, "seeds": (0,), "batch": 8}),
-            budget=("the dense reference once (~25 min), 12 training runs x 3-7 min + 3 diagnostics x 2-3 min on 2 "
-                    "CPU cores: about 90 min")),
+            budget=((1, "dense reference training", 25), (12, "training", 5), (3, "diagnostics", 2.5))),
         "fmnist": Bed(
             testbed=Testbed(),  # the recipe's model, trained from scratch by every arm
             title="Token Cropr on Fashion-MNIST mosaics (segmentation): the learned router against fixed scorers",
@@ -91,6 +87,5 @@ class CroprSeg(Study):
                 "rescored": _rescored("cropr_diagnostics(seeds=(0, 1, 2))"),
             },
             baseline="none", grid=(SEEDS,), columns=_COLUMNS, smoke=fmnist_smoke(56),
-            budget=("15 training runs x 5-10 min on 2 CPU cores (two lanes of 1 thread); the unpruned arm was "
-                    "trained by the platform's segmentation baseline with the same recipe")),
+            budget=((15, "training", 7.5),)),
     }

@@ -3,12 +3,12 @@
 EViT (keep 0.7 at blocks 3, 6, 9), ToMe (r = 13) and CTP at their published DeiT-S schedules, each
 timed against the unpatched ``deit_small_patch16_224`` (random weights: speed does not depend on
 them), the zero-reduction control ``tome(r=0)`` and a random pruner with the spec's per-block token
-counts, in one interleaved run (bench/compare.py): img/s at batch 32, latency at batch 1, 2 warm-up
-and 10 timed rounds. Superseded by the study ``backends`` (eager, compiled, onnxruntime, top-k
+counts, in one interleaved run (bench/compare.py): img/s and latency at bench/settings.SPEED's
+timing. Superseded by the study ``backends`` (eager, compiled, onnxruntime, top-k
 added); kept as the record the platform comparison (results/platform/) cites.
 
 The stored run (``deit_s/runs/deit_small.json``) is ``results/bench/deit_small_cpu2.json``, made by
-``tokenreduce bench`` at commit 68bae1b, converted once to a run JSON: its numbers are that
+``tokenreduce bench`` (its revision is in its provenance), converted once to a run JSON: its numbers are that
 measurement's (a timing is never reproduced exactly), its command the one that made it. It predates
 the ``lat vs random`` column, so its table has the columns the command printed then.
 """
@@ -16,6 +16,7 @@ the ``lat vs random`` column, so its table has the columns the command printed t
 from __future__ import annotations
 
 from ..bench.compare import COLUMNS
+from ..bench.settings import SPEED
 from ..study.declare import Bed, Bench, Smoke, Study, register_study
 from ..study.testbed import Testbed
 
@@ -36,8 +37,7 @@ class DeitBench(Study):
     source = "EViT (keep 0.7 at blocks 3, 6, 9), ToMe (r = 13), EET's CTP: their DeiT-S settings"
     beds = {"deit_s": Bed(
         benches=(Bench("deit_small", model=DEIT_S, specs=DEIT_SPECS, match_random=True,
-                       speed={"batch": 32, "repeats": 10},
                        columns=tuple(c for c in COLUMNS if c[0] != "latency_vs_random"),
-                       title="DeiT-S, 2 CPU threads: MACs, img/s at batch 32, latency at batch 1"),),
+                       title=f"DeiT-S, 2 CPU threads: MACs, img/s at batch {SPEED['batch']}, latency at batch 1"),),
         smoke=Smoke(testbed=Testbed(), bench=SMOKE_BENCH),
-        budget="1 run of ~8 min on 2 idle CPU threads")}
+        budget=((1, "bench", 8),))}

@@ -19,17 +19,13 @@ Every arm is the paper's setting, training-free: its spec applied to the referen
 (``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
 disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``: a paired
 t-test over the 10 000 per-item differences). The measure ``free`` evaluates the three specs again in one
-interleaved timing run (MACs, img/s at batch 32, latency at batch 1).
-
-Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 scenes): 3 arms x 3 folds
-(~15 s each) and one timing run of 4 cases (~3 min): about 5 minutes.
+interleaved timing run (MACs, img/s and latency at bench/settings.SPEED's batches).
 """
 
 from __future__ import annotations
 
 from ..methods.diffrate import DEFAULT, kept_counts, published
 from ..study.declare import REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
-from ..train.recipes import get_recipe
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = ("DiffRate, arXiv 2305.17997 (prune, then merge: Fig. 3); the official README (DeiT-S at 2.9 G MACs: 79.54 "
@@ -65,7 +61,7 @@ class DiffRateStudy(Study):
             testbed=SCENES,
             title="DiffRate on the scene test bed: its DeiT-S 2.9 G MACs schedule, prune-then-merge against each "
                   "alone",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "eval_subset": None},
+            recipe=shortened("fmnist-vit-ft", eval_subset=None),
             arms=_ARMS, baseline="diffrate", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"), Col("top1", "Δ top-1 vs DiffRate", paired=True)),
             measures=(
@@ -73,5 +69,5 @@ class DiffRateStudy(Study):
                         title="Off the shelf, one interleaved timing run: each arm's spec on the reference"),
             ),
             smoke=scene_smoke(measure=SMOKE_MEASURE),
-            budget="9 fold evaluations of ~15 s and one timing run of ~3 min on 2 CPU cores: about 5 minutes"),
+            budget=((9, "fold evaluation", 0.25), (1, "speed", 3))),
     }

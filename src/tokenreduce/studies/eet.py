@@ -1,7 +1,7 @@
 """EET: what CTP costs in retrieval mAP, what DKT + DRG win back, how far from an oracle.
 
 "Efficient Token Pruning for Hashing" (EET), arXiv 2504.16691. Four arms fine-tune a reference for 16-
-and 64-bit hashing with EET's optimiser (SGD momentum 0.9, lr 0.01, warm-up then cosine), seeds 0-2,
+and 64-bit hashing with EET's optimiser (recipe ``fmnist-eet``), seeds 0-2,
 paired by seed (a seed fixes the data order and the FISH targets of both arms):
 
     (a) unpruned hashing baseline      eet(dkt=False, drg=False), no pruner
@@ -9,10 +9,9 @@ paired by seed (a seed fixes the data order and the FISH targets of both arms):
     (c) CTP + DKT                      eet(drg=False), ctp()
     (d) full EET                       eet, ctp()
 
-``scenes`` (studies/beds.py): the premise of EET holds there, 196 patches of which most are
-background or clutter; the scene bed's shortened schedule (100 steps of 64 scenes), 2 000 test queries
-against a fixed 5 000 training scenes. CTP keeps 98 / 49 / 12 patches after blocks 3 / 7 / 9. Beside
-the four arms:
+``scenes`` (studies/beds.py): the premise of EET holds there, 196 patches of which most are background or
+clutter; the scene bed's shortened schedule, its test scenes as the queries against a fixed part of the
+training scenes as the database. CTP keeps 98 / 49 / 12 patches after blocks 3 / 7 / 9. Beside the four arms:
 
 - FISH's sensitivity on the unpruned arm (16 bits): FISH solves its per-image targets by minimising
   sigma ||L - P V||^2 + delta ||B - R V||^2, whose minimiser depends on delta / sigma only, so the study
@@ -21,24 +20,19 @@ the four arms:
   the ``oracle`` pruner at the same counts and blocks, which keeps the target garment's patches first
   (the scene masks; methods/oracle.py), on the same weights and test scenes (probes/
   oracle_at_counts.py).
-- the speed of CTP against the unpruned model, one interleaved run of the eval pipeline (throughput at
-  batch 32, latency at batch 1; at 16 bits: the hash head's width does not move the backbone's cost),
+- the speed of CTP against the unpruned model, one interleaved run of the eval pipeline (throughput and
+  latency at bench/settings.SPEED's batches; at 16 bits: the hash head's width does not move the backbone's cost),
   the paper's -42.7% latency claim.
 
-``fmnist``: the ``fmnist-eet`` recipe (EET's optimiser scaled to 2 CPU cores: batch 64, 1 epoch on a
-fixed 10 000 training images, per-image FISH targets) from the ``fmnist-vit`` reference, the speed run
-as above, and recall@kept of ``ctp()`` on the reference (probes/recall_at_kept.py).
-
-Compute plan (2 CPU cores): scenes at 16 bits 18 training runs x 2-6 min (the arms with DKT also train the
-unpruned teacher), the oracle arm x 3 (2 min each), the speed run (3 min): about 70 minutes; at 64 bits 12
-runs + 3 oracle evaluations: about 50 minutes. fmnist: 24 training runs x 3-5 min, speed and recall ~2 min
-each. One epoch: its budget (studies/beds.py, ``one_epoch_budget``).
+``fmnist``: the ``fmnist-eet`` recipe (EET's optimiser scaled to 2 CPU cores) from the ``fmnist-vit``
+reference, the speed run as above, and recall@kept of ``ctp()`` on the reference (probes/recall_at_kept.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from ..bench.settings import SPEED
 from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
 from ..train.recipes import get_recipe
 from .beds import (
@@ -127,7 +121,7 @@ class EET(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="EET on the scene test bed: CTP, DKT and DRG, and the oracle at CTP's counts",
-            recipe=shortened(get_recipe("fmnist-eet")),
+            recipe=shortened("fmnist-eet"),
             arms=lengths({
                 **_arms(_DB),
                 "e_oracle": Arm("(e) oracle at CTP's counts, (b)'s weights", evaluates="b_ctp",
@@ -139,12 +133,11 @@ class EET(Study):
             }, LONGER, bits=(16,)),
             baseline="a_unpruned", pending=LONGER_PENDING, grid=(LENGTH, *_GRID), split=("bits", "{} bits"),
             columns=_COLUMNS,
-            measures=(_speed("Speed: CTP against the unpruned model, one interleaved run (batch 32; latency at 1)"),),
+            measures=(_speed(f"Speed: CTP against the unpruned model, one interleaved run (batch {SPEED['batch']}; "
+                             "latency at 1)"),),
             # no "subset" here: the oracle takes its source's test items ({eval_subset}), so the two pair by item
             smoke=scene_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE, probe={"batch": 8}),
-            budget=("16 bits: 18 training runs x 2-6 min + 3 oracle evaluations x 2 min + 1 speed run x 3 min; "
-                    f"64 bits: 12 training runs + 3 oracle evaluations; on 2 CPU cores: about 2 hours; "
-                    f"{one_epoch_budget(12, 205)}")),
+            budget=((30, "training", 4), (6, "oracle evaluation", 2), (1, "speed", 3), one_epoch_budget(12, 205))),
         "fmnist": Bed(
             testbed=FMNIST,
             title="EET on Fashion-MNIST: CTP, DKT and DRG",
@@ -155,6 +148,5 @@ class EET(Study):
                           fmnist_only=True),),
             smoke=fmnist_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE,
                                probe={"images": 16, "seeds": (0,), "batch": 8}),
-            budget="24 training runs x 3-5 min on 2 CPU cores (two lanes of 1 thread), speed and recall runs ~2 min "
-                   "each"),
+            budget=((24, "training", 4), (1, "speed", 2), (1, "recall probe", 2))),
     }

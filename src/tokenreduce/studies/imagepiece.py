@@ -16,7 +16,7 @@ score; random). The stem-only control swaps ImagePiece's conv stem (models/stems
 with fresh weights: the conv stem alone and the conv stem + ImagePiece hold the stem fixed. Against the
 patch-stem arms they also differ in a stem that had 100 steps to learn, so that contrast carries no claim.
 
-``fmnist``: every arm trained from scratch with ``fmnist-vit-short`` (4 epochs on a fixed 20 000 images):
+``fmnist``: every arm trained from scratch with ``fmnist-vit-short``:
 each stem with and without ImagePiece, EViT and ToMe with the conv stem at ImagePiece's analytic MACs
 (within 1%), re-tokenization in front of EViT / ToMe at the same MACs, and the hyper-speed regime (~14% of
 the tokens left). The speed measures time every reducer of a stem on that stem's seed-0 checkpoint.
@@ -25,9 +25,6 @@ the tokens left). The speed measures time every reducer of a stem on that stem's
 random weights: the plain model, both ImagePiece schedules on the patch stem, and the conv-stem model
 unreduced and with each schedule, every speed-up against the plain DeiT-S (the paper's +54% throughput
 counts the stem; the MACs usually quoted do not).
-
-Compute plan (2 CPU cores): scenes 45 fine-tunes x 2-3 min + one speed run (about 115 min); fmnist 33
-runs x ~4.5 min + two speed runs; deit_s one bench of ~6 min.
 """
 
 from __future__ import annotations
@@ -170,7 +167,7 @@ class ImagePiece(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="ImagePiece on the scene test bed: re-tokenization at equal speed and MACs, as an add-on, ablated",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "teacher": TESTBED_TEACHER},
+            recipe=shortened("fmnist-vit-ft", teacher=TESTBED_TEACHER),
             arms=_SCENE_ARMS, baseline="none", grid=_GRID,
             columns=(Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True),
                      Col("train_time_s", "wall s")),
@@ -179,7 +176,7 @@ class ImagePiece(Study):
                               title="Speed: every arm's seed-0 run against the reference, one interleaved run (each "
                                     "row with its own stem: the conv-stem rows count the conv stem)"),),
             smoke=scene_smoke(measure=SMOKE_MEASURE),
-            budget="45 fine-tunes x 2-3 min + one speed run ~5 min on 2 CPU cores: about 115 min"),
+            budget=((45, "fine-tune", 2.5), (1, "speed", 5))),
         "fmnist": Bed(
             testbed=Testbed(),  # the recipe's model, from scratch
             title="ImagePiece on Fashion-MNIST: the stem-only control and the baselines at the same MACs",
@@ -189,14 +186,12 @@ class ImagePiece(Study):
                      Col("train_time_s", "wall s")),
             measures=(_stem_speed("conv"), _stem_speed("patch")),
             smoke=fmnist_smoke(measure=SMOKE_MEASURE),
-            budget=("33 training runs x ~4.5 min on 2 CPU cores (two lanes of 1 thread, ~2.5 h), "
-                    "two speed runs ~5 min each on idle cores")),
+            budget=((33, "training", 4.5), (2, "speed", 5))),
         "deit_s": Bed(
             title="ImagePiece on DeiT-S, the conv stem counted (CPU, random weights)",
             benches=(Bench("deit_small_conv", model=DEIT_S, specs=DEIT_SPECS, stem="conv",
-                           speed={"batch": 32, "repeats": 10},
                            title="DeiT-S, 2 CPU threads: ImagePiece with the patch stem and with its conv stem, "
                                  "against the plain model"),),
             smoke=Smoke(testbed=Testbed(), bench=SMOKE_BENCH),
-            budget="1 run of ~6 min on 2 idle CPU threads"),
+            budget=((1, "bench", 6),)),
     }

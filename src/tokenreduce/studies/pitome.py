@@ -25,20 +25,16 @@ this width, ToMe's matching about 1.3%).
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
 (``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
-disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``: a paired
-t-test over the 10 000 per-item differences, Holm within the study and BH over the report). The measure
-``free`` evaluates every spec again in one interleaved timing run (MACs, img/s at batch 32, latency at
-batch 1 against the unpatched reference); a claim reads "at equal measured speed" only where it timed
-both arms within 0.05x of each other, else "at its own pick" with both speeds.
-
-Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 scenes): 6 arms x 3 folds
-of ~3 300 scenes (~15 s each) and one timing run of 7 cases (~5 min): about 10 minutes.
+disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``: a paired t-test
+over the 10 000 per-item differences, Holm within the study and BH over the report). The measure ``free``
+evaluates every spec again in one interleaved timing run (MACs, img/s and latency at bench/settings.SPEED's
+batches, against the unpatched reference); a claim reads "at equal measured speed" only where it timed both
+arms within 0.05x of each other, else "at its own pick" with both speeds.
 """
 
 from __future__ import annotations
 
 from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
-from ..train.recipes import get_recipe
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "PiToMe, arXiv 2405.16148"
@@ -99,7 +95,7 @@ class PiToMeStudy(Study):
         "scenes": Bed(
             testbed=SCENES,
             title="PiToMe on the scene test bed: against ToMe and the random pruner at PiToMe's 1.5x and 2x MACs",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "eval_subset": None},
+            recipe=shortened("fmnist-vit-ft", eval_subset=None),
             arms=_ARMS, baseline="tome-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs ToMe 1.5x", paired=True)),
@@ -110,5 +106,5 @@ class PiToMeStudy(Study):
                               "(the random pruner at pattern seed 0)"),
             ),
             smoke=scene_smoke(measure=SMOKE_MEASURE),
-            budget="18 fold evaluations of ~15 s and one timing run of ~5 min on 2 CPU cores: about 10 minutes"),
+            budget=((18, "fold evaluation", 0.25), (1, "speed", 5))),
     }

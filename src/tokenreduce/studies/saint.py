@@ -24,18 +24,14 @@ top-1 by less than half a point.
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
 (``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
 disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``). The measure
-``free`` evaluates every fixed-count spec again in one interleaved timing run (MACs, img/s at batch 32,
-latency at batch 1); a claim reads "at equal measured speed" only where it timed both arms within 0.05x of
-each other. The official count is not timed: its MACs follow the batch.
-
-Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 scenes): 14 arms x 3 folds of
-~3 300 scenes (~15 s each) and one timing run of 13 cases (~8 min): about 20 minutes.
+``free`` evaluates every fixed-count spec again in one interleaved timing run (MACs, img/s and latency at
+bench/settings.SPEED's batches); a claim reads "at equal measured speed" only where it timed both arms within
+0.05x of each other. The official count is not timed: its MACs follow the batch.
 """
 
 from __future__ import annotations
 
 from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
-from ..train.recipes import get_recipe
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "SAINT, arXiv 2503.11549"
@@ -123,7 +119,7 @@ class SaintStudy(Study):
             testbed=SCENES,
             title="SAINT on the scene test bed: against ToMe and PiToMe at SAINT's 1.5x and 2x MACs, each against "
                   "the random pruner at its counts, and the official batch-mean count against a calibrated one",
-            recipe={**shortened(get_recipe("fmnist-vit-ft")), "eval_subset": None},
+            recipe=shortened("fmnist-vit-ft", eval_subset=None),
             arms=_ARMS, baseline="saint-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs SAINT 1.5x", paired=True)),
@@ -135,5 +131,5 @@ class SaintStudy(Study):
                               "reference (the random pruners at pattern seed 0)"),
             ),
             smoke=scene_smoke(measure=SMOKE_MEASURE),
-            budget="42 fold evaluations of ~15 s and one timing run of ~8 min on 2 CPU cores: about 20 minutes"),
+            budget=((42, "fold evaluation", 0.25), (1, "speed", 8))),
     }

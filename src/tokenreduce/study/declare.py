@@ -312,7 +312,8 @@ class Bed:
     benches: tuple[Bench, ...] = ()
     bench_tables: tuple[BenchTable, ...] = ()
     smoke: Smoke | None = None
-    budget: str = ""
+    #: the compute plan, declared before the runs: (runs, kind of run, measured minutes a run) per kind of run
+    budget: tuple[tuple[int, str, float], ...] = ()
     pending: str = ""
 
 

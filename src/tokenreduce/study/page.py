@@ -103,6 +103,14 @@ def command(study: Study) -> str:
     return f"tokenreduce study {study.name}" + ("" if study.is_default_bed else f" --testbed {study.bed_name}")
 
 
+def budget_text(budget: tuple[tuple[int, str, float], ...]) -> str:
+    """A bed's compute plan (``Bed.budget``: runs, kind, minutes a run) as the page says it, with its total."""
+    parts = [f"{n} {kind} run{'s' * (n != 1)} x {minutes:.3g} min" for n, kind, minutes in budget]
+    total = sum(n * minutes for n, _, minutes in budget)
+    return " + ".join(parts) + (f": about {total:.0f} min planned" if total < 120 else
+                                f": about {total / 60:.1f} h planned")
+
+
 def as_run(study: Study, runs: dict[str, dict]) -> str:
     """What the stored training runs cost: their recorded training wall time summed, per fine-tune length
     where the bed has that axis ("" before any). Wall time includes whatever shared the cores."""
@@ -126,7 +134,7 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
              f"- test bed `{study.bed_name}`: each bench's own model (it trains nothing)",
              f"- command: `{command(study)}` (`--list` for one command per run; `--smoke` for the tiny version)",
              f"- runs: {len(runs)} of {len(plan(study))} stored under `{study.key}/runs/`"
-             + (f"; budget: {study.budget}" if study.budget else "")
+             + (f"; budget: {budget_text(study.budget)}" if study.budget else "")
              + (f"; {cost}" if (cost := as_run(study, runs)) else "")]
     if not runs:  # figures drawn from records deleted since go with them
         for stale in [root / "figures" / f"{slug}.png", *(root / "figures").glob(f"{slug}-*.png")]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..bench.settings import AMP_CHOICES
 from ..core.errors import TokenReduceError
 
 #: Fields that say how to run, not what to train: they may change when a run is resumed.
@@ -94,7 +95,7 @@ class TrainConfig:
     label_smoothing: float = _setting(0.1, "label smoothing of the cross-entropy", "optimisation")
     grad_clip: float | None = _setting(1.0, "clip the gradient norm to this", "optimisation")
     amp: str | None = _setting(None, "autocast to this precision: bf16, or fp16 with a GradScaler (default: off, "
-                               "float32; None in a record is off)", "optimisation", choices=("bf16", "fp16", "off"))
+                               "float32; None in a record is off)", "optimisation", choices=AMP_CHOICES)
     out: str | None = _setting(None, "where the checkpoints go (default for a recipe: $TOKENREDUCE_CACHE/<recipe>)",
                                "run")
     resume: bool = _setting(False, "continue the run in --out with its own settings (flags that contradict them are "

@@ -1,16 +1,16 @@
 """Named training recipes: a model config plus optimiser and schedule, as TrainConfig fields.
 
-``scenes-vit`` is the reference of the scene test bed (``data/scenes.py``): a 12-block ViT on
-DeiT-S's 14x14 grid; its trained checkpoint ships with the package (``models/references.py``).
+``scenes-vit`` is the reference of the scene test bed (``data/scenes.py``); its trained checkpoint ships
+with the package (``models/references.py``).
 
-``fmnist-vit`` is the reference model for Fashion-MNIST: a timm VisionTransformer (class token,
-28x28 grayscale input, patch 4 -> 49 patch tokens) trained from scratch on a CPU. Its
-trained checkpoint lives in the cache (``$TOKENREDUCE_CACHE``, default ``cache/``), outside git:
+``fmnist-vit`` is the reference model for Fashion-MNIST, a timm VisionTransformer trained from scratch on a
+CPU. Its trained checkpoint lives in the cache (``$TOKENREDUCE_CACHE``, default ``cache/``), outside git:
 ``reference_checkpoint()`` is where others find it.
 
-A recipe is a description and TrainConfig fields: its keys are checked against TrainConfig's
-fields when this module loads, and :func:`get_recipe` parses its values through TrainConfig, so a
-misspelt key or a value of the wrong type fails naming the recipe, the key and the valid fields.
+A recipe is a description (what it is for; its fields are the only description of its settings) and
+TrainConfig fields, declared as a shared base plus the recipe's differences: its keys are checked against
+TrainConfig's fields when this module loads, and :func:`get_recipe` parses its values through TrainConfig, so
+a misspelt key or a value of the wrong type fails naming the recipe, the key and the valid fields.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
+from ..data import fashion_mnist, scenes
 from ..data.build import cache_dir
 from ..models.references import shipped
 from .config import TrainConfig, check_fields
@@ -28,32 +29,14 @@ _FMNIST_VIT = {
     "kwargs": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 128, "depth": 6,
                "num_heads": 4, "mlp_ratio": 2.0, "drop_path_rate": 0.0},
 }
-
-RECIPES: dict[str, dict[str, Any]] = {
-    "fmnist-vit": {
-        "description": "reference ViT for Fashion-MNIST (49 patches + cls, dim 128, depth 6, 4 heads, mlp 2); "
-                       ">= 89% test top-1 in <= 60 min on 2 CPU cores",
-        "model": _FMNIST_VIT,
-        "data": "fashion_mnist", "augment": "crop_flip", "epochs": 17, "batch_size": 128, "lr": 2e-3,
-        "min_lr": 1e-5, "weight_decay": 0.05, "warmup_epochs": 1.0, "label_smoothing": 0.1, "grad_clip": 1.0,
-        "threads": 2, "ckpt_every": 200,
-    },
-    "fmnist-vit-smoke": {
-        "description": "the fmnist-vit model on 1024 images for one epoch (seconds; CI and demos)",
-        "model": _FMNIST_VIT,
-        "data": "fashion_mnist", "augment": "crop_flip", "epochs": 1, "batch_size": 64, "lr": 1e-3,
-        "warmup_epochs": 0.2, "subset": 1024, "eval_subset": 500,
-    },
-}
-
-RECIPES["fmnist-vit-short"] = {
-    "description": "the fmnist-vit model from scratch on a fixed 20 000 training images for 4 epochs (628 steps), "
-                   "full test set at the end; the same short recipe for every arm of a controlled comparison "
-                   "(--stem, --spec, --seed); ~4-5 min on 2 idle cores",
-    "model": _FMNIST_VIT,
-    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 4, "batch_size": 128, "lr": 2e-3,
-    "min_lr": 1e-5, "weight_decay": 0.05, "warmup_epochs": 0.5, "label_smoothing": 0.1, "grad_clip": 1.0,
-    "subset": 20000, "eval_subset": 10000, "eval_every": 4, "threads": 2, "ckpt_every": 100,
+_FMNIST_SEG_VIT = {"name": _FMNIST_VIT["name"], "kwargs": {**_FMNIST_VIT["kwargs"], "img_size": 56}}
+#: The scene test bed's reference: DeiT-S's depth and grid (12 blocks, 14x14 patches of the 56x56 scenes), narrow
+#: so that it trains on a CPU, and every published schedule (EViT 3/6/9, CTP 98/49/12 after 3/7/9, ToMe r per
+#: block, Cropr every block, BSPF 3/7) runs on it unchanged.
+_SCENES_VIT = {
+    "name": "vit_tiny_patch16_224",
+    "kwargs": {"img_size": 56, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 72, "depth": 12,
+               "num_heads": 3, "mlp_ratio": 2.0, "drop_path_rate": 0.0},
 }
 
 
@@ -61,114 +44,83 @@ def _reference() -> str:
     return str(default_out("fmnist-vit") / "model.safetensors")
 
 
-RECIPES["fmnist-vit-ft"] = {
-    "description": "fine-tune the trained fmnist-vit with --spec SPEC (3 epochs, lr 3e-4, logit distillation "
-                   "from the unreduced reference); give --out per spec",
-    "init": _reference, "teacher": _reference, "distill": ["logits"],
-    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 3, "batch_size": 128, "lr": 3e-4, "min_lr": 1e-6,
-    "weight_decay": 0.05, "warmup_epochs": 0.2, "label_smoothing": 0.1, "grad_clip": 1.0, "threads": 2,
-    "ckpt_every": 200,
+# Each recipe is a base and its declared differences; the fields are the only description of the fields.
+#: what every recipe trains on and with unless it says otherwise
+_COMMON: dict[str, Any] = {"data": "fashion_mnist", "augment": "crop_flip"}
+#: AdamW, warm-up then cosine to ``min_lr``, on the 2 CPU threads every full recipe was sized for
+_ADAMW: dict[str, Any] = {**_COMMON, "batch_size": 128, "lr": 2e-3, "min_lr": 1e-5, "weight_decay": 0.05,
+                          "label_smoothing": 0.1, "grad_clip": 1.0, "threads": 2}
+#: the fmnist-vit reference's schedule, from scratch
+_FMNIST: dict[str, Any] = {**_ADAMW, "epochs": 17, "warmup_epochs": 1.0, "ckpt_every": 200}
+#: a fine-tune of the trained fmnist-vit
+_FINE_TUNE: dict[str, Any] = {**_ADAMW, "init": _reference, "lr": 3e-4, "min_lr": 1e-6, "warmup_epochs": 0.2}
+#: a one-epoch fine-tune on a fixed part of the training set, scored on the whole test set: one recipe for
+#: every arm of a controlled comparison
+_ONE_EPOCH: dict[str, Any] = {**_FINE_TUNE, "epochs": 1, "subset": 20000, "eval_subset": fashion_mnist.SIZES["test"],
+                              "ckpt_every": 50}
+#: the scene test bed's runs from the Fashion-MNIST settings, scored on the bed's fixed test scenes
+_SCENES: dict[str, Any] = {**_ADAMW, "data": "fmnist_scenes", "batch_size": 64, "eval_subset": scenes.EVAL_SUBSET,
+                           "ckpt_every": 100}
+#: seconds-long runs for tests, CI and demos
+_SMOKE: dict[str, Any] = {**_COMMON, "epochs": 1, "lr": 1e-3, "warmup_epochs": 0.2}
+
+RECIPES: dict[str, dict[str, Any]] = {
+    "fmnist-vit": {"description": "the reference ViT for Fashion-MNIST, from scratch on a CPU",
+                   "model": _FMNIST_VIT, **_FMNIST},
+    "fmnist-vit-smoke": {"description": "the fmnist-vit model in seconds (CI and demos)",
+                         "model": _FMNIST_VIT, **_SMOKE, "batch_size": 64, "subset": 1024, "eval_subset": 500},
+    "fmnist-vit-short": {"description": "the fmnist-vit model on a short schedule, the same for every arm of a "
+                                        "controlled comparison (--stem, --spec, --seed)",
+                         "model": _FMNIST_VIT, **_FMNIST, "epochs": 4, "warmup_epochs": 0.5, "subset": 20000,
+                         "eval_subset": fashion_mnist.SIZES["test"], "eval_every": 4, "ckpt_every": 100},
+    "fmnist-vit-ft": {"description": "fine-tune the trained fmnist-vit with --spec SPEC, distilling from the "
+                                     "unreduced reference; give --out per spec",
+                      **_FINE_TUNE, "teacher": _reference, "distill": ["logits"], "epochs": 3, "ckpt_every": 200},
+    "fmnist-hash": {"description": "hashing baseline: the trained fmnist-vit with a hash head toward fixed +-1 "
+                                   "class codes (--task 'hash(bits=16|32|64)'); retrieval mAP of the test set "
+                                   "against the training set, both protocols",
+                    **_ONE_EPOCH, "task": "hash(bits=32)", "label_smoothing": 0.0},
+    "fmnist-eet": {"description": "EET: the trained fmnist-vit with --task eet(bits=N) (FISH per-image targets, a "
+                                  "jointly trained unpruned teacher, DKT, DRG) and the pruner given by --spec, on "
+                                  "EET's optimiser scaled to 2 cores (its 500 warm-up steps of ~8 400 as a fraction); "
+                                  "retrieval mAP against the training set, both protocols",
+                   **_ONE_EPOCH, "task": "eet(bits=32)", "batch_size": 64, "optimizer": "sgd", "momentum": 0.9,
+                   "lr": 0.01, "min_lr": 0.0, "weight_decay": 0.0, "warmup_epochs": 0.06, "label_smoothing": 0.0,
+                   "grad_clip": None, "subset": 10000},
+    "fmnist-bspf": {"description": "BSPF apples-to-apples: the trained fmnist-vit with --spec SPEC (none: full "
+                                   "attention; chunked attention alone; chunked attention + pruning + fusion) and "
+                                   "optionally --transform tie_qk (W_q = W_k from the reference's weights)",
+                    **_ONE_EPOCH},
+    "fmnist-seg": {"description": "segmentation baseline on Fashion-MNIST mosaics (2x2 items, 56x56: 196 patch "
+                                  "tokens + cls at the fmnist-vit width and depth), from scratch, --task segment, "
+                                  "mIoU",
+                   "model": _FMNIST_SEG_VIT, **_FMNIST, "task": "segment", "epochs": 3, "batch_size": 64,
+                   "warmup_epochs": 0.3, "label_smoothing": 0.0, "subset": 6000, "eval_subset": 2500,
+                   "eval_batch_size": 250, "ckpt_every": 50},
+    "fmnist-cropr": {"description": "learned routers (Token Cropr): the trained fmnist-vit with --spec SPEC, the "
+                                    "backbone at a fraction of the reducer's learning rate; the same recipe for every "
+                                    "arm (the study cropr)",
+                     **_ONE_EPOCH, "task": "classify(backbone_lr=0.3)", "lr": 1e-3},
 }
-
-
-RECIPES["fmnist-hash"] = {
-    "description": "hashing baseline: fine-tune the trained fmnist-vit with a hash head toward fixed +-1 class "
-                   "codes (--task 'hash(bits=16|32|64)', default 32; 1 epoch on a fixed 20 000 training images, "
-                   "AdamW lr 3e-4); retrieval mAP on the test set against the training set, both protocols",
-    "init": _reference, "task": "hash(bits=32)",
-    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 1, "batch_size": 128, "lr": 3e-4, "min_lr": 1e-6,
-    "weight_decay": 0.05, "warmup_epochs": 0.2, "label_smoothing": 0.0, "grad_clip": 1.0, "subset": 20000,
-    "eval_subset": 10000, "threads": 2, "ckpt_every": 50,
-}
-
-RECIPES["fmnist-eet"] = {
-    "description": "EET: fine-tune the trained fmnist-vit with --task eet(bits=32) (FISH per-image targets, a jointly "
-                   "trained unpruned teacher, DKT, DRG; --bits N sets the code length) and the pruner given by --spec; "
-                   "EET's optimiser scaled to 2 cores: SGD momentum 0.9, lr 0.01, warm-up (6%, EET's 500 of ~8 400 "
-                   "steps) then cosine, batch 64, 1 epoch on a fixed 10 000 training images; retrieval mAP on 10 000 "
-                   "test images against the training set, both protocols",
-    "init": _reference, "task": "eet(bits=32)",
-    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 1, "batch_size": 64, "optimizer": "sgd",
-    "momentum": 0.9, "lr": 0.01, "min_lr": 0.0, "weight_decay": 0.0, "warmup_epochs": 0.06, "label_smoothing": 0.0,
-    "grad_clip": None, "subset": 10000, "eval_subset": 10000, "threads": 2, "ckpt_every": 50,
-}
-
-RECIPES["fmnist-bspf"] = {
-    "description": "BSPF apples-to-apples: fine-tune the trained fmnist-vit with --spec SPEC (none: full "
-                   "attention; chunked attention alone; chunked attention + pruning + fusion) and optionally "
-                   "--transform tie_qk (W_q = W_k from the reference's weights); 1 epoch on a fixed 20 000 training "
-                   "images, AdamW lr 3e-4; top-1 on the 10 000 test images",
-    "init": _reference,
-    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 1, "batch_size": 128, "lr": 3e-4, "min_lr": 1e-6,
-    "weight_decay": 0.05, "warmup_epochs": 0.2, "label_smoothing": 0.1, "grad_clip": 1.0, "subset": 20000,
-    "eval_subset": 10000, "threads": 2, "ckpt_every": 50,
-}
-
-_FMNIST_SEG_VIT = {"name": _FMNIST_VIT["name"], "kwargs": {**_FMNIST_VIT["kwargs"], "img_size": 56}}
-
-RECIPES["fmnist-seg"] = {
-    "description": "segmentation baseline on Fashion-MNIST mosaics (2x2 items, 56x56, patch 4 -> 196 patch "
-                   "tokens + cls, the fmnist-vit width and depth) trained from scratch, --task segment, mIoU; "
-                   "3 epochs on a fixed 6 000 of the 15 000 training mosaics",
-    "model": _FMNIST_SEG_VIT, "task": "segment",
-    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 3, "batch_size": 64, "lr": 2e-3, "min_lr": 1e-5,
-    "weight_decay": 0.05, "warmup_epochs": 0.3, "label_smoothing": 0.0, "grad_clip": 1.0, "subset": 6000,
-    "eval_subset": 2500, "eval_batch_size": 250, "threads": 2, "ckpt_every": 50,
-}
-
-RECIPES["fmnist-cropr"] = {
-    "description": "learned routers (Token Cropr): fine-tune the trained fmnist-vit with --spec SPEC; the reducer's "
-                   "parameters at lr 1e-3, the backbone at 0.3 x (3e-4), 1 epoch on a fixed 20 000 training images, "
-                   "top-1 on the 10 000 test images; the same recipe for every arm (the study cropr)",
-    "init": _reference, "task": "classify(backbone_lr=0.3)",
-    "data": "fashion_mnist", "augment": "crop_flip", "epochs": 1, "batch_size": 128, "lr": 1e-3, "min_lr": 1e-6,
-    "weight_decay": 0.05, "warmup_epochs": 0.2, "label_smoothing": 0.1, "grad_clip": 1.0, "subset": 20000,
-    "eval_subset": 10000, "threads": 2, "ckpt_every": 50,
-}
-
 RECIPES["fmnist-cropr-seg"] = {
     **RECIPES["fmnist-seg"],
-    "description": "learned routers (Token Cropr) on the mosaics: fmnist-seg (from scratch, 3 epochs on 6 000 "
-                   "mosaics, mIoU) with --spec SPEC; the same recipe for every arm (the study cropr_seg)",
+    "description": "learned routers (Token Cropr) on the mosaics: fmnist-seg with --spec SPEC; the same recipe for "
+                   "every arm (the study cropr_seg)",
 }
-
-
-#: The scene test bed's reference: a miniature DeiT with DeiT-S's depth and grid (12 blocks, 14x14 = 196 patches
-#: + class token on the 56x56 scenes, patch 4), narrow (dim 72, 3 heads of 24, mlp 2) so that it trains on a
-#: CPU, and every published schedule (EViT 3/6/9, CTP 98/49/12 after 3/7/9, ToMe r per block, Cropr every
-#: block, BSPF 3/7) runs on it unchanged.
-_SCENES_VIT = {
-    "name": "vit_tiny_patch16_224",
-    "kwargs": {"img_size": 56, "patch_size": 4, "in_chans": 1, "num_classes": 10, "embed_dim": 72, "depth": 12,
-               "num_heads": 3, "mlp_ratio": 2.0, "drop_path_rate": 0.0},
-}
-
-RECIPES["scenes-vit"] = {
-    "description": "reference for the scene test bed (fmnist_scenes: one garment on clutter, 56x56): 12 blocks, "
-                   "196 patches + cls, dim 72, 3 heads, mlp 2, from scratch, 6 epochs over the 60 000 training "
-                   "scenes; its checkpoint ships with the package",
-    "model": _SCENES_VIT,
-    "data": "fmnist_scenes", "augment": "crop_flip", "epochs": 6, "batch_size": 64, "lr": 1.5e-3,
-    "min_lr": 1e-5, "weight_decay": 0.05, "warmup_epochs": 0.3, "label_smoothing": 0.1, "grad_clip": 1.0,
-    "eval_subset": 2000, "threads": 2, "ckpt_every": 100,
-}
-
-RECIPES["scenes-vit-seg"] = {
-    "description": "reference of the scene test bed's dense task (fmnist_scenes_seg: the target's class on its "
-                   "pixels, background elsewhere): the trained scenes-vit with a fresh segmentation head, 1 epoch "
-                   "over the 60 000 training scenes, mIoU on 2 000 test scenes; its checkpoint ships with the package",
-    "init": lambda: str(reference_checkpoint("scenes-vit")),
-    "task": "segment", "data": "fmnist_scenes_seg", "augment": "crop_flip", "epochs": 1, "batch_size": 64,
-    "lr": 1e-3, "min_lr": 1e-5, "weight_decay": 0.05, "warmup_epochs": 0.1, "label_smoothing": 0.0, "grad_clip": 1.0,
-    "eval_subset": 2000, "threads": 2, "ckpt_every": 100,
-}
-
-RECIPES["scenes-vit-smoke"] = {
-    "description": "the scenes-vit model on 256 scenes for one epoch (seconds; tests)",
-    "model": _SCENES_VIT,
-    "data": "fmnist_scenes", "augment": "crop_flip", "epochs": 1, "batch_size": 32, "lr": 1e-3,
-    "warmup_epochs": 0.2, "subset": 256, "eval_subset": 128,
-}
+RECIPES.update({
+    "scenes-vit": {"description": "the reference of the scene test bed (data/scenes.py), from scratch; its "
+                                  "checkpoint ships with the package",
+                   "model": _SCENES_VIT, **_SCENES, "epochs": 6, "lr": 1.5e-3, "warmup_epochs": 0.3},
+    "scenes-vit-seg": {"description": "the reference of the scene test bed's dense task (the target's class on its "
+                                      "pixels, background elsewhere): the trained scenes-vit with a fresh "
+                                      "segmentation head; its checkpoint ships with the package",
+                       "init": lambda: str(reference_checkpoint("scenes-vit")), **_SCENES, "task": "segment",
+                       "data": "fmnist_scenes_seg", "epochs": 1, "lr": 1e-3, "warmup_epochs": 0.1,
+                       "label_smoothing": 0.0},
+    "scenes-vit-smoke": {"description": "the scenes-vit model in seconds (tests)",
+                         "model": _SCENES_VIT, **_SMOKE, "data": "fmnist_scenes", "batch_size": 32, "subset": 256,
+                         "eval_subset": 128},
+})
 
 
 def list_recipes() -> list[str]:
@@ -191,13 +143,14 @@ def parse_recipe(name: str, fields: dict[str, Any]) -> dict[str, Any]:
     return {k: getattr(cfg, k) for k in fields}
 
 
-def get_recipe(name: str) -> dict[str, Any]:
-    """TrainConfig fields of recipe ``name`` (a copy, without the description, parsed through
-    TrainConfig: :func:`parse_recipe`; callables, such as paths under the cache, are resolved now)."""
+def get_recipe(name: str, **differences: Any) -> dict[str, Any]:
+    """TrainConfig fields of recipe ``name`` with a study's declared ``differences`` (a copy, without the
+    description, parsed through TrainConfig: :func:`parse_recipe`; callables, such as paths under the cache,
+    are resolved now)."""
     if name not in RECIPES:
         raise TokenReduceError(f"unknown recipe {name!r}; choose from {', '.join(list_recipes())}")
     fields = {k: v() if callable(v) else v for k, v in RECIPES[name].items() if k != "description"}
-    return {**parse_recipe(name, fields), "recipe": name}
+    return {**parse_recipe(name, {**fields, **differences}), "recipe": name}
 
 
 def default_out(recipe: str) -> Path:
