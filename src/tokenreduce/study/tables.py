@@ -52,6 +52,12 @@ def values(study: Study, runs: dict[str, dict], arm: str, metric: str, at: dict[
     return [v for d in arm_runs(study, runs, arm, at).values() if (v := _metric(d, metric)) is not None]
 
 
+def _both(study: Study, runs: dict[str, dict], arm: str, base: str, at: dict[str, Any]) -> dict[Any, tuple]:
+    """Seed -> (``arm``'s doc, ``base``'s doc) at ``at``, for each planned seed with both, in seed order."""
+    mine, theirs = arm_runs(study, runs, arm, at), arm_runs(study, runs, base, at)
+    return {s: (mine[s], theirs[s]) for s in planned_seeds(study) if s in mine and s in theirs}
+
+
 def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
            at: dict[str, Any]) -> list[float]:
     """Per seed with both runs: ``arm`` minus ``base`` on ``metric`` at ``at``."""
@@ -60,15 +66,9 @@ def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str
 
 def paired_by_seed(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
                    at: dict[str, Any]) -> dict[Any, float]:
-    """Seed -> ``arm`` minus ``base`` on ``metric`` at ``at``, for each seed with both runs, in seed order."""
-    mine, theirs = arm_runs(study, runs, arm, at), arm_runs(study, runs, base, at)
-    out = {}
-    for seed in planned_seeds(study):
-        if seed in mine and seed in theirs:
-            a, b = _metric(mine[seed], metric), _metric(theirs[seed], metric)
-            if a is not None and b is not None:
-                out[seed] = a - b
-    return out
+    """Seed -> ``arm`` minus ``base`` on ``metric`` at ``at``, for each seed with both values, in seed order."""
+    return {s: x - y for s, (a, b) in _both(study, runs, arm, base, at).items()
+            if (x := _metric(a, metric)) is not None and (y := _metric(b, metric)) is not None}
 
 
 def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[str]:
@@ -266,15 +266,12 @@ def by_item(study: Study, e: Expect) -> bool:
 
 def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
     """The per-item differences ``e.arm`` minus ``e.baseline`` on ``e.metric``, in percent (100 x the item
-    values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (for
-    arms evaluated off the shelf each seed is a fold of the test items: every item once; :func:`without_items`
-    names the folds left out). An item without a value in either record (NaN) is left out, as the metric
-    leaves it out."""
-    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
+    values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (off the
+    shelf each seed is a fold of the test items). An item without a value in either record (NaN) is left out,
+    as the metric leaves it out."""
     out: list[float] = []
-    for seed in planned_seeds(study):
-        pair = item_pair(mine[seed], theirs[seed], e.metric) if seed in mine and seed in theirs else None
-        if pair is not None:
+    for a, b in _both(study, runs, e.arm, e.baseline, e.at).values():
+        if (pair := item_pair(a, b, e.metric)) is not None:
             d = 100.0 * (pair[0] - pair[1])
             out += d[~np.isnan(d)].tolist()
     return out
@@ -282,18 +279,15 @@ def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
 
 def without_items(study: Study, runs: dict[str, dict], e: Expect) -> list[str]:
     """The ids of the records, of the seeds where both of ``e``'s arms ran, that hold no per-item ``e.metric``."""
-    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
-    return [d.get("id", "?") for s in planned_seeds(study) if s in mine and s in theirs
-            for d in (mine[s], theirs[s]) if _items(d, e.metric) is None]
+    return [d.get("id", "?") for pair in _both(study, runs, e.arm, e.baseline, e.at).values() for d in pair
+            if _items(d, e.metric) is None]
 
 
 def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
-    """The interval over seeds and test items of ``e`` (stats.crossed_interval: every seed is scored on the
-    same items, so seeds and items cross) where every paired seed's two records hold ``e.metric``'s per-item
-    results; else None and why not."""
-    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
-    seeds = paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)
-    pairs = [item_pair(mine[s], theirs[s], e.metric) for s in seeds]
+    """The seeds x items interval of ``e`` (stats.crossed_interval) where every paired seed's two records hold
+    ``e.metric``'s per-item results; else None and why not."""
+    both = _both(study, runs, e.arm, e.baseline, e.at)
+    pairs = [item_pair(*both[s], e.metric) for s in paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)]
     if pairs and all(p is None for p in pairs):
         return None, "seed-level only: the records hold no per-item results (runs made from now on store them)"
     if any(p is None for p in pairs):
@@ -409,69 +403,66 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
     return out
 
 
-def _test(e: Expect, diffs: list[float]) -> list[stats.Hypothesis]:
-    """The tests ``e`` declares, on ``diffs``; a claim not yet testable (fewer than two seeds) keeps its place
-    in the family with each of its tests at p = 1, so the family is the declared one, not the one run so far:
-    Holm and Benjamini-Hochberg are monotone in every p, so a run that arrives later can only lower the
-    other claims' adjusted p-values, never raise them."""
-    def declared(d: list[float]) -> list[stats.Hypothesis]:
-        return stats.hypotheses(d, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
-                                effect=e.effect, delta=e.delta)
+def _declared(e: Expect) -> dict[str, Any]:
+    """The keywords of ``e``'s tests (stats.hypotheses, stats.verdict)."""
+    return {"kind": e.kind, "direction": e.direction, "margin": e.margin, "level": e.level, "effect": e.effect,
+            "delta": e.delta}
 
-    return declared(diffs) or [replace(h, p=1.0) for h in declared([0.0, 1.0])]
+
+def _test(e: Expect, diffs: list[float]) -> list[stats.Hypothesis]:
+    """The tests ``e`` declares, on ``diffs``; a claim not yet testable keeps its place in the family with each
+    test at p = 1, so the family is the declared one: Holm and Benjamini-Hochberg are monotone in every p, so
+    a run that arrives later can only lower the other claims' adjusted p-values."""
+    return stats.hypotheses(diffs, **_declared(e)) or \
+        [replace(h, p=1.0) for h in stats.hypotheses([0.0, 1.0], **_declared(e))]
 
 
 def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report") -> Judgement:
     """Every claim (and family claim) of ``studies`` judged, its p-values adjusted by Holm within each study
     (all its beds' tests together) and by Benjamini-Hochberg over all; a test rejects only when both
     adjusted p-values lie below its level, so the adjusted p shown is the larger of the two."""
-    rows: list[tuple[str, str, Expect, list[float], int, str, tuple[str, ...]]] = []
-    for study, runs in studies:  # key, study name, claim, diffs, members, text, records from uncommitted code
+    rows: list[tuple[Study, dict, Expect, list[float], list[Expect], str]] = []  # ..., family members, text
+    for study, runs in studies:
         for e in study.expect:
             diffs = paired_items(study, runs, e) if by_item(study, e) else \
                 paired(study, runs, e.arm, e.baseline, e.metric, e.at)
-            rows.append((study.key, study.name, e, diffs, 0, claim_text(study, runs, e),
-                         _uncommitted(study, runs, [e])))
-        for fam, diffs, members in _family_claims(study, runs):
-            rows.append((study.key, study.name, fam, list(diffs.values()), len(members), fam.claim,
-                         _uncommitted(study, runs, members)))
-    tests = [_test(e, diffs) for _, _, e, diffs, *_ in rows]
-    flat = [(i, name) for i, (_, name, *_) in enumerate(rows) for _ in tests[i]]
+            rows.append((study, runs, e, diffs, [], claim_text(study, runs, e)))
+        rows += [(study, runs, fam, list(d.values()), m, fam.claim) for fam, d, m in _family_claims(study, runs)]
+    tests = [_test(r[2], r[3]) for r in rows]
+    names = [r[0].name for r, t in zip(rows, tests, strict=True) for _ in t]
     ps = [h.p for t in tests for h in t]
     adjusted = stats.benjamini_hochberg(ps)
-    holm_sizes: dict[str, int] = {}
-    waiting = Counter(name for (_, name, _, diffs, *_), t in zip(rows, tests, strict=True) if len(diffs) < 2
-                      for _ in t)
-    for name in dict.fromkeys(name for _, name in flat):
-        where = [k for k, (_, n) in enumerate(flat) if n == name]
-        holm_sizes[name] = len(where)
+    holm_sizes = dict(Counter(names))
+    waiting = Counter(r[0].name for r, t in zip(rows, tests, strict=True) if len(r[3]) < 2 for _ in t)
+    for name in holm_sizes:
+        where = [k for k, n in enumerate(names) if n == name]
         for k, p in zip(where, stats.holm([ps[k] for k in where]), strict=True):
             adjusted[k] = max(adjusted[k], p)
     judged: dict[str, list[Judged]] = {study.key: [] for study, _ in studies}
-    runs_of = {study.key: (study, runs) for study, runs in studies}
     k = 0
-    for (key, name, e, diffs, members, text, uncommitted), t in zip(rows, tests, strict=True):
+    for (study, runs, e, diffs, members, text), t in zip(rows, tests, strict=True):
         adj, k = adjusted[k:k + len(t)], k + len(t)
+        family = holm_sizes[study.name]
         if not diffs:
             what = "'s per-item results" if e.unit == "item" else ""
-            judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}{what}"
-                                      + _power_text(*runs_of[key], e, None, holm_sizes[name]), text,
-                                      members=members))
+            judged[study.key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}"
+                                            f"{what}" + _power_text(study, runs, e, None, family), text,
+                                            members=len(members)))
             continue
-        v = stats.verdict(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
-                          effect=e.effect, delta=e.delta, adjusted=adj)
+        v = stats.verdict(diffs, **_declared(e), adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
-            (None, "the test items are the unit") if by_item(*runs_of[key][:1], e) else \
+            (None, "the test items are the unit") if by_item(study, e) else \
             (None, "the folds are the unit: a random pruner's mask differs between them") if e.unit == "item" else \
-            item_interval(*runs_of[key], e)
-        left = without_items(*runs_of[key], e) if by_item(*runs_of[key][:1], e) and not members else []
+            item_interval(study, runs, e)
+        left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
                   f"folds' {v.n} items only" if left else ""
-        why = v.why + dropped + _power_text(*runs_of[key], e, v, holm_sizes[name])
+        why = v.why + dropped + _power_text(study, runs, e, v, family)
+        uncommitted = _uncommitted(study, runs, members or [e])
         if uncommitted and v.word != "inconclusive":
             why += (f"; provisional: as run it reads {v.label}, but {len(uncommitted)} of the records it reads name "
                     f"no clean commit ({', '.join(uncommitted)}), so it is decided only when re-run from one")
-        judged[key].append(Judged(e, diffs, v, why, text, items, items_why, members, uncommitted))
+        judged[study.key].append(Judged(e, diffs, v, why, text, items, items_why, len(members), uncommitted))
     return Judgement(judged, holm_sizes, len(ps), scope, dict(waiting))
 
 
