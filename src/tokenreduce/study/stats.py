@@ -1,17 +1,5 @@
 """The statistics behind every verdict, one place for each test (scipy.stats and statsmodels underneath).
 
-    summarize               mean, sample standard deviation and n of a list of values
-    paired_t_test           the paired t-test of the mean difference against a null value, one- or two-sided
-    paired_t_interval       the paired t confidence interval of the mean difference
-    tost                    two one-sided tests: equivalence of the mean difference within (low, high)
-    welch_change            the change of a mean between two independent sets of runs (Welch), with its interval
-    crossed_interval        the interval of the mean paired difference where seeds and test items cross (every
-                            seed scored on the same items): a two-way random-effects model, Satterthwaite's df
-    holm                    Holm's step-down adjustment (family-wise error)
-    benjamini_hochberg      the Benjamini-Hochberg adjustment (false discovery rate)
-    power_paired_t          the power of a paired t-test at n; seeds_for_power: the n giving a power
-    hypotheses, verdict     a claim's declared tests, and its verdict from their (adjusted) p-values
-
 Level and sidedness, as run: a claim declares ``level`` (0.05) and every test is run two-sided at it, i.e.
 each one-sided test at ``level / 2``. A one-sided p-value is reported doubled (capped at 1), so every p
 compares with ``level``: "reproduced" and "contradicted" together keep the declared two-sided level, and
@@ -46,7 +34,6 @@ from statsmodels.stats.power import TTestPower
 
 #: a sample sd at or below this fraction of the differences' size (at least 1) counts as no spread
 NO_SPREAD = 1e-9
-VERDICTS = ("reproduced", "contradicted", "equivalent", "not reproduced", "inconclusive")
 KINDS = ("superior", "noninferior", "equivalent")
 
 
@@ -58,14 +45,12 @@ class Summary:
     mean: float | None
     std: float | None
 
-    def text(self, fmt: str = "{:.2f}") -> str:
-        """'mean ± std'; for one value the value and 'n = 1' (it has no spread, and a bare number would
-        read as a mean over the planned seeds); '-' for none."""
+    def text(self) -> str:
+        """'mean ± std'; for one value the value and 'n = 1' (a bare number would read as a mean over the
+        planned seeds); '-' for none."""
         if self.mean is None:
             return "-"
-        if self.std is None:
-            return f"{fmt.format(self.mean)} (n = {self.n})"
-        return f"{fmt.format(self.mean)} ± {fmt.format(self.std)}"
+        return f"{self.mean:.2f} (n = {self.n})" if self.std is None else f"{self.mean:.2f} ± {self.std:.2f}"
 
 
 def summarize(values: Sequence[float]) -> Summary:
@@ -225,7 +210,8 @@ class Hypothesis:
     p: float
 
 
-def _sided(p: float) -> float:
+def doubled(p: float) -> float:
+    """A one-sided p as a two-sided level compares it."""
     return min(1.0, 2.0 * p)
 
 
@@ -242,25 +228,25 @@ def hypotheses(diffs: Sequence[float], *, kind: str = "superior", direction: int
     half = f"{level / 2:g}"
     if kind == "equivalent":
         out = [Hypothesis("claim", f"TOST within ±{abs(margin):g}, each side one-sided at {half}",
-                          _sided(tost(diffs, -abs(margin), abs(margin))))]
+                          doubled(tost(diffs, -abs(margin), abs(margin))))]
     else:
         name = "non-inferiority" if kind == "noninferior" else "superiority"
         out = [Hypothesis("claim", f"{name}: paired t-test of H0 Δ = {margin:g}, two-sided at {level:g}",
                           paired_t_test(diffs, margin))]
     if delta is not None and kind != "equivalent":
         out.append(Hypothesis("equivalence", f"TOST within ±{delta:g}, each side one-sided at {half}",
-                              _sided(tost(diffs, -delta, delta))))
+                              doubled(tost(diffs, -delta, delta))))
     if effect is not None and kind != "equivalent":
         toward = "less" if direction > 0 else "greater"
         side = "<" if direction > 0 else ">"
         out.append(Hypothesis("effect", f"the published size: H0 Δ = {effect:+.2f} against Δ {side} {effect:+.2f}, "
-                                        f"one-sided at {half}", _sided(paired_t_test(diffs, effect, toward))))
+                                        f"one-sided at {half}", doubled(paired_t_test(diffs, effect, toward))))
     return out
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The ``word`` (one of VERDICTS; "equivalent" printed with its bound), the tests with their raw and
+    """The ``word`` (module docstring; "equivalent" printed with its bound), the tests with their raw and
     adjusted p-values, the t-interval at ``1 - level`` and a sentence saying what the verdict rests on."""
 
     word: str
@@ -310,10 +296,6 @@ def verdict(diffs: Sequence[float], *, kind: str = "superior", direction: int, m
         word = "not reproduced"
     else:
         word = "inconclusive"
-    said = [f"{tests[0].text} ({ps['claim']})"]
-    if "equivalence" in ps:
-        said.append(f"{tests[[h.role for h in tests].index('equivalence')].text} ({ps['equivalence']})")
-    if "effect" in ps:
-        said.append(f"{tests[[h.role for h in tests].index('effect')].text} ({ps['effect']})")
-    return Verdict(word, s.n, s.mean, s.std, level, tests, adjusted, interval,
-                   f"n = {s.n} (df {s.n - 1}): " + "; ".join(said), delta)
+    said = "; ".join(f"{h.text} ({ps[h.role]})" for h in tests)  # claim, equivalence, effect: hypotheses' order
+    return Verdict(word, s.n, s.mean, s.std, level, tests, adjusted, interval, f"n = {s.n} (df {s.n - 1}): {said}",
+                   delta)

@@ -1,10 +1,7 @@
-"""A study's tables and verdicts, rendered from its run JSONs (and nothing else).
-
-``summary(study, runs)`` is the markdown ``tokenreduce study NAME --summarize`` prints and writes to
-``<results>/summary.md``; ``verdicts(study, runs)`` judges each declared expectation
-(study/stats.py); the report page (study/page.py) reuses both. A run without a JSON
-shows as "not run" with the reason, never as a number.
-"""
+"""A study's tables and verdicts, rendered from its run JSONs alone: :func:`summary` (the markdown of
+``tokenreduce study NAME --summarize`` and ``<results>/summary.md``) and :func:`judge` (each declared claim
+tested, study/stats.py); the report page (study/page.py) reuses both. A run without a JSON shows as "not
+run" with the reason, never as a number."""
 
 from __future__ import annotations
 
@@ -23,6 +20,11 @@ from . import stats
 from .declare import REFERENCE, Bench, BenchTable, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
+
+
+def table_head(headers: list[str]) -> list[str]:
+    """A markdown table's header and rule lines."""
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
 
 
 def _metric(doc: dict[str, Any], metric: str) -> float | None:
@@ -73,8 +75,7 @@ def paired_by_seed(study: Study, runs: dict[str, dict], arm: str, base: str, met
 
 def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[str]:
     """One row per arm at ``at``: each column's mean ± std over the seeds run (Δ columns paired by seed)."""
-    headers = ["arm", "seeds", *(c.header for c in study.columns)]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines = table_head(["arm", "seeds", *(c.header for c in study.columns)])
     planned = planned_seeds(study)
     split = study.split[0] if study.split else None
     extra = [a for a in study.axes() if a.name not in ("seed", split)]  # one row per arm and value of each
@@ -114,10 +115,8 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
     return f"| {label} | {seeds} | " + " | ".join(cells) + " |"
 
 
-def measure_table(decl: Measure, doc: dict[str, Any] | None) -> list[str]:
-    if doc is None:
-        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
-    lines = ["| " + " | ".join(c.header for c in decl.columns) + " |", "|" + "---|" * len(decl.columns)]
+def measure_table(decl: Measure, doc: dict[str, Any]) -> list[str]:
+    lines = table_head([c.header for c in decl.columns])
     for r in doc["result"]["results"]:
         lines.append("| " + " | ".join(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-"
                                        for c in decl.columns) + " |")
@@ -125,14 +124,11 @@ def measure_table(decl: Measure, doc: dict[str, Any] | None) -> list[str]:
     return [*lines, "", noise] if noise else lines
 
 
-def bench_table(decl: Bench, doc: dict[str, Any] | None) -> list[str]:
-    """A bench's table as the ``bench`` command prints it (the same columns, the same cells), under the
-    line that says what was timed how."""
+def bench_table(decl: Bench, doc: dict[str, Any]) -> list[str]:
+    """A bench's table as the ``bench`` command prints it, under the line that says what was timed how."""
     from ..bench.compare import columns_for
     from ..bench.report import format_table
 
-    if doc is None:
-        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
     result = doc["result"]
     model, settings, prov = result["model"], result["settings"], result["provenance"]
     weights = f"the trained {model['reference']}" if model.get("reference") else "random weights"
@@ -157,7 +153,7 @@ def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
     def pair(r: dict | None, a: str, b: str) -> str:
         return f"{r[a]:.2f} / {r[b]:.2f}" if r and r.get(a) is not None and r.get(b) is not None else ""
 
-    lines = ["| " + " | ".join(decl.headers) + " |", "|" + "---|" * len(decl.headers)]
+    lines = table_head(list(decl.headers))
     for r in first:
         if r["kind"] not in ("control", "method"):
             continue
@@ -170,11 +166,9 @@ def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
     return lines
 
 
-def probe_text(decl: Probe, doc: dict[str, Any] | None) -> list[str]:
+def probe_text(decl: Probe, doc: dict[str, Any]) -> list[str]:
     from .entries import report_probe
 
-    if doc is None:
-        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
     result = dict(doc["result"])
     if result.get("checkpoint"):  # where it was on the machine that ran it: its last two parts say which
         p = Path(result["checkpoint"])
@@ -371,8 +365,7 @@ def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
                                        "record)")
     a, b = got[e.arm], got[e.baseline]
     diffs = (rounds[e.arm] - rounds[e.baseline]).tolist()
-    p = stats.tost(diffs, -margin, margin)
-    p = None if p is None else min(1.0, 2.0 * p)
+    p = None if (p := stats.tost(diffs, -margin, margin)) is None else stats.doubled(p)
     test = f"TOST within ±{margin:g}x over {len(diffs)} interleaved rounds: p = " + ("-" if p is None else f"{p:.2g}")
     if p is not None and p < e.level:
         return e.claim.format(at_speed=f"at equal measured speed ({a:.2f}x and {b:.2f}x; {test})")
@@ -738,18 +731,23 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
             lines += [f"### {study.split[1].format(value)}", ""]
         lines += [*arm_table(study, runs, at), ""]
     lines += machines_text(runs)
+
+    def part(decl: Measure | Probe | Bench, render: Any) -> list[str]:
+        doc = runs.get(decl.name)
+        if isinstance(decl, Probe) and decl.fmnist_only and not study.bed.fmnist():
+            body = [f"{NOT_RUN}: it reads Fashion-MNIST's raw images; the test bed is {study.bed.text()}"]
+        else:
+            body = render(decl, doc) if doc is not None else [f"{NOT_RUN}: no run JSON for {decl.name}"]
+        return [f"## {decl.title or decl.name}", "", *body, ""]
+
     for m in study.measures:
-        lines += [f"## {m.title or m.name}", "", *measure_table(m, runs.get(m.name)), ""]
+        lines += part(m, measure_table)
     for p in study.probes:
-        if p.fmnist_only and not study.bed.fmnist():
-            lines += [f"## {p.title or p.name}", "", f"{NOT_RUN}: it reads Fashion-MNIST's raw images; the test "
-                      f"bed is {study.bed.text()}", ""]
-            continue
-        lines += [f"## {p.title or p.name}", "", *probe_text(p, runs.get(p.name)), ""]
+        lines += part(p, probe_text)
     for t in study.bench_tables:
         lines += [f"## {t.title}", "", *bench_comparison(t, runs), ""]
     for b in study.benches:
-        lines += [f"## {b.title or b.name}", "", *bench_table(b, runs.get(b.name)), ""]
+        lines += part(b, bench_table)
     if study.expect:
         lines += ["## Verdicts", "", *verdict_table(study, runs, judgement), ""]
     return "\n".join(lines).rstrip() + "\n"
