@@ -15,7 +15,7 @@ from typing import Any
 from .declare import Expect, Study
 from .figures import pyplot, set_title, write_png
 from .stats import summarize, welch_change
-from .tables import NOT_RUN, Judged, ci_text, measured, where_text, word
+from .tables import NOT_RUN, Judged, ci_text, measured, table_head, where_text, word
 
 AXIS = "steps"
 
@@ -113,8 +113,7 @@ def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Pat
     head = ["claim", "where", *(c for s in lengths for c in (f"Δ at {s} steps", f"interval at {s}", f"verdict at {s}")),
             "stated"]
     pools = _pools(study, runs, lengths)
-    lines = ["### Over the fine-tune length", "", *([pools, ""] if pools else []), "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
+    lines = ["### Over the fine-tune length", "", *([pools, ""] if pools else []), *table_head(head)]
     for g in groups:
         e = g[0][1].expect
         at = {s: j for s, j in g}

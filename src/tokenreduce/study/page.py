@@ -1,12 +1,7 @@
-"""``tokenreduce report``: every registered study on one page, results/REPORT.md, with PNG figures.
-
-Per claim: its source, the published value, the value measured here with its interval, the verdict,
-the test bed, the command and the provenance of the runs; per study its tables (study/tables.py)
-and a figure of its first metric per arm. Everything is read from the stored run JSONs of the
-study's own test bed (``results/<study>/runs``); the page holds no time stamp and no absolute path,
-and the PNGs carry no software or date metadata, so rebuilding it from the same JSONs gives the same
-bytes. A study without results says "not run".
-"""
+"""``tokenreduce report``: every registered study on one page, results/REPORT.md, with PNG figures, read
+from the stored run JSONs of each study's own test bed alone (study/tables.py renders the tables). The page
+holds no time stamp and no absolute path, and the PNGs no software or date metadata, so the same JSONs give
+the same bytes. A study without results says "not run"."""
 
 from __future__ import annotations
 
@@ -17,30 +12,12 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from ..studies.beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
-from . import lengths
+from . import lengths, tables
 from .declare import Study, get_study, list_studies
 from .figures import colours, pyplot, set_title, write_png
 from .runner import Layout, load_runs, plan
 from .stats import summarize
-from .tables import (
-    NOT_RUN,
-    STATISTICS,
-    Judgement,
-    arm_runs,
-    ci_text,
-    judge,
-    measured,
-    p_text,
-    paired_by_seed,
-    planned_seeds,
-    revision_gap,
-    split_values,
-    summary,
-    values,
-    verdicts,
-    what_changed,
-    word,
-)
+from .tables import NOT_RUN, Judgement, judge, measured, summary, word
 
 
 def provenance_text(runs: dict[str, dict]) -> str:
@@ -60,7 +37,7 @@ def provenance_note(runs: dict[str, dict]) -> str:
     """What the runs' recorded git revisions say against reproducing them: made from uncommitted code
     (``-dirty``) or without a revision (:func:`~.tables.revision_gap`); '' if neither. A claim reading such a
     record is decided only provisionally (:func:`~.tables.word`)."""
-    gaps = {rid: revision_gap(doc) for rid, doc in sorted(runs.items())}
+    gaps = {rid: tables.revision_gap(doc) for rid, doc in sorted(runs.items())}
     dirty, none = [r for r, g in gaps.items() if g == "dirty"], [r for r, g in gaps.items() if g == "none"]
     said = []
     if dirty:
@@ -77,7 +54,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
         return None
     plt = pyplot()
     metric, header = study.columns[0].metric, study.columns[0].header
-    splits = split_values(study)
+    splits = tables.split_values(study)
     n = len(study.arms)  # the legend, one line per arm, stands right of the bars: as tall as it needs
     fig, ax = plt.subplots(figsize=(10, max(3.6, 0.16 * n + 1.0)), layout="constrained")
     width = 0.8 / max(1, n)
@@ -85,7 +62,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
         means, stds = [], []
         for value in splits:
             at = {study.split[0]: value} if study.split else {}
-            s = summarize(values(study, runs, name, metric, at))
+            s = summarize(tables.values(study, runs, name, metric, at))
             means.append(s.mean if s.mean is not None else math.nan)  # not run: no bar, never a zero
             stds.append(s.std or 0.0)
         xs = [j + i * width for j in range(len(splits))]
@@ -140,7 +117,7 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
         lines += ["", f"![{slug}](figures/{fig.name})"]
     body = "\n" + summary(study, runs, judgement)  # its headings one level down, under the study's
     body = body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ")
-    judged = judgement.judged[study.key] if judgement else verdicts(study, runs)
+    judged = judgement.judged[study.key] if judgement else tables.verdicts(study, runs)
     return [*lines, body, *lengths.section(study, runs, judged, root, slug),
             *([f"[^{slug}]: Provenance: {note}", ""] if note else [])]
 
@@ -152,14 +129,14 @@ def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgem
         for j in judgement.judged[study.key]:
             e = j.expect
             lines.append(f"| {study.name} | {j.claim} | {lengths.point(study, e) or '-'} | {e.source} | "
-                         f"{e.published or '-'} | {measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** | "
-                         f"{study.bed_name} |")
+                         f"{e.published or '-'} | {measured(j)} | {tables.ci_text(j)} | {tables.p_text(j)} | "
+                         f"**{word(j)}** | {study.bed_name} |")
     return lines
 
 
 #: the report's account of its statistics, above the claims
 METHODS = ("How the verdicts are reached: each claim is a paired contrast (arm minus baseline, paired by seed) "
-           "tested by the paired t-test its study declares. " + STATISTICS +
+           "tested by the paired t-test its study declares. " + tables.STATISTICS +
            " Multiplicity: p-values are adjusted by Holm within each study (all its test beds' tests together) "
            "and by Benjamini-Hochberg over the whole report, each over the tests declared, run or not (a test "
            "not yet run counts at p = 1, so a run that arrives never weakens another verdict); the verdict comes "
@@ -228,10 +205,10 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     def paired_seeds(steps: int) -> list[Any]:
         """The seeds of the longer fine-tune's cells: those with both records for some pick."""
         return sorted({seed for arm in speed if f"random~{arm}" in study.arms for seed in
-                       paired_by_seed(study, runs, arm, f"random~{arm}", "top1", {lengths.AXIS: steps})})
+                       tables.paired_by_seed(study, runs, arm, f"random~{arm}", "top1", {lengths.AXIS: steps})})
 
     def pool(at: dict[str, Any]) -> str:
-        docs = [d for arm in speed for d in arm_runs(study, runs, arm, at).values()]
+        docs = [d for arm in speed for d in tables.arm_runs(study, runs, arm, at).values()]
         return lengths.pool_text(docs[0]) if docs else ""
 
     # the longer fine-tunes with a paired record: a column each, so a verdict that turns with training shows here
@@ -242,19 +219,19 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
              f"budget search on an earlier 2-core machine (not recorded; the picks are fixed in the study), so a "
              f"pick's speed-up here may miss its target: the column shows it as measured in one interleaved run on "
              f"{prov.get('cpu')}, {prov.get('threads')} threads. "
-             f"Fine-tuned ({recipe_steps(study)}: {pool({})}; seeds {', '.join(map(str, planned_seeds(study)))}; "
-             f"mean ± std), against the random pruner at the same per-block token counts (Δ, paired by seed, its "
-             f"95% t-interval and verdict after multiplicity; "
+             f"Fine-tuned ({recipe_steps(study)}: {pool({})}; seeds "
+             f"{', '.join(map(str, tables.planned_seeds(study)))}; mean ± std), against the random pruner at the "
+             f"same per-block token counts (Δ, paired by seed, its 95% t-interval and verdict after multiplicity; "
              f"[`tokenreduce study baselines`](results/REPORT.md))"
              + "".join(f"; Δ after {s} steps: the same contrast fine-tuned for {s} steps "
                        f"({pool({lengths.AXIS: s})}; seeds {', '.join(map(str, paired_seeds(s)))})" for s in longer)
              + ":", ""]
     head = ["pick", "MACs x", "speed-up b32", "top-1 %", "Δ vs random at its counts",
             *(f"Δ after {s} steps" for s in longer)]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += tables.table_head(head)
     for arm, rows in speed.items():
         macs, up = (statistics.median(r[k] for r in rows) for k in ("macs_speedup", "speedup"))
-        top1 = summarize(values(study, runs, arm, "top1", {})).text()
+        top1 = summarize(tables.values(study, runs, arm, "top1", {})).text()
         cells = [arm, f"{macs:.2f}", f"{up:.2f}", top1, diff(arm, {}), *(diff(arm, {lengths.AXIS: s}) for s in longer)]
         lines.append("| " + " | ".join(cells) + " |")
     deit = get_study("deit_bench")()
@@ -323,7 +300,7 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
              "## What changed", "", "The verdicts that moved from the previous statistics (one-sided t-tests at "
              "0.05 each way, no multiplicity adjustment, \"not reproduced\" from a post-hoc smallest detectable "
              "difference, a bootstrap of three values printed as a 95% CI) to these, and why:", "",
-             *what_changed(judgement, studies), ""]
+             *tables.what_changed(judgement, studies), ""]
     for study, runs in studies:
         lines += study_section(study, runs, root, judgement)
     return write_text(root / "REPORT.md", "\n".join(lines).rstrip() + "\n")
