@@ -15,7 +15,7 @@ from typing import Any
 from .declare import Expect, Study
 from .figures import pyplot, set_title, write_png
 from .stats import summarize, welch_change
-from .tables import NOT_RUN, Judged, ci_text, measured, table_head, where_text, word
+from .tables import NOT_RUN, Judged, axis, ci_text, measured, table_head, where_text, word
 
 AXIS = "steps"
 
@@ -23,8 +23,8 @@ AXIS = "steps"
 def implicit_length(study: Study) -> Any | None:
     """The fine-tune length of a claim that names none (the length axis's implicit value, else its first);
     None for a study without the axis."""
-    axis = next((a for a in study.axes() if a.name == AXIS), None)
-    return None if axis is None else axis.implicit if axis.implicit is not None else axis.values[0]
+    a = axis(study, AXIS)
+    return None if a is None else a.implicit if a.implicit is not None else a.values[0]
 
 
 def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]]]:

@@ -83,7 +83,7 @@ def command(study: Study) -> str:
 def as_run(study: Study, runs: dict[str, dict]) -> str:
     """What the stored training runs cost: their recorded training wall time summed, per fine-tune length
     where the bed has that axis ("" before any). Wall time includes whatever shared the cores."""
-    axis = next((a for a in study.axes() if a.name == lengths.AXIS), None)
+    axis = tables.axis(study, lengths.AXIS)
     by: dict[Any, list[float]] = {}
     for doc in runs.values():
         t = doc.get("metrics", {}).get("train_time_s") if doc.get("kind") == "train" else None
@@ -212,7 +212,7 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
         return lengths.pool_text(docs[0]) if docs else ""
 
     # the longer fine-tunes with a paired record: a column each, so a verdict that turns with training shows here
-    axis = next((a for a in study.axes() if a.name == lengths.AXIS), None)
+    axis = tables.axis(study, lengths.AXIS)
     longer = [s for s in (axis.values if axis else ()) if s != axis.implicit
               and any(diff(arm, {lengths.AXIS: s}) != "-" for arm in speed)]
     lines = [f"Each method's pick nearest 1.5x and 2x speed-up on the scene test bed: chosen once by a measured "

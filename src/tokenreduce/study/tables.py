@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .declare import REFERENCE, Bench, BenchTable, Expect, Measure, Probe, Study
+from .declare import REFERENCE, Axis, Bench, BenchTable, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
 
@@ -32,15 +32,17 @@ def _metric(doc: dict[str, Any], metric: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
+def axis(study: Study, name: str) -> Axis | None:
+    return next((a for a in study.axes() if a.name == name), None)
+
+
 def planned_seeds(study: Study) -> tuple[Any, ...]:
-    return next(a.values for a in study.axes() if a.name == "seed")
+    return axis(study, "seed").values
 
 
 def split_values(study: Study) -> list[Any]:
     """The values of the axis the study's tables are split by (``study.split``); [None] for one table."""
-    if study.split is None:
-        return [None]
-    return list(next(a.values for a in study.axes() if a.name == study.split[0]))
+    return [None] if study.split is None else list(axis(study, study.split[0]).values)
 
 
 def arm_runs(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) -> dict[Any, dict]:
