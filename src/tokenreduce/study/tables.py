@@ -309,13 +309,6 @@ def _arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, li
     return found
 
 
-def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:
-    """Arm -> the measured speed-up (batch 32) in the record of ``measure`` (:func:`_arm_rows`); the median
-    over its rows when several."""
-    return {a: statistics.median(float(r["speedup"]) for r in rows)
-            for a, rows in _arm_rows(study, runs, measure).items()}
-
-
 def _round_speedups(row: dict, rows: list[dict]) -> np.ndarray | None:
     """``row``'s speed-up (batch B) in each timed round of the interleaved run of ``rows``: its images/s over
     the unpatched model's in the same round (bench/speed.py's paired_ratios); None without per-round timings."""
@@ -326,18 +319,6 @@ def _round_speedups(row: dict, rows: list[dict]) -> np.ndarray | None:
     if base is None or row.get("kind") == "unpatched" or len(mine) != len(base["img_per_s_runs"]):
         return None
     return np.asarray(paired_ratios(mine, base["img_per_s_runs"]))
-
-
-def arm_rounds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, np.ndarray]:
-    """Arm -> its speed-up in each round of the ``measure`` record's interleaved run (the mean over its rows
-    in a round when several); arms whose rows hold no per-round timings are absent."""
-    rows = (runs.get(measure) or {}).get("result", {}).get("results", [])
-    out = {}
-    for arm, mine in _arm_rows(study, runs, measure).items():
-        got = [_round_speedups(r, rows) for r in mine]
-        if all(g is not None for g in got):
-            out[arm] = np.mean(got, axis=0)
-    return out
 
 
 def timing_noise(rows: list[dict]) -> str:
@@ -356,17 +337,18 @@ def timing_noise(rows: list[dict]) -> str:
 def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
     """``e.claim``, its ``{at_speed}`` read from the speed record: "at equal measured speed" only when an
     equivalence test (TOST, two-sided at the claim's level) on the per-round differences of the two arms'
-    speed-ups, timed in one interleaved run, holds within the declared margin; else "at its own pick" with
-    both measured speeds."""
+    speed-ups (each the mean over its rows in a round), timed in one interleaved run, holds within the
+    declared margin; else "at its own pick" with both measured speeds (the median over an arm's rows)."""
     if e.speed is None:
         return e.claim
     measure, margin = e.speed
-    rounds, got = arm_rounds(study, runs, measure), speeds(study, runs, measure)
-    if e.arm not in rounds or e.baseline not in rounds:
+    mine, rows = _arm_rows(study, runs, measure), (runs.get(measure) or {}).get("result", {}).get("results", [])
+    rounds = [[_round_speedups(r, rows) for r in mine.get(arm, [])] for arm in (e.arm, e.baseline)]
+    if not all(got and all(g is not None for g in got) for got in rounds):
         return e.claim.format(at_speed=f"at its own pick (no per-round timings of both arms in the {measure} "
                                        "record)")
-    a, b = got[e.arm], got[e.baseline]
-    diffs = (rounds[e.arm] - rounds[e.baseline]).tolist()
+    a, b = (statistics.median(float(r["speedup"]) for r in mine[arm]) for arm in (e.arm, e.baseline))
+    diffs = (np.mean(rounds[0], axis=0) - np.mean(rounds[1], axis=0)).tolist()
     p = None if (p := stats.tost(diffs, -margin, margin)) is None else stats.doubled(p)
     test = f"TOST within ±{margin:g}x over {len(diffs)} interleaved rounds: p = " + ("-" if p is None else f"{p:.2g}")
     if p is not None and p < e.level:
