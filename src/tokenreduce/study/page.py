@@ -200,7 +200,7 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
         if j is None or j.verdict is None:
             return "-"
         ci = j.verdict.interval
-        return f"{measured(j)}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "") + f" {word(j)}"
+        return measured(j) + (f" {tables.interval_text(ci)}" if ci else "") + f" {word(j)}"
 
     def paired_seeds(steps: int) -> list[Any]:
         """The seeds of the longer fine-tune's cells: those with both records for some pick."""

@@ -492,13 +492,14 @@ def measured(j: Judged) -> str:
     return text if v.std is None else f"{text} (n = {v.n})"  # one value's text names its n already
 
 
+def interval_text(ci: tuple[float, ...] | None) -> str:
+    return f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "-"
+
+
 def ci_text(j: Judged) -> str:
     """The (1 - level) paired t-interval, and the crossed seeds x items interval where the records allow one."""
-    ci = j.verdict.interval if j.verdict else None
-    text = f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "-"
-    if j.items is not None:
-        text += f"; seeds x items [{j.items[0]:+.2f}, {j.items[1]:+.2f}]"
-    return text
+    items = f"; seeds x items {interval_text(j.items)}" if j.items is not None else ""
+    return interval_text(j.verdict.interval if j.verdict else None) + items
 
 
 def p_text(j: Judged) -> str:
@@ -522,13 +523,11 @@ def interval_header(judged: list[Judged]) -> str:
     return f"{100 * (1 - levels.pop()):g}% t-interval" if len(levels) == 1 else "t-interval (1 - level)"
 
 
-def _contrast(j: Judged) -> str:
-    e = j.expect
-    side = ">" if e.direction > 0 else "<"
-    what = {"noninferior": "non-inferior: ", "equivalent": "equivalent: "}.get(e.kind, "")
+def _contrast(e: Expect) -> str:
     if e.kind == "equivalent":
-        return f"{what}|{e.arm} - {e.baseline}| < {abs(e.margin):g} on {e.metric}"
-    return f"{what}{e.arm} - {e.baseline} {side} {e.margin:g} on {e.metric}"
+        return f"equivalent: |{e.arm} - {e.baseline}| < {abs(e.margin):g} on {e.metric}"
+    what = "non-inferior: " if e.kind == "noninferior" else ""
+    return f"{what}{e.arm} - {e.baseline} {'>' if e.direction > 0 else '<'} {e.margin:g} on {e.metric}"
 
 
 def adjustment_text(judgement: Judgement, study: Study) -> str:
@@ -544,10 +543,11 @@ def adjustment_text(judgement: Judgement, study: Study) -> str:
 def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> list[str]:
     judgement = judgement or judge([(study, runs)], scope="this test bed")
     judged = judgement.judged[study.key]
-    lines = [f"| claim | where | contrast | published | measured Δ (mean ± sd) | {interval_header(judged)} | "
-             "p raw / adjusted | verdict |", "|---|---|---|---|---|---|---|---|"]
+    lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)", interval_header(judged),
+                        "p raw / adjusted", "verdict"])
     for j in judged:
-        lines.append(f"| {j.claim} | {where_text(j.expect.at) or '-'} | {_contrast(j)} | {j.expect.published or '-'} | "
+        e = j.expect
+        lines.append(f"| {j.claim} | {where_text(e.at) or '-'} | {_contrast(e)} | {e.published or '-'} | "
                      f"{measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** |")
     lines.append("")
     for j in judged:
@@ -625,8 +625,7 @@ def previous_verdict(diffs: list[float], e: Expect) -> tuple[str, str]:
 
 def what_changed(judgement: Judgement, studies: list[tuple[Study, dict[str, dict]]]) -> list[str]:
     """Each claim whose verdict the previous statistics (:func:`previous_verdict`) gave differently, and why."""
-    lines = ["| study | test bed | claim | where | before | now | why |", "|---|---|---|---|---|---|---|"]
-    moved = 0
+    lines = table_head(["study", "test bed", "claim", "where", "before", "now", "why"])
     for study, _ in studies:
         for j in judgement.judged[study.key]:
             if j.verdict is None or j.members:
@@ -634,10 +633,9 @@ def what_changed(judgement: Judgement, studies: list[tuple[Study, dict[str, dict
             old, rested = previous_verdict(j.diffs, j.expect)
             if old == j.verdict.word:
                 continue
-            moved += 1
             lines.append(f"| {study.name} | {study.bed_name} | {j.claim} | {where_text(j.expect.at) or '-'} | {old} | "
                          f"**{word(j)}** | {_moved_why(j, old, rested)} |")
-    return lines if moved else ["No verdict moved."]
+    return lines if len(lines) > 2 else ["No verdict moved."]
 
 
 def _moved_why(j: Judged, old: str, rested: str) -> str:
@@ -664,10 +662,6 @@ def _moved_why(j: Judged, old: str, rested: str) -> str:
 
 # ----------------------------------------------------------------------------- the summary
 
-#: the schedule fields a study may lay over a named recipe (e.g. the scene bed's shortened fine-tune)
-_SCHEDULE = ("epochs", "subset", "batch_size")
-
-
 def recipe_text(recipe: dict[str, Any]) -> str:
     """The recipe a study trains with, in words: its name, and its schedule when the study changed the
     recipe's ("fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64")."""
@@ -676,7 +670,7 @@ def recipe_text(recipe: dict[str, Any]) -> str:
     name = recipe.get("recipe")
     if not name:
         return "recipe"
-    if all(recipe.get(k) == RECIPES.get(name, {}).get(k) for k in _SCHEDULE):
+    if all(recipe.get(k) == RECIPES.get(name, {}).get(k) for k in ("epochs", "subset", "batch_size")):
         return name
     subset = f" of {recipe['subset']} training items" if recipe.get("subset") else ""
     return f"{name}, schedule changed: {recipe.get('epochs')} epoch(s){subset}, batch {recipe.get('batch_size')}"
@@ -693,8 +687,7 @@ def machines_text(runs: dict[str, dict]) -> list[str]:
         lines.append(f"The training runs were made on {len(cpus)} machines ({parts}); wall times compare within "
                      "one machine only.")
     for rid, d in sorted(trained.items()):
-        old = d.get("replaces")
-        if old:
+        if old := d.get("replaces"):
             metric = d["metrics"]["metric"]
             lines.append(f"{rid} was made again ({old['why']}): {metric} {d['metrics'][metric]:.2f} on "
                          f"{d['metrics']['provenance'].get('cpu')}, in place of {old['metrics'][metric]:.2f} on "
