@@ -75,11 +75,6 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
     return write_png(fig, path)
 
 
-def command(study: Study) -> str:
-    """The command that runs ``study`` on its bed."""
-    return f"tokenreduce study {study.name}" + ("" if study.is_default_bed else f" --testbed {study.bed_name}")
-
-
 def as_run(study: Study, runs: dict[str, dict]) -> str:
     """What the stored training runs cost: their recorded training wall time summed, per fine-tune length
     where the bed has that axis ("" before any). Wall time includes whatever shared the cores."""
@@ -101,7 +96,9 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
     lines = [f"## {study.title or study.name}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
              f"- test bed `{study.bed_name}`: {study.bed.text()}" if study.arms else
              f"- test bed `{study.bed_name}`: each bench's own model (it trains nothing)",
-             f"- command: `{command(study)}` (`--list` for one command per run; `--smoke` for the tiny version)",
+             f"- command: `tokenreduce study {study.name}"
+             f"{'' if study.is_default_bed else f' --testbed {study.bed_name}'}` (`--list` for one command per run; "
+             "`--smoke` for the tiny version)",
              f"- runs: {len(runs)} of {len(plan(study))} stored under `{study.key}/runs/`"
              + (f"; budget: {study.budget}" if study.budget else "")
              + (f"; {cost}" if (cost := as_run(study, runs)) else "")]
@@ -181,8 +178,8 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     (the study ``baselines``, its ``final`` measure and its runs) with each contrast's interval and verdict
     (``judgement``: the report's; by default the study's own), and the DeiT-S speed-ups (``deit_bench``)."""
     study = get_study("baselines")("scenes")
-    runs = load_runs(Layout(root / study.key, root / study.key), study)
-    final = runs.get("final")
+    runs = _stored(root, study)
+    final, r = runs.get("final"), study.recipe
     if final is None:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
     judgement = judgement or judge([(study, runs)], scope="this test bed")
@@ -218,8 +215,8 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     lines = [f"Each method's pick nearest 1.5x and 2x speed-up on the scene test bed: chosen once by a measured "
              f"budget search on an earlier 2-core machine (not recorded; the picks are fixed in the study), so a "
              f"pick's speed-up here may miss its target: the column shows it as measured in one interleaved run on "
-             f"{prov.get('cpu')}, {prov.get('threads')} threads. "
-             f"Fine-tuned ({recipe_steps(study)}: {pool({})}; seeds "
+             f"{prov.get('cpu')}, {prov.get('threads')} threads. Fine-tuned "
+             f"({r['subset'] // r['batch_size'] * r['epochs']} steps of {r['batch_size']}: {pool({})}; seeds "
              f"{', '.join(map(str, tables.planned_seeds(study)))}; mean ± std), against the random pruner at the "
              f"same per-block token counts (Δ, paired by seed, its 95% t-interval and verdict after multiplicity; "
              f"[`tokenreduce study baselines`](results/REPORT.md))"
@@ -235,7 +232,7 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
         cells = [arm, f"{macs:.2f}", f"{up:.2f}", top1, diff(arm, {}), *(diff(arm, {lengths.AXIS: s}) for s in longer)]
         lines.append("| " + " | ".join(cells) + " |")
     deit = get_study("deit_bench")()
-    bench = load_runs(Layout(root / deit.key, root / deit.key), deit).get("deit_small")
+    bench = _stored(root, deit).get("deit_small")
     if bench is not None:
         p = bench["provenance"] if "provenance" in bench else bench["result"].get("provenance", {})
         lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on {p.get('cpu')}, "
@@ -247,12 +244,6 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
                 lines.append(f"| `{row['label']}` | {row['speedup']:.2f} | {row['latency_speedup']:.2f} | "
                              f"{row['ratio_vs_random']:.2f} |")
     return lines
-
-
-def recipe_steps(study: Study) -> str:
-    """The fine-tune's length in words (steps of a batch)."""
-    steps = study.recipe["subset"] // study.recipe["batch_size"] * study.recipe["epochs"]
-    return f"{steps} steps of {study.recipe['batch_size']}"
 
 
 def write_headline(readme: Path, lines: list[str]) -> Path:
@@ -267,6 +258,10 @@ def write_headline(readme: Path, lines: list[str]) -> Path:
     return write_text(readme, text[:start] + body + text[end + len(HEADLINE[1]):])
 
 
+def _stored(root: Path, study: Study) -> dict[str, dict]:
+    return load_runs(Layout(root / study.key, root / study.key / "checkpoints"), study)
+
+
 def judged_results(root: Path, names: list[str] | None = None
                    ) -> tuple[list[tuple[Study, dict[str, Any]]], Judgement]:
     """Every registered study bed (or those of ``names``) with its runs stored under ``root``, and their
@@ -276,7 +271,7 @@ def judged_results(root: Path, names: list[str] | None = None
         cls = get_study(name)
         for bed in cls.beds:
             study = cls(bed)
-            studies.append((study, load_runs(Layout(root / study.key, root / study.key / "checkpoints"), study)))
+            studies.append((study, _stored(root, study)))
     return studies, judge(studies)
 
 
