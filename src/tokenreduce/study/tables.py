@@ -78,7 +78,6 @@ def paired_by_seed(study: Study, runs: dict[str, dict], arm: str, base: str, met
 def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[str]:
     """One row per arm at ``at``: each column's mean ± std over the seeds run (Δ columns paired by seed)."""
     lines = table_head(["arm", "seeds", *(c.header for c in study.columns)])
-    planned = planned_seeds(study)
     split = study.split[0] if study.split else None
     extra = [a for a in study.axes() if a.name not in ("seed", split)]  # one row per arm and value of each
     for name, arm in study.arms.items():
@@ -88,16 +87,15 @@ def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[s
                 continue
             label = arm.label + "".join(f" ({a.name} {v})" for a, v in zip(extra, combo, strict=True)
                                         if v != a.implicit and len(a.values) > 1)
-            lines.append(_arm_row(study, runs, name, label, here, planned))
+            lines.append(_arm_row(study, runs, name, label, here))
     return lines
 
 
-def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dict[str, Any],
-             planned: tuple[Any, ...]) -> str:
+def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dict[str, Any]) -> str:
     docs = arm_runs(study, runs, name, at)
     if not docs:
         return f"| {label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns)
-    missing = [s for s in planned if s not in docs]
+    missing = [s for s in planned_seeds(study) if s not in docs]
     seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
     both = len(docs.keys() & arm_runs(study, runs, study.baseline, at).keys())
 
@@ -107,13 +105,9 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
             return s.text()
         return f"{s.mean:.2f} (n = 1 of {of})" if s.n == 1 else f"{s.text()} (n = {s.n} of {of})"
 
-    cells = []
-    for c in study.columns:
-        if c.paired:
-            cells.append("-" if name == study.baseline else
-                         cell(paired(study, runs, name, study.baseline, c.metric, at), both))
-        else:
-            cells.append(cell(values(study, runs, name, c.metric, at), len(docs)))
+    cells = [cell(values(study, runs, name, c.metric, at), len(docs)) if not c.paired else "-"
+             if name == study.baseline else cell(paired(study, runs, name, study.baseline, c.metric, at), both)
+             for c in study.columns]
     return f"| {label} | {seeds} | " + " | ".join(cells) + " |"
 
 
