@@ -225,22 +225,22 @@ def hypotheses(diffs: Sequence[float], *, kind: str = "superior", direction: int
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if testable(diffs) is not None:
         return []
-    half = f"{level / 2:g}"
+    def equivalence(role: str, bound: float) -> Hypothesis:
+        return Hypothesis(role, f"TOST within ±{bound:g}, each side one-sided at {level / 2:g}",
+                          doubled(tost(diffs, -bound, bound)))
+
     if kind == "equivalent":
-        out = [Hypothesis("claim", f"TOST within ±{abs(margin):g}, each side one-sided at {half}",
-                          doubled(tost(diffs, -abs(margin), abs(margin))))]
-    else:
-        name = "non-inferiority" if kind == "noninferior" else "superiority"
-        out = [Hypothesis("claim", f"{name}: paired t-test of H0 Δ = {margin:g}, two-sided at {level:g}",
-                          paired_t_test(diffs, margin))]
-    if delta is not None and kind != "equivalent":
-        out.append(Hypothesis("equivalence", f"TOST within ±{delta:g}, each side one-sided at {half}",
-                              doubled(tost(diffs, -delta, delta))))
-    if effect is not None and kind != "equivalent":
-        toward = "less" if direction > 0 else "greater"
+        return [equivalence("claim", abs(margin))]
+    name = "non-inferiority" if kind == "noninferior" else "superiority"
+    out = [Hypothesis("claim", f"{name}: paired t-test of H0 Δ = {margin:g}, two-sided at {level:g}",
+                      paired_t_test(diffs, margin))]
+    if delta is not None:
+        out.append(equivalence("equivalence", delta))
+    if effect is not None:
         side = "<" if direction > 0 else ">"
         out.append(Hypothesis("effect", f"the published size: H0 Δ = {effect:+.2f} against Δ {side} {effect:+.2f}, "
-                                        f"one-sided at {half}", doubled(paired_t_test(diffs, effect, toward))))
+                                        f"one-sided at {level / 2:g}",
+                              doubled(paired_t_test(diffs, effect, "less" if direction > 0 else "greater"))))
     return out
 
 
