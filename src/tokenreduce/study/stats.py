@@ -284,18 +284,9 @@ def verdict(diffs: Sequence[float], *, kind: str = "superior", direction: int, m
     if len(adjusted) != len(tests):
         raise ValueError(f"{len(adjusted)} adjusted p-values for {len(tests)} tests")
     rejects = {h.role: a < level for h, a in zip(tests, adjusted, strict=True)}
-    ps = {h.role: f"p = {h.p:.3g}, adjusted {a:.3g}" for h, a in zip(tests, adjusted, strict=True)}
-    claimed = s.mean is not None and (s.mean - margin) * direction > 0
-    if kind == "equivalent":
-        word = "reproduced" if rejects["claim"] else "inconclusive"
-    elif rejects["claim"]:
-        word = "reproduced" if claimed else "contradicted"
-    elif rejects.get("equivalence"):
-        word = "equivalent"
-    elif rejects.get("effect"):
-        word = "not reproduced"
-    else:
-        word = "inconclusive"
-    said = "; ".join(f"{h.text} ({ps[h.role]})" for h in tests)  # claim, equivalence, effect: hypotheses' order
+    claimed = kind == "equivalent" or (s.mean - margin) * direction > 0  # an equivalence claim has one test
+    word = ("reproduced" if claimed else "contradicted") if rejects["claim"] else "equivalent" \
+        if rejects.get("equivalence") else "not reproduced" if rejects.get("effect") else "inconclusive"
+    said = "; ".join(f"{h.text} (p = {h.p:.3g}, adjusted {a:.3g})" for h, a in zip(tests, adjusted, strict=True))
     return Verdict(word, s.n, s.mean, s.std, level, tests, adjusted, interval, f"n = {s.n} (df {s.n - 1}): {said}",
                    delta)
