@@ -54,21 +54,18 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
         return None
     plt = pyplot()
     metric, header = study.columns[0].metric, study.columns[0].header
-    splits = tables.split_values(study)
+    splits = tables.split_points(study)
     n = len(study.arms)  # the legend, one line per arm, stands right of the bars: as tall as it needs
     fig, ax = plt.subplots(figsize=(10, max(3.6, 0.16 * n + 1.0)), layout="constrained")
     width = 0.8 / max(1, n)
     for i, ((name, arm), colour) in enumerate(zip(study.arms.items(), colours(n), strict=True)):
-        means, stds = [], []
-        for value in splits:
-            at = {study.split[0]: value} if study.split else {}
-            s = summarize(tables.values(study, runs, name, metric, at))
-            means.append(s.mean if s.mean is not None else math.nan)  # not run: no bar, never a zero
-            stds.append(s.std or 0.0)
+        done = [summarize(tables.values(study, runs, name, metric, at)) for _, at in splits]
+        means = [s.mean if s.mean is not None else math.nan for s in done]  # not run: no bar, never a zero
+        stds = [s.std or 0.0 for s in done]
         xs = [j + i * width for j in range(len(splits))]
         ax.bar(xs, means, width, yerr=stds, capsize=3, label=arm.label, color=colour)
     ax.set_xticks([j + width * (len(study.arms) - 1) / 2 for j in range(len(splits))])
-    ax.set_xticklabels([study.split[1].format(v) if study.split else "" for v in splits])
+    ax.set_xticklabels([study.split[1].format(v) if study.split else "" for v, _ in splits])
     ax.set_ylabel(header)
     set_title(fig, f"{study.title or study.name}: mean ± std over seeds")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)

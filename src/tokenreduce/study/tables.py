@@ -40,9 +40,11 @@ def planned_seeds(study: Study) -> tuple[Any, ...]:
     return axis(study, "seed").values
 
 
-def split_values(study: Study) -> list[Any]:
-    """The values of the axis the study's tables are split by (``study.split``); [None] for one table."""
-    return [None] if study.split is None else list(axis(study, study.split[0]).values)
+def split_points(study: Study) -> list[tuple[Any, dict[str, Any]]]:
+    """(value, grid point) of each value of the axis the tables are split by (``study.split``); one table:
+    [(None, {})]."""
+    return [(None, {})] if study.split is None else [(v, {study.split[0]: v}) for v in
+                                                     axis(study, study.split[0]).values]
 
 
 def arm_runs(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) -> dict[Any, dict]:
@@ -696,8 +698,7 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
     missing = [p.id for p in study.points() if p.id not in runs]
     if missing and study.pending:
         lines += [f"{len(missing)} of {len(study.points())} runs {NOT_RUN}: {study.pending}.", ""]
-    for value in split_values(study) if study.arms else []:
-        at = {study.split[0]: value} if study.split else {}
+    for value, at in split_points(study) if study.arms else []:
         if study.split:
             lines += [f"### {study.split[1].format(value)}", ""]
         lines += [*arm_table(study, runs, at), ""]
