@@ -176,7 +176,7 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     (``judgement``: the report's; by default the study's own), and the DeiT-S speed-ups (``deit_bench``)."""
     study = get_study("baselines")("scenes")
     runs = _stored(root, study)
-    final, r = runs.get("final"), study.recipe
+    final, recipe = runs.get("final"), study.recipe
     if final is None:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
     judgement = judgement or judge([(study, runs)], scope="this test bed")
@@ -213,16 +213,16 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
              f"budget search on an earlier 2-core machine (not recorded; the picks are fixed in the study), so a "
              f"pick's speed-up here may miss its target: the column shows it as measured in one interleaved run on "
              f"{prov.get('cpu')}, {prov.get('threads')} threads. Fine-tuned "
-             f"({r['subset'] // r['batch_size'] * r['epochs']} steps of {r['batch_size']}: {pool({})}; seeds "
+             f"({recipe['subset'] // recipe['batch_size'] * recipe['epochs']} steps of {recipe['batch_size']}: "
+             f"{pool({})}; seeds "
              f"{', '.join(map(str, tables.planned_seeds(study)))}; mean ± std), against the random pruner at the "
              f"same per-block token counts (Δ, paired by seed, its 95% t-interval and verdict after multiplicity; "
              f"[`tokenreduce study baselines`](results/REPORT.md))"
              + "".join(f"; Δ after {s} steps: the same contrast fine-tuned for {s} steps "
                        f"({pool({lengths.AXIS: s})}; seeds {', '.join(map(str, paired_seeds(s)))})" for s in longer)
              + ":", ""]
-    head = ["pick", "MACs x", "speed-up b32", "top-1 %", "Δ vs random at its counts",
-            *(f"Δ after {s} steps" for s in longer)]
-    lines += tables.table_head(head)
+    lines += tables.table_head(["pick", "MACs x", "speed-up b32", "top-1 %", "Δ vs random at its counts",
+                                *(f"Δ after {s} steps" for s in longer)])
     for arm, rows in speed.items():
         macs, up = (statistics.median(r[k] for r in rows) for k in ("macs_speedup", "speedup"))
         top1 = summarize(tables.values(study, runs, arm, "top1", {})).text()
