@@ -26,8 +26,8 @@ def provenance_text(runs: dict[str, dict]) -> str:
     for doc in runs.values():
         prov = doc.get("provenance") or doc.get("run") or {}
         seen["tokenreduce git"].add(str(prov.get("git_revision", prov.get("git")) or "not recorded"))
-        seen["torch"].add(str(prov.get("torch")))
-        seen["timm"].add(str(prov.get("timm")))
+        for lib in ("torch", "timm"):
+            seen[lib].add(str(prov.get(lib)))
         cpu = prov.get("gpu") or prov.get("cpu") or prov.get("machine")
         seen["machine"].add(f"{cpu}, {prov.get('cpu_count')} cores, {prov.get('threads')} threads")
     return "; ".join(f"{k} {' / '.join(sorted(v))}" for k, v in seen.items() if v)

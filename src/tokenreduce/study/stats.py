@@ -122,24 +122,18 @@ def crossed_interval(arm: Sequence[np.ndarray], base: Sequence[np.ndarray],
     every seed scored on the same items. Returns (low, high, mean); None for fewer than 2 seeds.
 
     The per-item differences d_si (S seeds x I items) follow the two-way random-effects model
-    d_si = mu + a_s + b_i + e_si, a_s ~ (0, sa^2) the seed's effect, b_i ~ (0, sb^2) the item's (shared by
-    every seed: this is what a nested resampling of items within seeds misses), e_si ~ (0, se^2). The grand
-    mean m has Var(m) = sa^2 / S + sb^2 / I + se^2 / (S I), and with the mean squares of the two-way table
-    (no replication)
+    d_si = mu + a_s + b_i + e_si: a_s ~ (0, sa^2) the seed's effect, b_i ~ (0, sb^2) the item's, shared by every
+    seed (what a seed t-interval and a nested resampling of items within seeds both miss), e_si ~ (0, se^2).
+    The grand mean m has Var(m) = sa^2 / S + sb^2 / I + se^2 / (S I); with the two-way table's mean squares
 
         MS_s = I sum_s (r_s - m)^2 / (S - 1),  MS_i = S sum_i (c_i - m)^2 / (I - 1),
         MS_e = sum_si (d_si - r_s - c_i + m)^2 / ((S - 1)(I - 1))          (r_s, c_i: seed and item means)
 
-    E[MS_s] = I sa^2 + se^2 and E[MS_i - MS_e] = S sb^2, so Var(m) = (E[MS_s] + E[MS_i - MS_e]) / (S I): the
-    seeds' part A = MS_s / (S I) (S - 1 df: the seed t-interval's own variance) plus the items' part
-    B = max(0, MS_i - MS_e) / (S I) (the variance of the items every seed shares, which a seed t-interval
-    and a nested resampling of items within seeds both leave out). The half-width takes each part with its
-    own t quantile, sqrt(t(S - 1)^2 A + t(I - 1)^2 B): the seed t-interval where the items add nothing, the
-    items' interval where the seeds add nothing, and conservative in between. (Satterthwaite's pooled df,
-    estimated from 3 seeds, covers about 0.92 where the seeds dominate; tests/test_studies_stats.py.)
-
-    Items whose value is missing (NaN) in any seed of either arm are left out, so the table stays
-    balanced (the model's estimates assume it)."""
+    E[MS_s] = I sa^2 + se^2 and E[MS_i - MS_e] = S sb^2, so Var(m) = A + B with the seeds' part
+    A = MS_s / (S I) (S - 1 df) and the items' part B = max(0, MS_i - MS_e) / (S I) (I - 1 df). The half-width
+    sqrt(t(S - 1)^2 A + t(I - 1)^2 B) takes each part with its own t quantile: conservative between the two
+    extremes, where Satterthwaite's pooled df from 3 seeds covers about 0.92 (tests/test_studies_stats.py).
+    Items missing (NaN) in any seed of either arm are left out, so the table stays balanced."""
     if len(arm) != len(base) or len(arm) < 2:
         return None
     rows = []

@@ -179,12 +179,10 @@ def probe_text(decl: Probe, doc: dict[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class Judged:
-    """An expectation, its paired differences and the verdict on them (None: not run, ``why``). ``claim``:
-    its text as printed (a speed-matched claim's ``{at_speed}`` resolved); ``items``: the seed x item
-    crossed-design interval (low, high, centre) where the records hold per-item results, else None and
-    ``items_why``; ``members``: a family claim's number of claims (0: a claim of its own).; ``uncommitted``:
-    the records it reads that name no clean commit (:func:`revision_gap`), which make a decided word
-    provisional."""
+    """A claim, its paired differences and the verdict on them (None: not run, ``why``). ``claim``: its text
+    as printed; ``items``: the seeds x items interval (low, high, centre), else None and ``items_why``;
+    ``members``: a family claim's number of claims (0: its own); ``uncommitted``: the records it reads that
+    name no clean commit (:func:`revision_gap`), which make a decided word provisional."""
 
     expect: Expect
     diffs: list[float]
