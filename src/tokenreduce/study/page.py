@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,10 @@ def provenance_note(runs: dict[str, dict]) -> str:
     """What the runs' recorded git revisions say against reproducing them: made from uncommitted code
     (``-dirty``) or without a revision (:func:`~.tables.revision_gap`); '' if neither. A claim reading such a
     record is decided only provisionally (:func:`~.tables.word`)."""
-    gaps = {rid: tables.revision_gap(doc) for rid, doc in sorted(runs.items())}
-    dirty, none = [r for r, g in gaps.items() if g == "dirty"], [r for r, g in gaps.items() if g == "none"]
-    said = []
-    if dirty:
-        said.append(f"{len(dirty)} of its {len(runs)} runs were made from uncommitted code (a git revision ending "
-                    "`-dirty`): the code that made them is not in the history exactly")
-    if none:
-        said.append(f"{len(none)} of its {len(runs)} runs record no git revision")
+    gaps = Counter(tables.revision_gap(doc) for doc in runs.values())
+    said = [f"{gaps['dirty']} of its {len(runs)} runs were made from uncommitted code (a git revision ending "
+            "`-dirty`): the code that made them is not in the history exactly"] if gaps["dirty"] else []
+    said += [f"{gaps['none']} of its {len(runs)} runs record no git revision"] if gaps["none"] else []
     return "; ".join(said) + "." if said else ""
 
 
