@@ -12,8 +12,7 @@ from ..bench.report import write_text
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (an optional import: only the report draws)."""
-    import matplotlib
+    import matplotlib  # optional: only the report draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -30,16 +29,13 @@ def set_title(fig: Any, text: str, size: float = 9.0) -> Any:
 
 def colours(n: int) -> list[Any]:
     """``n`` colours, all distinct (matplotlib's default cycle repeats after 10): tab10, tab20, or a spectrum."""
-    plt = pyplot()
-    if n <= 10:
-        return [plt.get_cmap("tab10")(i) for i in range(n)]
     if n <= 20:
-        return [plt.get_cmap("tab20")(i) for i in range(n)]
-    return [plt.get_cmap("nipy_spectral")(0.05 + 0.9 * i / (n - 1)) for i in range(n)]
+        return [pyplot().get_cmap("tab10" if n <= 10 else "tab20")(i) for i in range(n)]
+    return [pyplot().get_cmap("nipy_spectral")(0.05 + 0.9 * i / (n - 1)) for i in range(n)]
 
 
 def write_png(fig: Any, path: Path) -> Path:
-    """Write ``fig`` to ``path`` (atomically) and close it."""
+    """Write ``fig`` to ``path`` (atomically: bench.report.write_text) and close it."""
     png = io.BytesIO()
     try:  # no Software / date chunks: the same numbers give the same bytes
         fig.savefig(png, format="png", dpi=100, metadata={"Software": None})

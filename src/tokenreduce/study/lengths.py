@@ -1,10 +1,6 @@
-"""The fine-tune length (studies/beds.py, ``LENGTH``): every claim of a study bed tested at more than
-one length, side by side, its verdict stated at the longest, and one figure per bed: the paired
-difference of each claim against fine-tune steps.
-
-A claim at several lengths is declared once and repeated at each (``beds.at_longer``): the repeats are the
-claims with the same words and the same grid point but for ``steps``.
-"""
+"""The fine-tune length (studies/beds.py, ``LENGTH``): each claim of a study bed tested at more than one
+length (``beds.at_longer``: the same words and grid point but for ``steps``) side by side, its verdict stated
+at the longest, and one figure per bed of each claim's paired difference against fine-tune steps."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from typing import Any
 from .declare import Expect, Study
 from .figures import pyplot, set_title, write_png
 from .stats import summarize, welch_change
-from .tables import NOT_RUN, Judged, ci_text, measured, where_text, word
+from .tables import NOT_RUN, Judged, axis, ci_text, measured, table_head, where_text, word
 
 AXIS = "steps"
 
@@ -23,8 +19,8 @@ AXIS = "steps"
 def implicit_length(study: Study) -> Any | None:
     """The fine-tune length of a claim that names none (the length axis's implicit value, else its first);
     None for a study without the axis."""
-    axis = next((a for a in study.axes() if a.name == AXIS), None)
-    return None if axis is None else axis.implicit if axis.implicit is not None else axis.values[0]
+    a = axis(study, AXIS)
+    return None if a is None else a.implicit if a.implicit is not None else a.values[0]
 
 
 def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]]]:
@@ -54,11 +50,9 @@ def _side(j: Judged) -> int:
 
 
 def stated(group: list[tuple[Any, Judged]]) -> str:
-    """The claim's verdict at the longest length run with two seeds or more (a later length with one seed is
-    named apart: no test yet), and how its effect changes with length: the change of its mean paired
-    difference from each shorter length, with its Welch interval and p (the runs at two lengths are other
-    runs); also where the difference changes sign: its t-interval (before multiplicity) on one side of 0 at one
-    length and on the other at another, whatever the verdicts (which multiplicity may leave alike)."""
+    """The claim's verdict at the longest length run with two seeds or more (a later one-seed length named
+    apart), the change of its mean paired difference from each shorter length (Welch: other runs), and where
+    its t-interval lies on one side of 0 at one length and on the other at another, whatever the verdicts."""
     ran = [(s, j) for s, j in group if j.verdict is not None]
     if not ran:
         return NOT_RUN
@@ -113,8 +107,7 @@ def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Pat
     head = ["claim", "where", *(c for s in lengths for c in (f"Δ at {s} steps", f"interval at {s}", f"verdict at {s}")),
             "stated"]
     pools = _pools(study, runs, lengths)
-    lines = ["### Over the fine-tune length", "", *([pools, ""] if pools else []), "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)]
+    lines = ["### Over the fine-tune length", "", *([pools, ""] if pools else []), *table_head(head)]
     for g in groups:
         e = g[0][1].expect
         at = {s: j for s, j in g}
@@ -141,8 +134,7 @@ def _figure(study: Study, groups: list[list[tuple[Any, Judged]]], path: Path) ->
         means = [m if (m := summarize(j.diffs).mean) is not None else math.nan for _, j in g]
         cis = [j.verdict.interval if j.verdict and j.verdict.interval else (m, m)
                for (_, j), m in zip(g, means, strict=True)]
-        yerr = [[m - lo for m, (lo, _) in zip(means, cis, strict=True)],
-                [hi - m for m, (_, hi) in zip(means, cis, strict=True)]]
+        yerr = list(zip(*[(m - lo, hi - m) for m, (lo, hi) in zip(means, cis, strict=True)], strict=True))
         e = g[0][1].expect
         ax.errorbar(steps, means, yerr=yerr, marker="o", capsize=3,
                     label=f"{e.arm} - {e.baseline}" + "".join(f", {k} {v}" for k, v in e.at.items() if k != AXIS))

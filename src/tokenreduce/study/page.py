@@ -1,46 +1,24 @@
-"""``tokenreduce report``: every registered study on one page, results/REPORT.md, with PNG figures.
-
-Per claim: its source, the published value, the value measured here with its interval, the verdict,
-the test bed, the command and the provenance of the runs; per study its tables (study/tables.py)
-and a figure of its first metric per arm. Everything is read from the stored run JSONs of the
-study's own test bed (``results/<study>/runs``); the page holds no time stamp and no absolute path,
-and the PNGs carry no software or date metadata, so rebuilding it from the same JSONs gives the same
-bytes. A study without results says "not run".
-"""
+"""``tokenreduce report``: every registered study on one page, results/REPORT.md, with PNG figures, read
+from the stored run JSONs of each study's own test bed alone (study/tables.py renders the tables). The page
+holds no time stamp and no absolute path, and the PNGs no software or date metadata, so the same JSONs give
+the same bytes. A study without results says "not run"."""
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
 from ..studies.beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
-from . import lengths
+from . import lengths, tables
 from .declare import Study, get_study, list_studies
 from .figures import colours, pyplot, set_title, write_png
 from .runner import Layout, load_runs, plan
 from .stats import summarize
-from .tables import (
-    NOT_RUN,
-    STATISTICS,
-    Judgement,
-    arm_runs,
-    ci_text,
-    judge,
-    measured,
-    p_text,
-    paired_by_seed,
-    planned_seeds,
-    revision_gap,
-    split_values,
-    summary,
-    values,
-    verdicts,
-    what_changed,
-    word,
-)
+from .tables import NOT_RUN, Judgement, judge, measured, summary, word
 
 
 def provenance_text(runs: dict[str, dict]) -> str:
@@ -49,8 +27,8 @@ def provenance_text(runs: dict[str, dict]) -> str:
     for doc in runs.values():
         prov = doc.get("provenance") or doc.get("run") or {}
         seen["tokenreduce git"].add(str(prov.get("git_revision", prov.get("git")) or "not recorded"))
-        seen["torch"].add(str(prov.get("torch")))
-        seen["timm"].add(str(prov.get("timm")))
+        for lib in ("torch", "timm"):
+            seen[lib].add(str(prov.get(lib)))
         cpu = prov.get("gpu") or prov.get("cpu") or prov.get("machine")
         seen["machine"].add(f"{cpu}, {prov.get('cpu_count')} cores, {prov.get('threads')} threads")
     return "; ".join(f"{k} {' / '.join(sorted(v))}" for k, v in seen.items() if v)
@@ -60,14 +38,10 @@ def provenance_note(runs: dict[str, dict]) -> str:
     """What the runs' recorded git revisions say against reproducing them: made from uncommitted code
     (``-dirty``) or without a revision (:func:`~.tables.revision_gap`); '' if neither. A claim reading such a
     record is decided only provisionally (:func:`~.tables.word`)."""
-    gaps = {rid: revision_gap(doc) for rid, doc in sorted(runs.items())}
-    dirty, none = [r for r, g in gaps.items() if g == "dirty"], [r for r, g in gaps.items() if g == "none"]
-    said = []
-    if dirty:
-        said.append(f"{len(dirty)} of its {len(runs)} runs were made from uncommitted code (a git revision ending "
-                    "`-dirty`): the code that made them is not in the history exactly")
-    if none:
-        said.append(f"{len(none)} of its {len(runs)} runs record no git revision")
+    gaps = Counter(tables.revision_gap(doc) for doc in runs.values())
+    said = [f"{gaps['dirty']} of its {len(runs)} runs were made from uncommitted code (a git revision ending "
+            "`-dirty`): the code that made them is not in the history exactly"] if gaps["dirty"] else []
+    said += [f"{gaps['none']} of its {len(runs)} runs record no git revision"] if gaps["none"] else []
     return "; ".join(said) + "." if said else ""
 
 
@@ -77,30 +51,22 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
         return None
     plt = pyplot()
     metric, header = study.columns[0].metric, study.columns[0].header
-    splits = split_values(study)
+    splits = tables.split_points(study)
     n = len(study.arms)  # the legend, one line per arm, stands right of the bars: as tall as it needs
     fig, ax = plt.subplots(figsize=(10, max(3.6, 0.16 * n + 1.0)), layout="constrained")
     width = 0.8 / max(1, n)
     for i, ((name, arm), colour) in enumerate(zip(study.arms.items(), colours(n), strict=True)):
-        means, stds = [], []
-        for value in splits:
-            at = {study.split[0]: value} if study.split else {}
-            s = summarize(values(study, runs, name, metric, at))
-            means.append(s.mean if s.mean is not None else math.nan)  # not run: no bar, never a zero
-            stds.append(s.std or 0.0)
+        done = [summarize(tables.values(study, runs, name, metric, at)) for _, at in splits]
+        means = [s.mean if s.mean is not None else math.nan for s in done]  # not run: no bar, never a zero
+        stds = [s.std or 0.0 for s in done]
         xs = [j + i * width for j in range(len(splits))]
         ax.bar(xs, means, width, yerr=stds, capsize=3, label=arm.label, color=colour)
     ax.set_xticks([j + width * (len(study.arms) - 1) / 2 for j in range(len(splits))])
-    ax.set_xticklabels([study.split[1].format(v) if study.split else "" for v in splits])
+    ax.set_xticklabels([study.split[1].format(v) if study.split else "" for v, _ in splits])
     ax.set_ylabel(header)
     set_title(fig, f"{study.title or study.name}: mean ± std over seeds")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return write_png(fig, path)
-
-
-def command(study: Study) -> str:
-    """The command that runs ``study`` on its bed."""
-    return f"tokenreduce study {study.name}" + ("" if study.is_default_bed else f" --testbed {study.bed_name}")
 
 
 def budget_text(budget: tuple[tuple[int, str, float], ...]) -> str:
@@ -114,7 +80,7 @@ def budget_text(budget: tuple[tuple[int, str, float], ...]) -> str:
 def as_run(study: Study, runs: dict[str, dict]) -> str:
     """What the stored training runs cost: their recorded training wall time summed, per fine-tune length
     where the bed has that axis ("" before any). Wall time includes whatever shared the cores."""
-    axis = next((a for a in study.axes() if a.name == lengths.AXIS), None)
+    axis = tables.axis(study, lengths.AXIS)
     by: dict[Any, list[float]] = {}
     for doc in runs.values():
         t = doc.get("metrics", {}).get("train_time_s") if doc.get("kind") == "train" else None
@@ -132,7 +98,9 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
     lines = [f"## {study.title or study.name}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
              f"- test bed `{study.bed_name}`: {study.bed.text()}" if study.arms else
              f"- test bed `{study.bed_name}`: each bench's own model (it trains nothing)",
-             f"- command: `{command(study)}` (`--list` for one command per run; `--smoke` for the tiny version)",
+             f"- command: `tokenreduce study {study.name}"
+             f"{'' if study.is_default_bed else f' --testbed {study.bed_name}'}` (`--list` for one command per run; "
+             "`--smoke` for the tiny version)",
              f"- runs: {len(runs)} of {len(plan(study))} stored under `{study.key}/runs/`"
              + (f"; budget: {budget_text(study.budget)}" if study.budget else "")
              + (f"; {cost}" if (cost := as_run(study, runs)) else "")]
@@ -148,7 +116,7 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
         lines += ["", f"![{slug}](figures/{fig.name})"]
     body = "\n" + summary(study, runs, judgement)  # its headings one level down, under the study's
     body = body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ")
-    judged = judgement.judged[study.key] if judgement else verdicts(study, runs)
+    judged = judgement.judged[study.key] if judgement else tables.verdicts(study, runs)
     return [*lines, body, *lengths.section(study, runs, judged, root, slug),
             *([f"[^{slug}]: Provenance: {note}", ""] if note else [])]
 
@@ -160,14 +128,14 @@ def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgem
         for j in judgement.judged[study.key]:
             e = j.expect
             lines.append(f"| {study.name} | {j.claim} | {lengths.point(study, e) or '-'} | {e.source} | "
-                         f"{e.published or '-'} | {measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** | "
-                         f"{study.bed_name} |")
+                         f"{e.published or '-'} | {measured(j)} | {tables.ci_text(j)} | {tables.p_text(j)} | "
+                         f"**{word(j)}** | {study.bed_name} |")
     return lines
 
 
 #: the report's account of its statistics, above the claims
 METHODS = ("How the verdicts are reached: each claim is a paired contrast (arm minus baseline, paired by seed) "
-           "tested by the paired t-test its study declares. " + STATISTICS +
+           "tested by the paired t-test its study declares. " + tables.STATISTICS +
            " Multiplicity: p-values are adjusted by Holm within each study (all its test beds' tests together) "
            "and by Benjamini-Hochberg over the whole report, each over the tests declared, run or not (a test "
            "not yet run counts at p = 1, so a run that arrives never weakens another verdict); the verdict comes "
@@ -212,8 +180,8 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     (the study ``baselines``, its ``final`` measure and its runs) with each contrast's interval and verdict
     (``judgement``: the report's; by default the study's own), and the DeiT-S speed-ups (``deit_bench``)."""
     study = get_study("baselines")("scenes")
-    runs = load_runs(Layout(root / study.key, root / study.key), study)
-    final = runs.get("final")
+    runs = _stored(root, study)
+    final, recipe = runs.get("final"), study.recipe
     if final is None:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
     judgement = judgement or judge([(study, runs)], scope="this test bed")
@@ -231,42 +199,42 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
         if j is None or j.verdict is None:
             return "-"
         ci = j.verdict.interval
-        return f"{measured(j)}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "") + f" {word(j)}"
+        return measured(j) + (f" {tables.interval_text(ci)}" if ci else "") + f" {word(j)}"
 
     def paired_seeds(steps: int) -> list[Any]:
         """The seeds of the longer fine-tune's cells: those with both records for some pick."""
         return sorted({seed for arm in speed if f"random~{arm}" in study.arms for seed in
-                       paired_by_seed(study, runs, arm, f"random~{arm}", "top1", {lengths.AXIS: steps})})
+                       tables.paired_by_seed(study, runs, arm, f"random~{arm}", "top1", {lengths.AXIS: steps})})
 
     def pool(at: dict[str, Any]) -> str:
-        docs = [d for arm in speed for d in arm_runs(study, runs, arm, at).values()]
+        docs = [d for arm in speed for d in tables.arm_runs(study, runs, arm, at).values()]
         return lengths.pool_text(docs[0]) if docs else ""
 
     # the longer fine-tunes with a paired record: a column each, so a verdict that turns with training shows here
-    axis = next((a for a in study.axes() if a.name == lengths.AXIS), None)
+    axis = tables.axis(study, lengths.AXIS)
     longer = [s for s in (axis.values if axis else ()) if s != axis.implicit
               and any(diff(arm, {lengths.AXIS: s}) != "-" for arm in speed)]
     lines = [f"Each method's pick nearest 1.5x and 2x speed-up on the scene test bed: chosen once by a measured "
              f"budget search on an earlier 2-core machine (not recorded; the picks are fixed in the study), so a "
              f"pick's speed-up here may miss its target: the column shows it as measured in one interleaved run on "
-             f"{prov.get('cpu')}, {prov.get('threads')} threads. "
-             f"Fine-tuned ({recipe_steps(study)}: {pool({})}; seeds {', '.join(map(str, planned_seeds(study)))}; "
-             f"mean ± std), against the random pruner at the same per-block token counts (Δ, paired by seed, its "
-             f"95% t-interval and verdict after multiplicity; "
+             f"{prov.get('cpu')}, {prov.get('threads')} threads. Fine-tuned "
+             f"({recipe['subset'] // recipe['batch_size'] * recipe['epochs']} steps of {recipe['batch_size']}: "
+             f"{pool({})}; seeds "
+             f"{', '.join(map(str, tables.planned_seeds(study)))}; mean ± std), against the random pruner at the "
+             f"same per-block token counts (Δ, paired by seed, its 95% t-interval and verdict after multiplicity; "
              f"[`tokenreduce study baselines`](results/REPORT.md))"
              + "".join(f"; Δ after {s} steps: the same contrast fine-tuned for {s} steps "
                        f"({pool({lengths.AXIS: s})}; seeds {', '.join(map(str, paired_seeds(s)))})" for s in longer)
              + ":", ""]
-    head = ["pick", "MACs x", "speed-up b32", "top-1 %", "Δ vs random at its counts",
-            *(f"Δ after {s} steps" for s in longer)]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += tables.table_head(["pick", "MACs x", "speed-up b32", "top-1 %", "Δ vs random at its counts",
+                                *(f"Δ after {s} steps" for s in longer)])
     for arm, rows in speed.items():
         macs, up = (statistics.median(r[k] for r in rows) for k in ("macs_speedup", "speedup"))
-        top1 = summarize(values(study, runs, arm, "top1", {})).text()
+        top1 = summarize(tables.values(study, runs, arm, "top1", {})).text()
         cells = [arm, f"{macs:.2f}", f"{up:.2f}", top1, diff(arm, {}), *(diff(arm, {lengths.AXIS: s}) for s in longer)]
         lines.append("| " + " | ".join(cells) + " |")
     deit = get_study("deit_bench")()
-    bench = load_runs(Layout(root / deit.key, root / deit.key), deit).get("deit_small")
+    bench = _stored(root, deit).get("deit_small")
     if bench is not None:
         p = bench["provenance"] if "provenance" in bench else bench["result"].get("provenance", {})
         lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on {p.get('cpu')}, "
@@ -278,12 +246,6 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
                 lines.append(f"| `{row['label']}` | {row['speedup']:.2f} | {row['latency_speedup']:.2f} | "
                              f"{row['ratio_vs_random']:.2f} |")
     return lines
-
-
-def recipe_steps(study: Study) -> str:
-    """The fine-tune's length in words (steps of a batch)."""
-    steps = study.recipe["subset"] // study.recipe["batch_size"] * study.recipe["epochs"]
-    return f"{steps} steps of {study.recipe['batch_size']}"
 
 
 def write_headline(readme: Path, lines: list[str]) -> Path:
@@ -298,6 +260,10 @@ def write_headline(readme: Path, lines: list[str]) -> Path:
     return write_text(readme, text[:start] + body + text[end + len(HEADLINE[1]):])
 
 
+def _stored(root: Path, study: Study) -> dict[str, dict]:
+    return load_runs(Layout(root / study.key, root / study.key / "checkpoints"), study)
+
+
 def judged_results(root: Path, names: list[str] | None = None
                    ) -> tuple[list[tuple[Study, dict[str, Any]]], Judgement]:
     """Every registered study bed (or those of ``names``) with its runs stored under ``root``, and their
@@ -307,7 +273,7 @@ def judged_results(root: Path, names: list[str] | None = None
         cls = get_study(name)
         for bed in cls.beds:
             study = cls(bed)
-            studies.append((study, load_runs(Layout(root / study.key, root / study.key / "checkpoints"), study)))
+            studies.append((study, _stored(root, study)))
     return studies, judge(studies)
 
 
@@ -331,7 +297,7 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
              "## What changed", "", "The verdicts that moved from the previous statistics (one-sided t-tests at "
              "0.05 each way, no multiplicity adjustment, \"not reproduced\" from a post-hoc smallest detectable "
              "difference, a bootstrap of three values printed as a 95% CI) to these, and why:", "",
-             *what_changed(judgement, studies), ""]
+             *tables.what_changed(judgement, studies), ""]
     for study, runs in studies:
         lines += study_section(study, runs, root, judgement)
     return write_text(root / "REPORT.md", "\n".join(lines).rstrip() + "\n")

@@ -1,17 +1,5 @@
 """The statistics behind every verdict, one place for each test (scipy.stats and statsmodels underneath).
 
-    summarize               mean, sample standard deviation and n of a list of values
-    paired_t_test           the paired t-test of the mean difference against a null value, one- or two-sided
-    paired_t_interval       the paired t confidence interval of the mean difference
-    tost                    two one-sided tests: equivalence of the mean difference within (low, high)
-    welch_change            the change of a mean between two independent sets of runs (Welch), with its interval
-    crossed_interval        the interval of the mean paired difference where seeds and test items cross (every
-                            seed scored on the same items): a two-way random-effects model, Satterthwaite's df
-    holm                    Holm's step-down adjustment (family-wise error)
-    benjamini_hochberg      the Benjamini-Hochberg adjustment (false discovery rate)
-    power_paired_t          the power of a paired t-test at n; seeds_for_power: the n giving a power
-    hypotheses, verdict     a claim's declared tests, and its verdict from their (adjusted) p-values
-
 Level and sidedness, as run: a claim declares ``level`` (0.05) and every test is run two-sided at it, i.e.
 each one-sided test at ``level / 2``. A one-sided p-value is reported doubled (capped at 1), so every p
 compares with ``level``: "reproduced" and "contradicted" together keep the declared two-sided level, and
@@ -46,7 +34,6 @@ from statsmodels.stats.power import TTestPower
 
 #: a sample sd at or below this fraction of the differences' size (at least 1) counts as no spread
 NO_SPREAD = 1e-9
-VERDICTS = ("reproduced", "contradicted", "equivalent", "not reproduced", "inconclusive")
 KINDS = ("superior", "noninferior", "equivalent")
 
 
@@ -58,14 +45,12 @@ class Summary:
     mean: float | None
     std: float | None
 
-    def text(self, fmt: str = "{:.2f}") -> str:
-        """'mean ± std'; for one value the value and 'n = 1' (it has no spread, and a bare number would
-        read as a mean over the planned seeds); '-' for none."""
+    def text(self) -> str:
+        """'mean ± std'; for one value the value and 'n = 1' (a bare number would read as a mean over the
+        planned seeds); '-' for none."""
         if self.mean is None:
             return "-"
-        if self.std is None:
-            return f"{fmt.format(self.mean)} (n = {self.n})"
-        return f"{fmt.format(self.mean)} ± {fmt.format(self.std)}"
+        return f"{self.mean:.2f} (n = {self.n})" if self.std is None else f"{self.mean:.2f} ± {self.std:.2f}"
 
 
 def summarize(values: Sequence[float]) -> Summary:
@@ -137,24 +122,18 @@ def crossed_interval(arm: Sequence[np.ndarray], base: Sequence[np.ndarray],
     every seed scored on the same items. Returns (low, high, mean); None for fewer than 2 seeds.
 
     The per-item differences d_si (S seeds x I items) follow the two-way random-effects model
-    d_si = mu + a_s + b_i + e_si, a_s ~ (0, sa^2) the seed's effect, b_i ~ (0, sb^2) the item's (shared by
-    every seed: this is what a nested resampling of items within seeds misses), e_si ~ (0, se^2). The grand
-    mean m has Var(m) = sa^2 / S + sb^2 / I + se^2 / (S I), and with the mean squares of the two-way table
-    (no replication)
+    d_si = mu + a_s + b_i + e_si: a_s ~ (0, sa^2) the seed's effect, b_i ~ (0, sb^2) the item's, shared by every
+    seed (what a seed t-interval and a nested resampling of items within seeds both miss), e_si ~ (0, se^2).
+    The grand mean m has Var(m) = sa^2 / S + sb^2 / I + se^2 / (S I); with the two-way table's mean squares
 
         MS_s = I sum_s (r_s - m)^2 / (S - 1),  MS_i = S sum_i (c_i - m)^2 / (I - 1),
         MS_e = sum_si (d_si - r_s - c_i + m)^2 / ((S - 1)(I - 1))          (r_s, c_i: seed and item means)
 
-    E[MS_s] = I sa^2 + se^2 and E[MS_i - MS_e] = S sb^2, so Var(m) = (E[MS_s] + E[MS_i - MS_e]) / (S I): the
-    seeds' part A = MS_s / (S I) (S - 1 df: the seed t-interval's own variance) plus the items' part
-    B = max(0, MS_i - MS_e) / (S I) (the variance of the items every seed shares, which a seed t-interval
-    and a nested resampling of items within seeds both leave out). The half-width takes each part with its
-    own t quantile, sqrt(t(S - 1)^2 A + t(I - 1)^2 B): the seed t-interval where the items add nothing, the
-    items' interval where the seeds add nothing, and conservative in between. (Satterthwaite's pooled df,
-    estimated from 3 seeds, covers about 0.92 where the seeds dominate; tests/test_studies_stats.py.)
-
-    Items whose value is missing (NaN) in any seed of either arm are left out, so the table stays
-    balanced (the model's estimates assume it)."""
+    E[MS_s] = I sa^2 + se^2 and E[MS_i - MS_e] = S sb^2, so Var(m) = A + B with the seeds' part
+    A = MS_s / (S I) (S - 1 df) and the items' part B = max(0, MS_i - MS_e) / (S I) (I - 1 df). The half-width
+    sqrt(t(S - 1)^2 A + t(I - 1)^2 B) takes each part with its own t quantile: conservative between the two
+    extremes, where Satterthwaite's pooled df from 3 seeds covers about 0.92 (tests/test_studies_stats.py).
+    Items missing (NaN) in any seed of either arm are left out, so the table stays balanced."""
     if len(arm) != len(base) or len(arm) < 2:
         return None
     rows = []
@@ -225,7 +204,8 @@ class Hypothesis:
     p: float
 
 
-def _sided(p: float) -> float:
+def doubled(p: float) -> float:
+    """A one-sided p as a two-sided level compares it."""
     return min(1.0, 2.0 * p)
 
 
@@ -239,28 +219,28 @@ def hypotheses(diffs: Sequence[float], *, kind: str = "superior", direction: int
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if testable(diffs) is not None:
         return []
-    half = f"{level / 2:g}"
+    def equivalence(role: str, bound: float) -> Hypothesis:
+        return Hypothesis(role, f"TOST within ±{bound:g}, each side one-sided at {level / 2:g}",
+                          doubled(tost(diffs, -bound, bound)))
+
     if kind == "equivalent":
-        out = [Hypothesis("claim", f"TOST within ±{abs(margin):g}, each side one-sided at {half}",
-                          _sided(tost(diffs, -abs(margin), abs(margin))))]
-    else:
-        name = "non-inferiority" if kind == "noninferior" else "superiority"
-        out = [Hypothesis("claim", f"{name}: paired t-test of H0 Δ = {margin:g}, two-sided at {level:g}",
-                          paired_t_test(diffs, margin))]
-    if delta is not None and kind != "equivalent":
-        out.append(Hypothesis("equivalence", f"TOST within ±{delta:g}, each side one-sided at {half}",
-                              _sided(tost(diffs, -delta, delta))))
-    if effect is not None and kind != "equivalent":
-        toward = "less" if direction > 0 else "greater"
+        return [equivalence("claim", abs(margin))]
+    name = "non-inferiority" if kind == "noninferior" else "superiority"
+    out = [Hypothesis("claim", f"{name}: paired t-test of H0 Δ = {margin:g}, two-sided at {level:g}",
+                      paired_t_test(diffs, margin))]
+    if delta is not None:
+        out.append(equivalence("equivalence", delta))
+    if effect is not None:
         side = "<" if direction > 0 else ">"
         out.append(Hypothesis("effect", f"the published size: H0 Δ = {effect:+.2f} against Δ {side} {effect:+.2f}, "
-                                        f"one-sided at {half}", _sided(paired_t_test(diffs, effect, toward))))
+                                        f"one-sided at {level / 2:g}",
+                              doubled(paired_t_test(diffs, effect, "less" if direction > 0 else "greater"))))
     return out
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The ``word`` (one of VERDICTS; "equivalent" printed with its bound), the tests with their raw and
+    """The ``word`` (module docstring; "equivalent" printed with its bound), the tests with their raw and
     adjusted p-values, the t-interval at ``1 - level`` and a sentence saying what the verdict rests on."""
 
     word: str
@@ -298,22 +278,9 @@ def verdict(diffs: Sequence[float], *, kind: str = "superior", direction: int, m
     if len(adjusted) != len(tests):
         raise ValueError(f"{len(adjusted)} adjusted p-values for {len(tests)} tests")
     rejects = {h.role: a < level for h, a in zip(tests, adjusted, strict=True)}
-    ps = {h.role: f"p = {h.p:.3g}, adjusted {a:.3g}" for h, a in zip(tests, adjusted, strict=True)}
-    claimed = s.mean is not None and (s.mean - margin) * direction > 0
-    if kind == "equivalent":
-        word = "reproduced" if rejects["claim"] else "inconclusive"
-    elif rejects["claim"]:
-        word = "reproduced" if claimed else "contradicted"
-    elif rejects.get("equivalence"):
-        word = "equivalent"
-    elif rejects.get("effect"):
-        word = "not reproduced"
-    else:
-        word = "inconclusive"
-    said = [f"{tests[0].text} ({ps['claim']})"]
-    if "equivalence" in ps:
-        said.append(f"{tests[[h.role for h in tests].index('equivalence')].text} ({ps['equivalence']})")
-    if "effect" in ps:
-        said.append(f"{tests[[h.role for h in tests].index('effect')].text} ({ps['effect']})")
-    return Verdict(word, s.n, s.mean, s.std, level, tests, adjusted, interval,
-                   f"n = {s.n} (df {s.n - 1}): " + "; ".join(said), delta)
+    claimed = kind == "equivalent" or (s.mean - margin) * direction > 0  # an equivalence claim has one test
+    word = ("reproduced" if claimed else "contradicted") if rejects["claim"] else "equivalent" \
+        if rejects.get("equivalence") else "not reproduced" if rejects.get("effect") else "inconclusive"
+    said = "; ".join(f"{h.text} (p = {h.p:.3g}, adjusted {a:.3g})" for h, a in zip(tests, adjusted, strict=True))
+    return Verdict(word, s.n, s.mean, s.std, level, tests, adjusted, interval, f"n = {s.n} (df {s.n - 1}): {said}",
+                   delta)

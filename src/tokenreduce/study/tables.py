@@ -1,10 +1,7 @@
-"""A study's tables and verdicts, rendered from its run JSONs (and nothing else).
-
-``summary(study, runs)`` is the markdown ``tokenreduce study NAME --summarize`` prints and writes to
-``<results>/summary.md``; ``verdicts(study, runs)`` judges each declared expectation
-(study/stats.py); the report page (study/page.py) reuses both. A run without a JSON
-shows as "not run" with the reason, never as a number.
-"""
+"""A study's tables and verdicts, rendered from its run JSONs alone: :func:`summary` (the markdown of
+``tokenreduce study NAME --summarize`` and ``<results>/summary.md``) and :func:`judge` (each declared claim
+tested, study/stats.py); the report page (study/page.py) reuses both. A run without a JSON shows as "not
+run" with the reason, never as a number."""
 
 from __future__ import annotations
 
@@ -20,9 +17,14 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .declare import REFERENCE, Bench, BenchTable, Expect, Measure, Probe, Study
+from .declare import REFERENCE, Axis, Bench, BenchTable, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
+
+
+def table_head(headers: list[str]) -> list[str]:
+    """A markdown table's header and rule lines."""
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
 
 
 def _metric(doc: dict[str, Any], metric: str) -> float | None:
@@ -30,15 +32,19 @@ def _metric(doc: dict[str, Any], metric: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
+def axis(study: Study, name: str) -> Axis | None:
+    return next((a for a in study.axes() if a.name == name), None)
+
+
 def planned_seeds(study: Study) -> tuple[Any, ...]:
-    return next(a.values for a in study.axes() if a.name == "seed")
+    return axis(study, "seed").values
 
 
-def split_values(study: Study) -> list[Any]:
-    """The values of the axis the study's tables are split by (``study.split``); [None] for one table."""
-    if study.split is None:
-        return [None]
-    return list(next(a.values for a in study.axes() if a.name == study.split[0]))
+def split_points(study: Study) -> list[tuple[Any, dict[str, Any]]]:
+    """(value, grid point) of each value of the axis the tables are split by (``study.split``); one table:
+    [(None, {})]."""
+    return [(None, {})] if study.split is None else [(v, {study.split[0]: v}) for v in
+                                                     axis(study, study.split[0]).values]
 
 
 def arm_runs(study: Study, runs: dict[str, dict], arm: str, at: dict[str, Any]) -> dict[Any, dict]:
@@ -52,6 +58,12 @@ def values(study: Study, runs: dict[str, dict], arm: str, metric: str, at: dict[
     return [v for d in arm_runs(study, runs, arm, at).values() if (v := _metric(d, metric)) is not None]
 
 
+def _both(study: Study, runs: dict[str, dict], arm: str, base: str, at: dict[str, Any]) -> dict[Any, tuple]:
+    """Seed -> (``arm``'s doc, ``base``'s doc) at ``at``, for each planned seed with both, in seed order."""
+    mine, theirs = arm_runs(study, runs, arm, at), arm_runs(study, runs, base, at)
+    return {s: (mine[s], theirs[s]) for s in planned_seeds(study) if s in mine and s in theirs}
+
+
 def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
            at: dict[str, Any]) -> list[float]:
     """Per seed with both runs: ``arm`` minus ``base`` on ``metric`` at ``at``."""
@@ -60,22 +72,14 @@ def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str
 
 def paired_by_seed(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
                    at: dict[str, Any]) -> dict[Any, float]:
-    """Seed -> ``arm`` minus ``base`` on ``metric`` at ``at``, for each seed with both runs, in seed order."""
-    mine, theirs = arm_runs(study, runs, arm, at), arm_runs(study, runs, base, at)
-    out = {}
-    for seed in planned_seeds(study):
-        if seed in mine and seed in theirs:
-            a, b = _metric(mine[seed], metric), _metric(theirs[seed], metric)
-            if a is not None and b is not None:
-                out[seed] = a - b
-    return out
+    """Seed -> ``arm`` minus ``base`` on ``metric`` at ``at``, for each seed with both values, in seed order."""
+    return {s: x - y for s, (a, b) in _both(study, runs, arm, base, at).items()
+            if (x := _metric(a, metric)) is not None and (y := _metric(b, metric)) is not None}
 
 
 def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[str]:
     """One row per arm at ``at``: each column's mean ± std over the seeds run (Δ columns paired by seed)."""
-    headers = ["arm", "seeds", *(c.header for c in study.columns)]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    planned = planned_seeds(study)
+    lines = table_head(["arm", "seeds", *(c.header for c in study.columns)])
     split = study.split[0] if study.split else None
     extra = [a for a in study.axes() if a.name not in ("seed", split)]  # one row per arm and value of each
     for name, arm in study.arms.items():
@@ -85,16 +89,15 @@ def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[s
                 continue
             label = arm.label + "".join(f" ({a.name} {v})" for a, v in zip(extra, combo, strict=True)
                                         if v != a.implicit and len(a.values) > 1)
-            lines.append(_arm_row(study, runs, name, label, here, planned))
+            lines.append(_arm_row(study, runs, name, label, here))
     return lines
 
 
-def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dict[str, Any],
-             planned: tuple[Any, ...]) -> str:
+def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dict[str, Any]) -> str:
     docs = arm_runs(study, runs, name, at)
     if not docs:
         return f"| {label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns)
-    missing = [s for s in planned if s not in docs]
+    missing = [s for s in planned_seeds(study) if s not in docs]
     seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
     both = len(docs.keys() & arm_runs(study, runs, study.baseline, at).keys())
 
@@ -104,20 +107,14 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
             return s.text()
         return f"{s.mean:.2f} (n = 1 of {of})" if s.n == 1 else f"{s.text()} (n = {s.n} of {of})"
 
-    cells = []
-    for c in study.columns:
-        if c.paired:
-            cells.append("-" if name == study.baseline else
-                         cell(paired(study, runs, name, study.baseline, c.metric, at), both))
-        else:
-            cells.append(cell(values(study, runs, name, c.metric, at), len(docs)))
+    cells = [cell(values(study, runs, name, c.metric, at), len(docs)) if not c.paired else "-"
+             if name == study.baseline else cell(paired(study, runs, name, study.baseline, c.metric, at), both)
+             for c in study.columns]
     return f"| {label} | {seeds} | " + " | ".join(cells) + " |"
 
 
-def measure_table(decl: Measure, doc: dict[str, Any] | None) -> list[str]:
-    if doc is None:
-        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
-    lines = ["| " + " | ".join(c.header for c in decl.columns) + " |", "|" + "---|" * len(decl.columns)]
+def measure_table(decl: Measure, doc: dict[str, Any]) -> list[str]:
+    lines = table_head([c.header for c in decl.columns])
     for r in doc["result"]["results"]:
         lines.append("| " + " | ".join(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-"
                                        for c in decl.columns) + " |")
@@ -125,14 +122,11 @@ def measure_table(decl: Measure, doc: dict[str, Any] | None) -> list[str]:
     return [*lines, "", noise] if noise else lines
 
 
-def bench_table(decl: Bench, doc: dict[str, Any] | None) -> list[str]:
-    """A bench's table as the ``bench`` command prints it (the same columns, the same cells), under the
-    line that says what was timed how."""
+def bench_table(decl: Bench, doc: dict[str, Any]) -> list[str]:
+    """A bench's table as the ``bench`` command prints it, under the line that says what was timed how."""
     from ..bench.compare import columns_for
     from ..bench.report import format_table
 
-    if doc is None:
-        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
     result = doc["result"]
     model, settings, prov = result["model"], result["settings"], result["provenance"]
     weights = f"the trained {model['reference']}" if model.get("reference") else "random weights"
@@ -157,7 +151,7 @@ def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
     def pair(r: dict | None, a: str, b: str) -> str:
         return f"{r[a]:.2f} / {r[b]:.2f}" if r and r.get(a) is not None and r.get(b) is not None else ""
 
-    lines = ["| " + " | ".join(decl.headers) + " |", "|" + "---|" * len(decl.headers)]
+    lines = table_head(list(decl.headers))
     for r in first:
         if r["kind"] not in ("control", "method"):
             continue
@@ -170,11 +164,9 @@ def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
     return lines
 
 
-def probe_text(decl: Probe, doc: dict[str, Any] | None) -> list[str]:
+def probe_text(decl: Probe, doc: dict[str, Any]) -> list[str]:
     from .execute import report_probe
 
-    if doc is None:
-        return [f"{NOT_RUN}: no run JSON for {decl.name}"]
     result = dict(doc["result"])
     if result.get("checkpoint"):  # where it was on the machine that ran it: its last two parts say which
         p = Path(result["checkpoint"])
@@ -187,12 +179,10 @@ def probe_text(decl: Probe, doc: dict[str, Any] | None) -> list[str]:
 
 @dataclass(frozen=True)
 class Judged:
-    """An expectation, its paired differences and the verdict on them (None: not run, ``why``). ``claim``:
-    its text as printed (a speed-matched claim's ``{at_speed}`` resolved); ``items``: the seed x item
-    crossed-design interval (low, high, centre) where the records hold per-item results, else None and
-    ``items_why``; ``members``: a family claim's number of claims (0: a claim of its own).; ``uncommitted``:
-    the records it reads that name no clean commit (:func:`revision_gap`), which make a decided word
-    provisional."""
+    """A claim, its paired differences and the verdict on them (None: not run, ``why``). ``claim``: its text
+    as printed; ``items``: the seeds x items interval (low, high, centre), else None and ``items_why``;
+    ``members``: a family claim's number of claims (0: its own); ``uncommitted``: the records it reads that
+    name no clean commit (:func:`revision_gap`), which make a decided word provisional."""
 
     expect: Expect
     diffs: list[float]
@@ -266,15 +256,12 @@ def by_item(study: Study, e: Expect) -> bool:
 
 def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
     """The per-item differences ``e.arm`` minus ``e.baseline`` on ``e.metric``, in percent (100 x the item
-    values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (for
-    arms evaluated off the shelf each seed is a fold of the test items: every item once; :func:`without_items`
-    names the folds left out). An item without a value in either record (NaN) is left out, as the metric
-    leaves it out."""
-    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
+    values, as the metric is 100 x their mean), pooled over the seeds whose two records both hold them (off the
+    shelf each seed is a fold of the test items). An item without a value in either record (NaN) is left out,
+    as the metric leaves it out."""
     out: list[float] = []
-    for seed in planned_seeds(study):
-        pair = item_pair(mine[seed], theirs[seed], e.metric) if seed in mine and seed in theirs else None
-        if pair is not None:
+    for a, b in _both(study, runs, e.arm, e.baseline, e.at).values():
+        if (pair := item_pair(a, b, e.metric)) is not None:
             d = 100.0 * (pair[0] - pair[1])
             out += d[~np.isnan(d)].tolist()
     return out
@@ -282,18 +269,15 @@ def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
 
 def without_items(study: Study, runs: dict[str, dict], e: Expect) -> list[str]:
     """The ids of the records, of the seeds where both of ``e``'s arms ran, that hold no per-item ``e.metric``."""
-    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
-    return [d.get("id", "?") for s in planned_seeds(study) if s in mine and s in theirs
-            for d in (mine[s], theirs[s]) if _items(d, e.metric) is None]
+    return [d.get("id", "?") for pair in _both(study, runs, e.arm, e.baseline, e.at).values() for d in pair
+            if _items(d, e.metric) is None]
 
 
 def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
-    """The interval over seeds and test items of ``e`` (stats.crossed_interval: every seed is scored on the
-    same items, so seeds and items cross) where every paired seed's two records hold ``e.metric``'s per-item
-    results; else None and why not."""
-    mine, theirs = arm_runs(study, runs, e.arm, e.at), arm_runs(study, runs, e.baseline, e.at)
-    seeds = paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)
-    pairs = [item_pair(mine[s], theirs[s], e.metric) for s in seeds]
+    """The seeds x items interval of ``e`` (stats.crossed_interval) where every paired seed's two records hold
+    ``e.metric``'s per-item results; else None and why not."""
+    both = _both(study, runs, e.arm, e.baseline, e.at)
+    pairs = [item_pair(*both[s], e.metric) for s in paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)]
     if pairs and all(p is None for p in pairs):
         return None, "seed-level only: the records hold no per-item results (runs made from now on store them)"
     if any(p is None for p in pairs):
@@ -319,13 +303,6 @@ def _arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, li
     return found
 
 
-def speeds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, float]:
-    """Arm -> the measured speed-up (batch 32) in the record of ``measure`` (:func:`_arm_rows`); the median
-    over its rows when several."""
-    return {a: statistics.median(float(r["speedup"]) for r in rows)
-            for a, rows in _arm_rows(study, runs, measure).items()}
-
-
 def _round_speedups(row: dict, rows: list[dict]) -> np.ndarray | None:
     """``row``'s speed-up (batch B) in each timed round of the interleaved run of ``rows``: its images/s over
     the unpatched model's in the same round (bench/speed.py's paired_ratios); None without per-round timings."""
@@ -336,18 +313,6 @@ def _round_speedups(row: dict, rows: list[dict]) -> np.ndarray | None:
     if base is None or row.get("kind") == "unpatched" or len(mine) != len(base["img_per_s_runs"]):
         return None
     return np.asarray(paired_ratios(mine, base["img_per_s_runs"]))
-
-
-def arm_rounds(study: Study, runs: dict[str, dict], measure: str) -> dict[str, np.ndarray]:
-    """Arm -> its speed-up in each round of the ``measure`` record's interleaved run (the mean over its rows
-    in a round when several); arms whose rows hold no per-round timings are absent."""
-    rows = (runs.get(measure) or {}).get("result", {}).get("results", [])
-    out = {}
-    for arm, mine in _arm_rows(study, runs, measure).items():
-        got = [_round_speedups(r, rows) for r in mine]
-        if all(g is not None for g in got):
-            out[arm] = np.mean(got, axis=0)
-    return out
 
 
 def timing_noise(rows: list[dict]) -> str:
@@ -366,19 +331,19 @@ def timing_noise(rows: list[dict]) -> str:
 def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
     """``e.claim``, its ``{at_speed}`` read from the speed record: "at equal measured speed" only when an
     equivalence test (TOST, two-sided at the claim's level) on the per-round differences of the two arms'
-    speed-ups, timed in one interleaved run, holds within the declared margin; else "at its own pick" with
-    both measured speeds."""
+    speed-ups (each the mean over its rows in a round), timed in one interleaved run, holds within the
+    declared margin; else "at its own pick" with both measured speeds (the median over an arm's rows)."""
     if e.speed is None:
         return e.claim
     measure, margin = e.speed
-    rounds, got = arm_rounds(study, runs, measure), speeds(study, runs, measure)
-    if e.arm not in rounds or e.baseline not in rounds:
+    mine, rows = _arm_rows(study, runs, measure), (runs.get(measure) or {}).get("result", {}).get("results", [])
+    rounds = [[_round_speedups(r, rows) for r in mine.get(arm, [])] for arm in (e.arm, e.baseline)]
+    if not all(got and all(g is not None for g in got) for got in rounds):
         return e.claim.format(at_speed=f"at its own pick (no per-round timings of both arms in the {measure} "
                                        "record)")
-    a, b = got[e.arm], got[e.baseline]
-    diffs = (rounds[e.arm] - rounds[e.baseline]).tolist()
-    p = stats.tost(diffs, -margin, margin)
-    p = None if p is None else min(1.0, 2.0 * p)
+    a, b = (statistics.median(float(r["speedup"]) for r in mine[arm]) for arm in (e.arm, e.baseline))
+    diffs = (np.mean(rounds[0], axis=0) - np.mean(rounds[1], axis=0)).tolist()
+    p = None if (p := stats.tost(diffs, -margin, margin)) is None else stats.doubled(p)
     test = f"TOST within ±{margin:g}x over {len(diffs)} interleaved rounds: p = " + ("-" if p is None else f"{p:.2g}")
     if p is not None and p < e.level:
         return e.claim.format(at_speed=f"at equal measured speed ({a:.2f}x and {b:.2f}x; {test})")
@@ -409,69 +374,66 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
     return out
 
 
-def _test(e: Expect, diffs: list[float]) -> list[stats.Hypothesis]:
-    """The tests ``e`` declares, on ``diffs``; a claim not yet testable (fewer than two seeds) keeps its place
-    in the family with each of its tests at p = 1, so the family is the declared one, not the one run so far:
-    Holm and Benjamini-Hochberg are monotone in every p, so a run that arrives later can only lower the
-    other claims' adjusted p-values, never raise them."""
-    def declared(d: list[float]) -> list[stats.Hypothesis]:
-        return stats.hypotheses(d, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
-                                effect=e.effect, delta=e.delta)
+def _declared(e: Expect) -> dict[str, Any]:
+    """The keywords of ``e``'s tests (stats.hypotheses, stats.verdict)."""
+    return {"kind": e.kind, "direction": e.direction, "margin": e.margin, "level": e.level, "effect": e.effect,
+            "delta": e.delta}
 
-    return declared(diffs) or [replace(h, p=1.0) for h in declared([0.0, 1.0])]
+
+def _test(e: Expect, diffs: list[float]) -> list[stats.Hypothesis]:
+    """The tests ``e`` declares, on ``diffs``; a claim not yet testable keeps its place in the family with each
+    test at p = 1, so the family is the declared one: Holm and Benjamini-Hochberg are monotone in every p, so
+    a run that arrives later can only lower the other claims' adjusted p-values."""
+    return stats.hypotheses(diffs, **_declared(e)) or \
+        [replace(h, p=1.0) for h in stats.hypotheses([0.0, 1.0], **_declared(e))]
 
 
 def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report") -> Judgement:
     """Every claim (and family claim) of ``studies`` judged, its p-values adjusted by Holm within each study
     (all its beds' tests together) and by Benjamini-Hochberg over all; a test rejects only when both
     adjusted p-values lie below its level, so the adjusted p shown is the larger of the two."""
-    rows: list[tuple[str, str, Expect, list[float], int, str, tuple[str, ...]]] = []
-    for study, runs in studies:  # key, study name, claim, diffs, members, text, records from uncommitted code
+    rows: list[tuple[Study, dict, Expect, list[float], list[Expect], str]] = []  # ..., family members, text
+    for study, runs in studies:
         for e in study.expect:
             diffs = paired_items(study, runs, e) if by_item(study, e) else \
                 paired(study, runs, e.arm, e.baseline, e.metric, e.at)
-            rows.append((study.key, study.name, e, diffs, 0, claim_text(study, runs, e),
-                         _uncommitted(study, runs, [e])))
-        for fam, diffs, members in _family_claims(study, runs):
-            rows.append((study.key, study.name, fam, list(diffs.values()), len(members), fam.claim,
-                         _uncommitted(study, runs, members)))
-    tests = [_test(e, diffs) for _, _, e, diffs, *_ in rows]
-    flat = [(i, name) for i, (_, name, *_) in enumerate(rows) for _ in tests[i]]
+            rows.append((study, runs, e, diffs, [], claim_text(study, runs, e)))
+        rows += [(study, runs, fam, list(d.values()), m, fam.claim) for fam, d, m in _family_claims(study, runs)]
+    tests = [_test(r[2], r[3]) for r in rows]
+    names = [r[0].name for r, t in zip(rows, tests, strict=True) for _ in t]
     ps = [h.p for t in tests for h in t]
     adjusted = stats.benjamini_hochberg(ps)
-    holm_sizes: dict[str, int] = {}
-    waiting = Counter(name for (_, name, _, diffs, *_), t in zip(rows, tests, strict=True) if len(diffs) < 2
-                      for _ in t)
-    for name in dict.fromkeys(name for _, name in flat):
-        where = [k for k, (_, n) in enumerate(flat) if n == name]
-        holm_sizes[name] = len(where)
+    holm_sizes = dict(Counter(names))
+    waiting = Counter(r[0].name for r, t in zip(rows, tests, strict=True) if len(r[3]) < 2 for _ in t)
+    for name in holm_sizes:
+        where = [k for k, n in enumerate(names) if n == name]
         for k, p in zip(where, stats.holm([ps[k] for k in where]), strict=True):
             adjusted[k] = max(adjusted[k], p)
     judged: dict[str, list[Judged]] = {study.key: [] for study, _ in studies}
-    runs_of = {study.key: (study, runs) for study, runs in studies}
     k = 0
-    for (key, name, e, diffs, members, text, uncommitted), t in zip(rows, tests, strict=True):
+    for (study, runs, e, diffs, members, text), t in zip(rows, tests, strict=True):
         adj, k = adjusted[k:k + len(t)], k + len(t)
+        family = holm_sizes[study.name]
         if not diffs:
             what = "'s per-item results" if e.unit == "item" else ""
-            judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}{what}"
-                                      + _power_text(*runs_of[key], e, None, holm_sizes[name]), text,
-                                      members=members))
+            judged[study.key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}"
+                                            f"{what}" + _power_text(study, runs, e, None, family), text,
+                                            members=len(members)))
             continue
-        v = stats.verdict(diffs, kind=e.kind, direction=e.direction, margin=e.margin, level=e.level,
-                          effect=e.effect, delta=e.delta, adjusted=adj)
+        v = stats.verdict(diffs, **_declared(e), adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
-            (None, "the test items are the unit") if by_item(*runs_of[key][:1], e) else \
+            (None, "the test items are the unit") if by_item(study, e) else \
             (None, "the folds are the unit: a random pruner's mask differs between them") if e.unit == "item" else \
-            item_interval(*runs_of[key], e)
-        left = without_items(*runs_of[key], e) if by_item(*runs_of[key][:1], e) and not members else []
+            item_interval(study, runs, e)
+        left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
                   f"folds' {v.n} items only" if left else ""
-        why = v.why + dropped + _power_text(*runs_of[key], e, v, holm_sizes[name])
+        why = v.why + dropped + _power_text(study, runs, e, v, family)
+        uncommitted = _uncommitted(study, runs, members or [e])
         if uncommitted and v.word != "inconclusive":
             why += (f"; provisional: as run it reads {v.label}, but {len(uncommitted)} of the records it reads name "
                     f"no clean commit ({', '.join(uncommitted)}), so it is decided only when re-run from one")
-        judged[key].append(Judged(e, diffs, v, why, text, items, items_why, members, uncommitted))
+        judged[study.key].append(Judged(e, diffs, v, why, text, items, items_why, len(members), uncommitted))
     return Judgement(judged, holm_sizes, len(ps), scope, dict(waiting))
 
 
@@ -524,13 +486,14 @@ def measured(j: Judged) -> str:
     return text if v.std is None else f"{text} (n = {v.n})"  # one value's text names its n already
 
 
+def interval_text(ci: tuple[float, ...] | None) -> str:
+    return f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "-"
+
+
 def ci_text(j: Judged) -> str:
     """The (1 - level) paired t-interval, and the crossed seeds x items interval where the records allow one."""
-    ci = j.verdict.interval if j.verdict else None
-    text = f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "-"
-    if j.items is not None:
-        text += f"; seeds x items [{j.items[0]:+.2f}, {j.items[1]:+.2f}]"
-    return text
+    items = f"; seeds x items {interval_text(j.items)}" if j.items is not None else ""
+    return interval_text(j.verdict.interval if j.verdict else None) + items
 
 
 def p_text(j: Judged) -> str:
@@ -554,13 +517,11 @@ def interval_header(judged: list[Judged]) -> str:
     return f"{100 * (1 - levels.pop()):g}% t-interval" if len(levels) == 1 else "t-interval (1 - level)"
 
 
-def _contrast(j: Judged) -> str:
-    e = j.expect
-    side = ">" if e.direction > 0 else "<"
-    what = {"noninferior": "non-inferior: ", "equivalent": "equivalent: "}.get(e.kind, "")
+def _contrast(e: Expect) -> str:
     if e.kind == "equivalent":
-        return f"{what}|{e.arm} - {e.baseline}| < {abs(e.margin):g} on {e.metric}"
-    return f"{what}{e.arm} - {e.baseline} {side} {e.margin:g} on {e.metric}"
+        return f"equivalent: |{e.arm} - {e.baseline}| < {abs(e.margin):g} on {e.metric}"
+    what = "non-inferior: " if e.kind == "noninferior" else ""
+    return f"{what}{e.arm} - {e.baseline} {'>' if e.direction > 0 else '<'} {e.margin:g} on {e.metric}"
 
 
 def adjustment_text(judgement: Judgement, study: Study) -> str:
@@ -576,10 +537,11 @@ def adjustment_text(judgement: Judgement, study: Study) -> str:
 def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> list[str]:
     judgement = judgement or judge([(study, runs)], scope="this test bed")
     judged = judgement.judged[study.key]
-    lines = [f"| claim | where | contrast | published | measured Δ (mean ± sd) | {interval_header(judged)} | "
-             "p raw / adjusted | verdict |", "|---|---|---|---|---|---|---|---|"]
+    lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)", interval_header(judged),
+                        "p raw / adjusted", "verdict"])
     for j in judged:
-        lines.append(f"| {j.claim} | {where_text(j.expect.at) or '-'} | {_contrast(j)} | {j.expect.published or '-'} | "
+        e = j.expect
+        lines.append(f"| {j.claim} | {where_text(e.at) or '-'} | {_contrast(e)} | {e.published or '-'} | "
                      f"{measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** |")
     lines.append("")
     for j in judged:
@@ -657,8 +619,7 @@ def previous_verdict(diffs: list[float], e: Expect) -> tuple[str, str]:
 
 def what_changed(judgement: Judgement, studies: list[tuple[Study, dict[str, dict]]]) -> list[str]:
     """Each claim whose verdict the previous statistics (:func:`previous_verdict`) gave differently, and why."""
-    lines = ["| study | test bed | claim | where | before | now | why |", "|---|---|---|---|---|---|---|"]
-    moved = 0
+    lines = table_head(["study", "test bed", "claim", "where", "before", "now", "why"])
     for study, _ in studies:
         for j in judgement.judged[study.key]:
             if j.verdict is None or j.members:
@@ -666,10 +627,9 @@ def what_changed(judgement: Judgement, studies: list[tuple[Study, dict[str, dict
             old, rested = previous_verdict(j.diffs, j.expect)
             if old == j.verdict.word:
                 continue
-            moved += 1
             lines.append(f"| {study.name} | {study.bed_name} | {j.claim} | {where_text(j.expect.at) or '-'} | {old} | "
                          f"**{word(j)}** | {_moved_why(j, old, rested)} |")
-    return lines if moved else ["No verdict moved."]
+    return lines if len(lines) > 2 else ["No verdict moved."]
 
 
 def _moved_why(j: Judged, old: str, rested: str) -> str:
@@ -696,10 +656,6 @@ def _moved_why(j: Judged, old: str, rested: str) -> str:
 
 # ----------------------------------------------------------------------------- the summary
 
-#: the schedule fields a study may lay over a named recipe (e.g. the scene bed's shortened fine-tune)
-_SCHEDULE = ("epochs", "subset", "batch_size")
-
-
 def recipe_text(recipe: dict[str, Any]) -> str:
     """The recipe a study trains with, in words: its name, and its schedule when the study changed the
     recipe's ("fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64")."""
@@ -708,7 +664,7 @@ def recipe_text(recipe: dict[str, Any]) -> str:
     name = recipe.get("recipe")
     if not name:
         return "recipe"
-    if all(recipe.get(k) == RECIPES.get(name, {}).get(k) for k in _SCHEDULE):
+    if all(recipe.get(k) == RECIPES.get(name, {}).get(k) for k in ("epochs", "subset", "batch_size")):
         return name
     subset = f" of {recipe['subset']} training items" if recipe.get("subset") else ""
     return f"{name}, schedule changed: {recipe.get('epochs')} epoch(s){subset}, batch {recipe.get('batch_size')}"
@@ -725,8 +681,7 @@ def machines_text(runs: dict[str, dict]) -> list[str]:
         lines.append(f"The training runs were made on {len(cpus)} machines ({parts}); wall times compare within "
                      "one machine only.")
     for rid, d in sorted(trained.items()):
-        old = d.get("replaces")
-        if old:
+        if old := d.get("replaces"):
             metric = d["metrics"]["metric"]
             lines.append(f"{rid} was made again ({old['why']}): {metric} {d['metrics'][metric]:.2f} on "
                          f"{d['metrics']['provenance'].get('cpu')}, in place of {old['metrics'][metric]:.2f} on "
@@ -741,24 +696,28 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
     missing = [p.id for p in study.points() if p.id not in runs]
     if missing and study.pending:
         lines += [f"{len(missing)} of {len(study.points())} runs {NOT_RUN}: {study.pending}.", ""]
-    for value in split_values(study) if study.arms else []:
-        at = {study.split[0]: value} if study.split else {}
+    for value, at in split_points(study) if study.arms else []:
         if study.split:
             lines += [f"### {study.split[1].format(value)}", ""]
         lines += [*arm_table(study, runs, at), ""]
     lines += machines_text(runs)
+
+    def part(decl: Measure | Probe | Bench, render: Any) -> list[str]:
+        doc = runs.get(decl.name)
+        if isinstance(decl, Probe) and decl.fmnist_only and not study.bed.fmnist():
+            body = [f"{NOT_RUN}: it reads Fashion-MNIST's raw images; the test bed is {study.bed.text()}"]
+        else:
+            body = render(decl, doc) if doc is not None else [f"{NOT_RUN}: no run JSON for {decl.name}"]
+        return [f"## {decl.title or decl.name}", "", *body, ""]
+
     for m in study.measures:
-        lines += [f"## {m.title or m.name}", "", *measure_table(m, runs.get(m.name)), ""]
+        lines += part(m, measure_table)
     for p in study.probes:
-        if p.fmnist_only and not study.bed.fmnist():
-            lines += [f"## {p.title or p.name}", "", f"{NOT_RUN}: it reads Fashion-MNIST's raw images; the test "
-                      f"bed is {study.bed.text()}", ""]
-            continue
-        lines += [f"## {p.title or p.name}", "", *probe_text(p, runs.get(p.name)), ""]
+        lines += part(p, probe_text)
     for t in study.bench_tables:
         lines += [f"## {t.title}", "", *bench_comparison(t, runs), ""]
     for b in study.benches:
-        lines += [f"## {b.title or b.name}", "", *bench_table(b, runs.get(b.name)), ""]
+        lines += part(b, bench_table)
     if study.expect:
         lines += ["## Verdicts", "", *verdict_table(study, runs, judgement), ""]
     return "\n".join(lines).rstrip() + "\n"

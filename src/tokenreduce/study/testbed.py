@@ -9,8 +9,7 @@ Three kinds, one dataclass:
                 name or a folder (Fashion-MNIST idx files, or an ImageFolder ROOT/{train,val}/<class>/);
     synthetic   (smoke) Fashion-MNIST-format random images written under the run folder, so a smoke
                 study needs no downloaded data; with ``data`` a dataset built from Fashion-MNIST
-                (``fmnist_scenes``), that dataset made from the synthetic images;
-                study needs no downloaded data.
+                (``fmnist_scenes``), that dataset made from the synthetic images.
 The recipe's other settings (optimiser, schedule, subset) apply to every kind.
 """
 
@@ -65,10 +64,8 @@ class Testbed:
             what = f"timm {self.model}{weights}"
         else:
             what = "the recipe's model"
-        data = self.data
-        if self.synthetic:
-            data = f"{self.data} from synthetic Fashion-MNIST-format images" if self.data else \
-                "synthetic Fashion-MNIST-format images"
+        data = " from ".join(filter(None, (self.data, "synthetic Fashion-MNIST-format images"))) if self.synthetic \
+            else self.data
         return f"{what}{f' on {data}' if data else ''}"
 
     def slug(self) -> str:
@@ -81,18 +78,16 @@ class Testbed:
         """TrainConfig fields of this test bed; ``scratch`` is where synthetic data goes."""
         fields: dict[str, Any] = {}
         if self.reference:
-            from ..train.recipes import get_recipe, reference_checkpoint
+            from ..train.recipes import get_recipe
 
-            fields["init"] = str(reference_checkpoint(self.reference))
-            fields["model"] = None
-            fields["data"] = get_recipe(self.reference).get("data", "fashion_mnist")
+            fields.update(init=self.checkpoint(), model=None,
+                          data=get_recipe(self.reference).get("data", "fashion_mnist"))
         elif self.model:
             kwargs = dict(self.kwargs)
             model: dict[str, Any] = {"name": self.model, "kwargs": kwargs}
             if self.weights:  # timm's own route to a local file: pretrained with the file overlaid
                 kwargs["pretrained_cfg_overlay"] = {"file": str(Path(self.weights).resolve())}
-                model["pretrained"] = True
-            elif self.pretrained:
+            if self.weights or self.pretrained:
                 model["pretrained"] = True
             fields["model"], fields["init"] = model, None
         if self.synthetic and self.data:
