@@ -18,9 +18,11 @@ from .declare import (
     Study,
     get_study,
     list_studies,
+    reading,
     register_study,
 )
 from .testbed import Testbed
 
 __all__ = ["REFERENCE", "Arm", "Axis", "Bed", "Bench", "BenchTable", "Col", "Expect", "Measure", "Probe", "Smoke",
-           "Study", "Testbed", "get_study", "list_studies", "register_study"]
+           "Study", "Testbed", "get_study", "list_studies", "reading",
+           "register_study"]

@@ -25,7 +25,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -656,16 +657,30 @@ def _builtins() -> None:
 
 
 _STUDIES: Registry[type[Study]] = Registry("study", load=_builtins)
+#: registries given for a while (:func:`reading`): :func:`get_study` finds their studies too, never listed
+_GIVEN: list[Registry[type[Study]]] = []
 
 
-def register_study(name: str) -> Callable[[type[Study]], type[Study]]:
-    """Class decorator: register a Study subclass as ``name`` (its runs' ids start ``name/``)."""
+def register_study(name: str, into: Registry[type[Study]] | None = None) -> Callable[[type[Study]], type[Study]]:
+    """Class decorator: register a Study subclass as ``name`` (its runs' ids start ``name/``) into the built-in
+    studies' registry, or ``into`` another (the tests' own studies: :func:`reading`)."""
     def wrap(cls: type[Study]) -> type[Study]:
         cls.name = name
         check_study(cls)
-        return _STUDIES.register_class(name)(cls)
+        return (into or _STUDIES).register_class(name)(cls)
 
     return wrap
+
+
+@contextmanager
+def reading(registry: Registry[type[Study]]) -> Iterator[None]:
+    """While inside, :func:`get_study` (the ``study`` command, the report) finds the studies of ``registry``
+    as well as the built-in ones (the tests' own studies); :func:`list_studies` lists the built-in ones only."""
+    _GIVEN.append(registry)
+    try:
+        yield
+    finally:
+        _GIVEN.remove(registry)
 
 
 def list_studies() -> list[str]:
@@ -673,4 +688,5 @@ def list_studies() -> list[str]:
 
 
 def get_study(name: str) -> type[Study]:
-    return _STUDIES.get(name)
+    given = next((r for r in _GIVEN if name in r.names()), _STUDIES)
+    return given.get(name)
