@@ -272,6 +272,10 @@ def test_bad_declarations_are_refused():
         @register_study("bad_baseline_test", TEST_STUDIES)
         class _Bad2(_TinyEET):
             beds = _tiny_bed(baseline="z")
+    with pytest.raises(SpecError, match=r"its smoke sets unknown keys \['recipes'\]; choose from"):
+        @register_study("bad_smoke_test", TEST_STUDIES)
+        class _Bad3(_TinyEET):
+            beds = _tiny_bed(smoke={**EET_FMNIST.smoke, "recipes": {}})
     with pytest.raises(TokenReduceError, match="no run"):
         _runner(get_study("tiny_eet_test")(smoke=True), Path("unused")).unit("nope")
 

@@ -38,7 +38,7 @@ def _scenes(name: str, new: str, keep: tuple[str, ...] | None = None, **over) ->
 
 #: two trained arms and the evaluated oracle arm of the scene EET study, one seed
 _scenes("eet", "tiny_oracle_test", ("a_unpruned", "b_ctp", "e_oracle"), measures=(),
-        smoke=dataclasses.replace(get_study("eet").beds["scenes"].smoke, grid={"bits": (8,), "seed": (0,),
+        smoke=dict(get_study("eet").beds["scenes"].smoke, grid={"bits": (8,), "seed": (0,),
                                                                                 "steps": (100,)}))
 
 
@@ -282,7 +282,7 @@ def test_a_summary_says_when_its_runs_were_made_on_several_machines():
 
 #: Cropr against top-k at both fine-tune lengths, two seeds, tiny (studies/beds.py LENGTH, lengths.py)
 _scenes("cropr", "tiny_lengths_test", ("cropr", "topk"), baseline="topk",
-        smoke=dataclasses.replace(get_study("cropr").beds["scenes"].smoke,
+        smoke=dict(get_study("cropr").beds["scenes"].smoke,
                                   grid={"seed": (0, 1), "steps": (100, 937)}))  # two lengths of the three
 
 

@@ -26,8 +26,7 @@ measured time).
 
 from __future__ import annotations
 
-from ..study.declare import Bed, Bench, BenchTable, Smoke, Study, register_study
-from ..study.testbed import Testbed
+from ..study.declare import Bed, Bench, BenchTable, Study, register_study
 from ..train.recipes import get_recipe
 from .deit_bench import DEIT_S, SMOKE_BENCH
 
@@ -85,7 +84,7 @@ class Backends(Study):
                         "onnxruntime b32 / b1", "vs random"))
             for model, what in (("deit_small", "DeiT-S (4.6 GMACs)"),
                                 ("fmnist", "Fashion-MNIST reference, 1.5x picks"))),
-        smoke=Smoke(testbed=Testbed(), bench={**SMOKE_BENCH, "backend": "eager"}),
+        smoke={"bench": {**SMOKE_BENCH, "backend": "eager"}},
         budget="6 runs of 3-15 min on 2 idle CPU threads (compiling and exporting every case included)"),
         "gpu": Bed(
             title="The GPU preset: DeiT-S in bfloat16 on one GPU",
@@ -94,8 +93,7 @@ class Backends(Study):
                                      ("deit_small-gpu-eager", "deit_small-gpu-graphs"),
                                      ("DeiT-S (4.6 GMACs)", "eager b256 / b1", "vs random b256 / b1",
                                       "CUDA graphs b256 / b1", "vs random")),),
-            smoke=Smoke(testbed=Testbed(), bench={**SMOKE_BENCH, "backend": "eager", "compile_mode": "default",
-                                                 "dtype": "float32"}),
+            smoke={"bench": {**SMOKE_BENCH, "backend": "eager", "compile_mode": "default", "dtype": "float32"}},
             budget="2 runs, about 5 min together on one H100-class GPU (planned; scripts/device-check.sh)",
             pending="made on a GPU only: scripts/device-check.sh (or tokenreduce study backends --testbed gpu "
                     "--device cuda) runs it where one is lent")}

@@ -37,7 +37,7 @@ import dataclasses
 from typing import Any
 
 from ..core.errors import SpecError
-from ..study.declare import Arm, Axis, Col, Expect, Power, Smoke
+from ..study.declare import Arm, Axis, Col, Expect, Power
 from ..study.testbed import Testbed
 
 #: the scene reference starts every run and names the data
@@ -137,15 +137,15 @@ SMOKE_RECIPE: dict[str, Any] = {"teacher": None, "distill": [], "epochs": 1, "su
 SMOKE_MEASURE = {"batch": 4, "warmup": 0, "repeats": 1}
 
 
-def scene_smoke(data: str = "fmnist_scenes", **extra: Any) -> Smoke:
+def scene_smoke(data: str = "fmnist_scenes", **extra: Any) -> dict[str, Any]:
     """A scene bed's smoke: the tiny model on scenes (``data``) made from synthetic Fashion-MNIST-format
     images, two seeds (a paired test needs n >= 2)."""
     bed = Testbed(model="vit_tiny_patch16_224", kwargs=TINY_SCENES, data=data, synthetic=True)
-    return Smoke(testbed=bed, recipe=dict(SMOKE_RECIPE), **{"grid": {"seed": (0, 1)}, **extra})
+    return {"testbed": bed, "recipe": dict(SMOKE_RECIPE), "grid": {"seed": (0, 1)}, **extra}
 
 
-def fmnist_smoke(img_size: int = 28, **extra: Any) -> Smoke:
+def fmnist_smoke(img_size: int = 28, **extra: Any) -> dict[str, Any]:
     """A Fashion-MNIST bed's smoke: the tiny model (``img_size``: 56 for the mosaics) on synthetic
     Fashion-MNIST-format images, two seeds."""
     bed = Testbed(model="vit_tiny_patch16_224", kwargs={**TINY_FMNIST, "img_size": img_size}, synthetic=True)
-    return Smoke(testbed=bed, recipe=dict(SMOKE_RECIPE), **{"grid": {"seed": (0, 1)}, **extra})
+    return {"testbed": bed, "recipe": dict(SMOKE_RECIPE), "grid": {"seed": (0, 1)}, **extra}

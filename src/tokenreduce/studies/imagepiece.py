@@ -42,7 +42,6 @@ from ..study.declare import (
     Col,
     Expect,
     Measure,
-    Smoke,
     Study,
     register_study,
 )
@@ -197,6 +196,6 @@ class ImagePiece(Study):
                            speed={"batch": 32, "repeats": 10},
                            title="DeiT-S, 2 CPU threads: ImagePiece with the patch stem and with its conv stem, "
                                  "against the plain model"),),
-            smoke=Smoke(testbed=Testbed(), bench=SMOKE_BENCH),
+            smoke={"bench": SMOKE_BENCH},
             budget="1 run of ~6 min on 2 idle CPU threads"),
     }

@@ -14,7 +14,6 @@ from .declare import (
     Expect,
     Measure,
     Probe,
-    Smoke,
     Study,
     get_study,
     list_studies,
@@ -23,6 +22,6 @@ from .declare import (
 )
 from .testbed import Testbed
 
-__all__ = ["REFERENCE", "Arm", "Axis", "Bed", "Bench", "BenchTable", "Col", "Expect", "Measure", "Probe", "Smoke",
+__all__ = ["REFERENCE", "Arm", "Axis", "Bed", "Bench", "BenchTable", "Col", "Expect", "Measure", "Probe",
            "Study", "Testbed", "get_study", "list_studies", "reading",
            "register_study"]

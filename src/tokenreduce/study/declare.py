@@ -11,7 +11,7 @@ their specs name per-block counts, which depend on the patch grid), a ``grid`` (
 code lengths ...), the tables it prints (:class:`Col`), ``measures`` and ``probes`` that evaluate its
 trained runs, ``benches`` (:class:`Bench`: the ``bench`` command's timing of specs on a model given by
 its config; ``bench_tables``, :class:`BenchTable`: several side by side), a ``smoke`` version
-(:class:`Smoke`: the same bed at tiny sizes, run by the test suite) and its ``budget``. Every bed
+(:data:`SMOKE_KEYS`: the same bed at tiny sizes, run by the test suite) and its ``budget``. Every bed
 tests each claim whose two arms it has (:func:`tests_claim`), so a claim is written once however many
 beds test it; a user's own test bed (``--model``, ``--data``) runs a declared bed's plan on it.
 
@@ -273,19 +273,13 @@ class BenchTable:
     headers: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Smoke:
-    """The smoke version: a test bed, recipe overrides (TrainConfig fields) and a smaller grid
-    (axis name -> values); everything else is the bed's own."""
-
-    testbed: Testbed
-    recipe: dict[str, Any] = field(default_factory=dict)
-    grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-    measure: dict[str, Any] = field(default_factory=dict)  #: speed settings (bench/evaluation.py)
-    probe: dict[str, Any] = field(default_factory=dict)  #: parameters added to every probe's spec
-    #: every bench's overrides: timing settings (batch, repeats ...) and ``model_kwargs``, merged into its
-    #: model's kwargs (a narrow copy of the same depth and patch grid); a smoke never loads a checkpoint
-    bench: dict[str, Any] = field(default_factory=dict)
+#: What a bed's ``smoke`` may set (one smoke syntax with an experiment's, probes/base.py: a dict of what differs in
+#: the smoke, the rest the bed's own): its ``testbed`` (default: the bed's), ``recipe`` overrides (TrainConfig
+#: fields), a smaller ``grid`` (axis name -> values), the ``measure``\ s' speed settings (bench/evaluation.py),
+#: the parameters added to every ``probe``'s spec, and every ``bench``'s overrides: timing settings (batch,
+#: repeats ...) and ``model_kwargs``, merged into its model's kwargs (a narrow copy of the same depth and patch
+#: grid; a smoke never loads a checkpoint)
+SMOKE_KEYS = ("testbed", "recipe", "grid", "measure", "probe", "bench")
 
 
 @dataclass(frozen=True)
@@ -312,7 +306,7 @@ class Bed:
     probes: tuple[Probe, ...] = ()
     benches: tuple[Bench, ...] = ()
     bench_tables: tuple[BenchTable, ...] = ()
-    smoke: Smoke | None = None
+    smoke: dict[str, Any] | None = None  #: :data:`SMOKE_KEYS`
     budget: str = ""
     pending: str = ""
 
@@ -367,7 +361,7 @@ class Study:
         self.is_smoke = smoke
         if smoke and self.smoke is None:
             raise TokenReduceError(f"study {cls.name} declares no smoke version on the test bed {self.bed_name}")
-        default = self.smoke.testbed if smoke else decl.testbed
+        default = self.smoke.get("testbed", decl.testbed) if smoke else decl.testbed
         if not self.arms and testbed is not None and testbed != default:
             raise TokenReduceError(f"study {cls.name} trains nothing (benches only, each on its own model); "
                                    "it takes no test bed (--model, --pretrained, --weights, --data)")
@@ -389,7 +383,13 @@ class Study:
     def axes(self) -> tuple[Axis, ...]:
         if not self.is_smoke:
             return self.grid
-        return tuple(dataclasses.replace(a, values=tuple(self.smoke.grid.get(a.name, a.values))) for a in self.grid)
+        grid = self.smoke_over("grid")
+        return tuple(dataclasses.replace(a, values=tuple(grid.get(a.name, a.values))) for a in self.grid)
+
+    def smoke_over(self, key: str) -> dict[str, Any]:
+        """What the smoke sets for ``key`` (:data:`SMOKE_KEYS`: recipe, grid, measure, probe, bench); nothing
+        outside a smoke."""
+        return self.smoke.get(key, {}) if self.is_smoke else {}
 
     def points(self) -> list[Point]:
         """Every arm at every grid point it runs at (``Arm.only``), in a stable order (grid outer, arms
@@ -446,14 +446,14 @@ class Study:
         """``b`` as this study runs it: the smoke's timing settings and narrower model, no checkpoint."""
         if not self.is_smoke:
             return b
-        over = dict(self.smoke.bench)
+        over = dict(self.smoke_over("bench"))
         kwargs = {**b.model.get("kwargs", {}), **over.pop("model_kwargs", {})}
         return dataclasses.replace(b, model={**b.model, "kwargs": kwargs}, checkpoint=None, speed={**b.speed, **over})
 
     def eval_items(self, scratch: Path) -> tuple[str | None, int | None]:
         """(data_dir, eval_subset) of the study's runs: where a measure finds the same test items (a
         synthetic test bed's folder under ``scratch``, else the checkpoint's own data) and how many."""
-        recipe = {**self.recipe, **(self.smoke.recipe if self.is_smoke else {})}
+        recipe = {**self.recipe, **self.smoke_over("recipe")}
         data_dir = str(synthetic_data(scratch)) if self.bed.synthetic and self.bed.data else None
         return data_dir, recipe.get("eval_subset")
 
@@ -462,7 +462,7 @@ class Study:
         overrides, arm, grid point, in increasing priority; ``scratch``: where a synthetic test bed's
         data goes."""
         arm = self.arms[p.arm]
-        fields = {**self.recipe, **self.bed.train_fields(scratch), **(self.smoke.recipe if self.is_smoke else {})}
+        fields = {**self.recipe, **self.bed.train_fields(scratch), **self.smoke_over("recipe")}
         task = arm.task or fields.get("task") or "classify"
         sets = {a.name: a.sets for a in self.axes() if a.sets}
         for k, v in p.values.items():
@@ -540,7 +540,11 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
     names = [*(m.name for m in cls.measures), *(p.name for p in cls.probes), *(b.name for b in cls.benches)]
     if len(set(names)) != len(names):
         raise SpecError(f"{where}: its measures, probes and benches need distinct names; they are {names}")
-    smoke_bench = [("smoke bench", cls.smoke.bench, {"model_kwargs"})] if cls.smoke else []
+    smoke = cls.smoke or {}
+    if set(smoke) - set(SMOKE_KEYS):
+        raise SpecError(f"{where}: its smoke sets unknown keys {sorted(set(smoke) - set(SMOKE_KEYS))}; "
+                        f"choose from {list(SMOKE_KEYS)}")
+    smoke_bench = [("smoke bench", smoke.get("bench", {}), {"model_kwargs"})]
     for what, speed, more in [*((f"bench {b.name}", b.speed, set()) for b in cls.benches), *smoke_bench]:
         bad = sorted(set(speed) - _BENCH_SETTINGS - more)
         if bad:
@@ -559,7 +563,7 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
                             "baseline, grid, split, columns, expectations, measures or probes "
                             f"(it has {', '.join(extra) or 'no benches'})")
         return
-    overrides = [("recipe", cls.recipe)] + ([("smoke recipe", cls.smoke.recipe)] if cls.smoke else []) + \
+    overrides = [("recipe", cls.recipe), ("smoke recipe", smoke.get("recipe", {}))] + \
         [(f"axis {a.name} at {v}", f) for a in cls.grid for v, f in a.sets.items()]
     for what, fields in overrides:
         bad = sorted(set(fields) - _CONFIG_FIELDS)
@@ -603,8 +607,8 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
     if cls.baseline not in cls.arms:
         raise SpecError(f"{where}: baseline {cls.baseline!r} is not one of its arms {sorted(cls.arms)}")
     names = {a.name for a in cls.grid}
-    if cls.smoke and set(cls.smoke.grid) - names:
-        raise SpecError(f"{where}: its smoke grid names axes it lacks {sorted(set(cls.smoke.grid) - names)}")
+    if set(smoke.get("grid", {})) - names:
+        raise SpecError(f"{where}: its smoke grid names axes it lacks {sorted(set(smoke['grid']) - names)}")
     if "seed" not in names:
         raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
     for e in claims:

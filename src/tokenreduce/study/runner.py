@@ -253,7 +253,7 @@ class Runner:
             ref = self._checkpoint(ref_id) if ref_id else self._reference()
             tuned = [{"name": n, "model": self._model(n), "seed": self._doc(n)["config"].get("seed"),
                       "metrics": self._doc(n)["metrics"]} for n in tuned_ids]
-            speed = {**m.speed, **(self.study.smoke.measure if self.study.is_smoke else {})}
+            speed = {**m.speed, **self.study.smoke_over("measure")}
             data_dir, subset = self.study.eval_items(self.layout.checkpoints)  # the runs' test items
             doc.update(point=m.at, result=entries.evaluate(ref, m.specs, tuned, out=work, threads=self.threads,
                                                            speed=speed, data_dir=data_dir, subset=subset,
@@ -394,8 +394,7 @@ class Runner:
             params["data"] = bed["data"]
         if bed.get("data_dir") and "data_dir" in takes:
             params["data_dir"] = bed["data_dir"]
-        if self.study.is_smoke:
-            params.update(self.study.smoke.probe)
+        params.update(self.study.smoke_over("probe"))
         return entries.probe(format_spec(name, params), out=work, threads=self.threads, device=self.device,
                              amp=self.amp, log=self.log)
 
