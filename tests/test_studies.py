@@ -614,6 +614,12 @@ def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys
         class _Bad5(_TinyBench):
             beds = {"cpu": Bed(benches=(dataclasses.replace(_TinyBench.beds["cpu"].benches[0],
                                                             speed={"batch_size": 2}),))}
+    with pytest.raises(SpecError, match=r"bench table 'x' needs its label column, then columns of the benches it "
+                                        r"declares \(unknown: \['nope'\]\)"):
+        @register_study("bad_bench_table_test", TEST_STUDIES)
+        class _Bad6(_TinyBench):
+            beds = {"cpu": Bed(benches=_TinyBench.beds["cpu"].benches,
+                               bench_tables={"x": (Col("label", "spec"), Col("tiny", "b2 / b1"), Col("nope", "b2"))})}
     with pytest.raises(SpecError, match="'seed' axis"):  # a study with arms still needs its seeds
         @register_study("bad_seedless_test", TEST_STUDIES)
         class _Bad4(_TinyEET):

@@ -16,7 +16,7 @@ the ``lat vs random`` column, so its table has the columns the command printed t
 from __future__ import annotations
 
 from ..bench.compare import COLUMNS
-from ..study.declare import Bed, Bench, Study, register_study
+from ..study.declare import Bed, Bench, Col, Study, register_study
 
 #: DeiT-S, random weights (timm's config: 224x224, patch 16, dim 384, depth 12, 6 heads)
 DEIT_S = {"name": "deit_small_patch16_224", "kwargs": {}}
@@ -36,7 +36,7 @@ class DeitBench(Study):
     beds = {"deit_s": Bed(
         benches=(Bench("deit_small", model=DEIT_S, specs=DEIT_SPECS, match_random=True,
                        speed={"batch": 32, "repeats": 10},
-                       columns=tuple(c for c in COLUMNS if c[0] != "latency_vs_random"),
+                       columns=tuple(Col(k, h) for k, h in COLUMNS if k != "latency_vs_random"),
                        title="DeiT-S, 2 CPU threads: MACs, img/s at batch 32, latency at batch 1"),),
         smoke={"bench": SMOKE_BENCH},
         budget="1 run of ~8 min on 2 idle CPU threads")}

@@ -9,7 +9,6 @@ from .declare import (
     Axis,
     Bed,
     Bench,
-    BenchTable,
     Col,
     Expect,
     Measure,
@@ -22,6 +21,6 @@ from .declare import (
 )
 from .testbed import Testbed
 
-__all__ = ["REFERENCE", "Arm", "Axis", "Bed", "Bench", "BenchTable", "Col", "Expect", "Measure", "Probe",
+__all__ = ["REFERENCE", "Arm", "Axis", "Bed", "Bench", "Col", "Expect", "Measure", "Probe",
            "Study", "Testbed", "get_study", "list_studies", "reading",
            "register_study"]

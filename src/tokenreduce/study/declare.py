@@ -10,7 +10,7 @@ is registered), its ``arms`` (:class:`Arm`: task spec, reducer spec, stem, trans
 their specs name per-block counts, which depend on the patch grid), a ``grid`` (:class:`Axis`: seeds,
 code lengths ...), the tables it prints (:class:`Col`), ``measures`` and ``probes`` that evaluate its
 trained runs, ``benches`` (:class:`Bench`: the ``bench`` command's timing of specs on a model given by
-its config; ``bench_tables``, :class:`BenchTable`: several side by side), a ``smoke`` version
+its config; ``bench_tables``: several side by side), a ``smoke`` version
 (:data:`SMOKE_KEYS`: the same bed at tiny sizes, run by the test suite) and its ``budget``. Every bed
 tests each claim whose two arms it has (:func:`tests_claim`), so a claim is written once however many
 beds test it; a user's own test bed (``--model``, ``--data``) runs a declared bed's plan on it.
@@ -104,9 +104,12 @@ class Axis:
 
 @dataclass(frozen=True)
 class Col:
-    """A table column headed ``header``. In an arm table: the run metric ``metric`` (mean ± std over the
-    grid's seeds), with ``paired=True`` the difference from the baseline arm, paired by seed. In a
-    measure's table: the row's value ``metric`` written with ``fmt``."""
+    """A table column headed ``header`` (the one column syntax of every table). In an arm table: the run metric
+    ``metric`` (mean ± std over the grid's seeds), with ``paired=True`` the difference from the baseline arm,
+    paired by seed. In a measure's table: the row's value ``metric`` written with ``fmt``. In a bench's: the
+    ``bench`` command's row key ``metric``, as the command writes it. In a bench table (:attr:`Bed.bench_tables`):
+    the first column the row's label, each other the speed-ups of the bench ``metric`` names, against the
+    unpatched model or, ``paired``, its matched random pruner."""
 
     metric: str
     header: str
@@ -248,7 +251,7 @@ class Bench:
     random weights: nothing to train or load) or, with ``checkpoint`` (a trained recipe's name), on its
     trained weights. ``speed``: the command's timing flags (batch, warmup, repeats, min_run_s), backend,
     dtype and seed; ``stem``: ``--stem`` (the model with that stem, unreduced and with each spec, beside the
-    plain rows); ``columns``: its table, (row key, header) as the command prints it."""
+    plain rows); ``columns``: its table (:class:`Col`; empty: the command's)."""
 
     name: str
     model: dict[str, Any]
@@ -258,19 +261,8 @@ class Bench:
     match_random: bool = False
     stem: str | None = None
     speed: dict[str, Any] = field(default_factory=dict)
-    columns: tuple[tuple[str, str], ...] = ()  #: empty: the bench command's (bench/compare.py)
+    columns: tuple[Col, ...] = ()
     title: str = ""
-
-
-@dataclass(frozen=True)
-class BenchTable:
-    """Several benches of the same specs side by side (one backend each, say): a row per spec and the
-    control, two cells per bench: speed-ups against the unpatched model at batch B / batch 1, and against
-    the matched random pruner (``match_random``). ``headers``: the first column's, then two per bench."""
-
-    title: str
-    benches: tuple[str, ...]
-    headers: tuple[str, ...]
 
 
 #: What a bed's ``smoke`` may set (one smoke syntax with an experiment's, probes/base.py: a dict of what differs in
@@ -305,7 +297,8 @@ class Bed:
     measures: tuple[Measure, ...] = ()
     probes: tuple[Probe, ...] = ()
     benches: tuple[Bench, ...] = ()
-    bench_tables: tuple[BenchTable, ...] = ()
+    #: several benches of the same specs side by side (one backend each, say): title -> its columns (:class:`Col`)
+    bench_tables: dict[str, tuple[Col, ...]] = field(default_factory=dict)
     smoke: dict[str, Any] | None = None  #: :data:`SMOKE_KEYS`
     budget: str = ""
     pending: str = ""
@@ -550,11 +543,11 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
         if bad:
             raise SpecError(f"{where}: its {what} names unknown settings {bad}; "
                             f"choose from {sorted(_BENCH_SETTINGS | more)}")
-    for t in cls.bench_tables:
-        unknown = sorted(set(t.benches) - {b.name for b in cls.benches})
-        if unknown or len(t.headers) != 1 + 2 * len(t.benches):
-            raise SpecError(f"{where}: bench table {t.title!r} needs benches it declares (unknown: {unknown}) and "
-                            f"1 + 2 per bench headers (it has {len(t.headers)} for {len(t.benches)})")
+    for title, columns in cls.bench_tables.items():
+        unknown = sorted({c.metric for c in columns[1:]} - {b.name for b in cls.benches})
+        if unknown or len(columns) < 2:
+            raise SpecError(f"{where}: bench table {title!r} needs its label column, then columns of the benches it "
+                            f"declares (unknown: {unknown})")
     if not cls.arms:
         extra = [k for k in ("recipe", "baseline", "grid", "split", "columns", "expect", "measures", "probes")
                  if getattr(cls, k)]

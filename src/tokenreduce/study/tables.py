@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .declare import REFERENCE, Bench, BenchTable, Expect, Measure, Probe, Study
+from .declare import REFERENCE, Bench, Col, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
 
@@ -141,31 +141,34 @@ def bench_table(decl: Bench, doc: dict[str, Any] | None) -> list[str]:
             f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
             f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
     noise = timing_noise(result["results"])
-    return [said, "", "```", format_table(result["results"], columns_for(result["results"], decl.columns)), "```",
+    columns = columns_for(result["results"], [(c.metric, c.header) for c in decl.columns])
+    return [said, "", "```", format_table(result["results"], columns), "```",
             *(["", noise] if noise else [])]
 
 
-def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
-    """A :class:`~.study.BenchTable`: per spec (and the control) each bench's speed-ups, unpatched and
+def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[str]:
+    """A bench table (``Bed.bench_tables``): a row per spec and the control, labelled in the first column; each
+    other column the speed-ups of the bench its ``metric`` names against the unpatched model or (``paired``) the
     matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is empty."""
-    missing = [n for n in decl.benches if n not in runs]
+    benches = list(dict.fromkeys(c.metric for c in columns[1:]))
+    missing = [n for n in benches if n not in runs]
     if missing:
         return [f"{NOT_RUN}: no run JSON for {', '.join(missing)}"]
-    rows = {n: {r["label"]: r for r in runs[n]["result"]["results"]} for n in decl.benches}
-    first = runs[decl.benches[0]]["result"]["results"]
+    rows = {n: {r["label"]: r for r in runs[n]["result"]["results"]} for n in benches}
+    first = runs[benches[0]]["result"]["results"]
 
     def pair(r: dict | None, a: str, b: str) -> str:
         return f"{r[a]:.2f} / {r[b]:.2f}" if r and r.get(a) is not None and r.get(b) is not None else ""
 
-    lines = ["| " + " | ".join(decl.headers) + " |", "|" + "---|" * len(decl.headers)]
+    lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns)]
     for r in first:
         if r["kind"] not in ("control", "method"):
             continue
         label = f"control `{r['spec']}`" if r["kind"] == "control" else f"`{r['label']}`"
         cells = [label]
-        for n in decl.benches:
-            mine = rows[n].get(r["label"])
-            cells += [pair(mine, "speedup", "latency_speedup"), pair(mine, "ratio_vs_random", "latency_vs_random")]
+        for c in columns[1:]:
+            keys = ("ratio_vs_random", "latency_vs_random") if c.paired else ("speedup", "latency_speedup")
+            cells.append(pair(rows[c.metric].get(r["label"]), *keys))
         lines.append(" ".join(["|", *(f"{c} |" if c else "|" for c in cells)]))
     return lines
 
@@ -755,8 +758,8 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
                       f"bed is {study.bed.text()}", ""]
             continue
         lines += [f"## {p.title or p.name}", "", *probe_text(p, runs.get(p.name)), ""]
-    for t in study.bench_tables:
-        lines += [f"## {t.title}", "", *bench_comparison(t, runs), ""]
+    for title, columns in study.bench_tables.items():
+        lines += [f"## {title}", "", *bench_comparison(columns, runs), ""]
     for b in study.benches:
         lines += [f"## {b.title or b.name}", "", *bench_table(b, runs.get(b.name)), ""]
     if study.expect:
