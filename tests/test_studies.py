@@ -20,7 +20,6 @@ from tokenreduce.cli import main
 from tokenreduce.core.errors import SpecError, TokenReduceError
 from tokenreduce.studies.beds import SCENES, TINY_FMNIST, scene_smoke
 from tokenreduce.study import (
-    REFERENCE,
     Arm,
     Axis,
     Bed,
@@ -313,7 +312,7 @@ def test_an_arm_runs_only_where_it_says():
     with pytest.raises(SpecError, match="reads arm c's runs where c has none"):
         @register_study("bad_only_source_test", TEST_STUDIES)
         class _Bad2(_Only):
-            beds = _only_bed(e=Arm("(e)", evaluates="c", experiment="oracle_at_counts"))
+            beds = _only_bed(e=Arm("(e)", "oracle_at_counts", kind="evaluated", reads="c"))
     with pytest.raises(SpecError, match=r"no test bed has the arms \(at the grid point\) of the claims"):
         @register_study("bad_only_expect_test", TEST_STUDIES)
         class _Bad3(_Only):
@@ -331,8 +330,8 @@ class _OffTheShelf(Study):
                      unit="item"),)
     beds = {"scenes": Bed(
         testbed=SCENES, recipe={"eval_subset": 2000}, baseline="tome", grid=(Axis("seed", (0, 1), "s"),),
-        arms={"tome": Arm("(tome)", spec="tome(r=8)", evaluates=REFERENCE),
-              "random": Arm("(random)", spec="random(keep=0.5, locs=(3,), seed={seed})", evaluates=REFERENCE)},
+        arms={"tome": Arm("(tome)", spec="tome(r=8)", kind="off_the_shelf"),
+              "random": Arm("(random)", spec="random(keep=0.5, locs=(3,), seed={seed})", kind="off_the_shelf")},
         columns=(Col("top1", "top-1 %"),), smoke=scene_smoke())}
 
 
@@ -353,12 +352,12 @@ def test_arms_evaluated_off_the_shelf_are_scored_per_item_on_disjoint_folds(tmp_
     study.arms["random"] = fixed  # one mask for every fold: the test items are the unit
     judged = verdicts(study, runs)[0]
     assert judged.verdict is not None and judged.verdict.n == 16 and judged.items_why == "the test items are the unit"
-    with pytest.raises(SpecError, match="evaluated on the test bed's reference"):
+    with pytest.raises(SpecError, match="arm x is off_the_shelf .it trains nothing.; it takes a label, its spec"):
         @register_study("bad_off_the_shelf_test", TEST_STUDIES)
         class _Bad(_OffTheShelf):
             beds = {"scenes": dataclasses.replace(_OffTheShelf.beds["scenes"],
                                                   arms={**_OffTheShelf.beds["scenes"].arms,
-                                                        "x": Arm("(x)", evaluates=REFERENCE)})}
+                                                        "x": Arm("(x)", kind="off_the_shelf")})}
 
 
 def test_a_whole_run_writes_its_summary(tmp_path: Path, capsys):

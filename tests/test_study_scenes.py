@@ -90,14 +90,18 @@ def test_the_oracle_record_holds_its_per_item_results_paired_with_the_trained_ar
 
 def test_bad_evaluated_arms_are_refused():
     base = {"a_unpruned": get_study("eet").beds["scenes"].arms["a_unpruned"]}
-    cases = [({"e": Arm("e", evaluates="a_unpruned")}, "needs both"),
-             ({"e": Arm("e", evaluates="nope", experiment="oracle_at_counts")}, "not one of its trained arms"),
-             ({"e": Arm("e", evaluates="a_unpruned", experiment="oracle_at_counts"),
-               "f": Arm("f", evaluates="e", experiment="oracle_at_counts")}, "not one of its trained arms"),
-             ({"e": Arm("e", evaluates="a_unpruned", experiment="oracle_at_counts", spec="ctp()")}, "trains nothing")]
+    oracle = "oracle_at_counts"
+    cases = [({"e": Arm("e", kind="evaluated", reads="a_unpruned")}, "evaluated .it trains nothing.*its spec"),
+             ({"e": Arm("e", oracle, kind="evaluated")}, "reads= .* goes with the kinds 'after' and 'evaluated'"),
+             ({"e": Arm("e", oracle, reads="a_unpruned")}, "goes with the kinds .* .its kind: 'trained'"),
+             ({"e": Arm("e", oracle, kind="evaluated", reads="nope")}, "not another of its trained arms"),
+             ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned"),
+               "f": Arm("f", oracle, kind="evaluated", reads="e")}, "not another of its trained arms"),
+             ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned", task="eet()")}, "trains nothing"),
+             ({"e": Arm("e", oracle, kind="evaluate")}, "is of kind 'evaluate'; choose from trained, after, ")]
     for i, (arms, match) in enumerate(cases):
         with pytest.raises(SpecError, match=match):
-            _scenes("eet", f"_bad_evaluated_{i}", arms={**base, **arms}, measures=())
+            _scenes("eet", f"bad_evaluated_{i}", arms={**base, **arms}, measures=())
 
 
 def test_a_synthetic_scene_bed_builds_the_named_data_from_synthetic_images(tmp_path: Path):
@@ -123,8 +127,8 @@ def test_a_second_phase_starts_from_the_first_phases_checkpoint(tmp_path: Path):
 
 def test_bad_second_phases_are_refused():
     arms = get_study("bspf").beds["scenes"].arms
-    for i, arm in enumerate([Arm("x", after="nope"), Arm("x", after="x"), Arm("x", after="full", init="a.pt")]):
-        with pytest.raises(SpecError, match="continues after"):
+    for i, arm in enumerate([Arm("x", kind="after", reads="nope"), Arm("x", kind="after", reads="x")]):
+        with pytest.raises(SpecError, match="reads .*, which is not another of its trained arms"):
             _scenes("bspf", f"bad_after_{i}", arms={**arms, "x": arm}, probes=())
 
 

@@ -62,9 +62,9 @@ _SCENE_ARMS = {
     "bspf_nofuse": Arm("BSPF without fusion (prune only)", spec=f"{_BSPF}, fuse=False)"),
     "tied_full": Arm("phase 1, W_q = W_k: full attention (heals the tie)", transforms=("tie_qk",)),
     "bspf_untied2": Arm("phase 2, untied: mirrored BSPF after full", spec=f"{_BSPF}, path='mirrored')",
-                        after="full"),
+                        kind="after", reads="full"),
     "bspf_tied2": Arm("phase 2, W_q = W_k: mirrored BSPF after tied_full", spec=f"{_BSPF}, path='mirrored')",
-                      transforms=("tie_qk",), after="tied_full"),
+                      transforms=("tie_qk",), kind="after", reads="tied_full"),
 }
 
 #: the arms fine-tuned for one epoch too (studies/beds.py, LENGTH): full attention, BSPF and the top-k

@@ -16,7 +16,7 @@ DiffRate leaves after each block (``methods.diffrate.kept_counts``). The three h
 matching's cost (prune-only has none).
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
-(``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
+(``Arm(kind="off_the_shelf")``), scored per test item on all 10 000 test scenes, each seed one of three
 disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``: a paired
 t-test over the 10 000 per-item differences). The measure ``free`` evaluates the three specs again in one
 interleaved timing run (MACs, img/s at batch 32, latency at batch 1).
@@ -28,7 +28,7 @@ Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 sc
 from __future__ import annotations
 
 from ..methods.diffrate import DEFAULT, kept_counts, published
-from ..study.declare import REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 from ..train.recipes import get_recipe
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
@@ -40,9 +40,9 @@ COUNTS = kept_counts(*published(DEFAULT), 196)
 
 _SPEC = f"diffrate(schedule={DEFAULT!r})"
 _ARMS = {
-    "diffrate": Arm(f"DiffRate, prune then merge: {_SPEC}", spec=_SPEC, evaluates=REFERENCE),
-    "prune_only": Arm("prune-only at DiffRate's counts", spec=f"diffrate(prune={COUNTS})", evaluates=REFERENCE),
-    "merge_only": Arm("merge-only at DiffRate's counts", spec=f"diffrate(merge={COUNTS})", evaluates=REFERENCE),
+    "diffrate": Arm(f"DiffRate, prune then merge: {_SPEC}", spec=_SPEC, kind="off_the_shelf"),
+    "prune_only": Arm("prune-only at DiffRate's counts", spec=f"diffrate(prune={COUNTS})", kind="off_the_shelf"),
+    "merge_only": Arm("merge-only at DiffRate's counts", spec=f"diffrate(merge={COUNTS})", kind="off_the_shelf"),
 }
 _COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"), Col("top1", "top-1 %"))

@@ -130,8 +130,8 @@ class EET(Study):
             recipe=shortened(get_recipe("fmnist-eet")),
             arms=lengths({
                 **_arms(_DB),
-                "e_oracle": Arm("(e) oracle at CTP's counts, (b)'s weights", evaluates="b_ctp",
-                                experiment="oracle_at_counts(subset={eval_subset})"),
+                "e_oracle": Arm("(e) oracle at CTP's counts, (b)'s weights", kind="evaluated", reads="b_ctp",
+                                spec="oracle_at_counts(subset={eval_subset})"),
                 "a_fish_d1e-2": Arm("(a) with FISH delta = 1e-2",
                                     task=f"eet(dkt=False, drg=False, fish_delta=0.01, {_DB})", only={"bits": (16,)}),
                 "a_fish_d1": Arm("(a) with FISH delta = 1", task=f"eet(dkt=False, drg=False, fish_delta=1.0, {_DB})",

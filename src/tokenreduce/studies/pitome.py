@@ -24,7 +24,7 @@ tokens paying for what PiToMe's scoring costs (the cosine graph, T^2 d a block: 
 this width, ToMe's matching about 1.3%).
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
-(``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
+(``Arm(kind="off_the_shelf")``), scored per test item on all 10 000 test scenes, each seed one of three
 disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``: a paired
 t-test over the 10 000 per-item differences, Holm within the study and BH over the report). The measure
 ``free`` evaluates every spec again in one interleaved timing run (MACs, img/s at batch 32, latency at
@@ -37,7 +37,7 @@ of ~3 300 scenes (~15 s each) and one timing run of 7 cases (~5 min): about 10 m
 
 from __future__ import annotations
 
-from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 from ..train.recipes import get_recipe
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
@@ -64,7 +64,7 @@ _PUBLISHED = {"1.5x": (0.67, "+0.67 top-1 over ToMe (79.08 vs 78.41) at 2.92 GFL
               "2x": (1.17, "+1.17 top-1 over ToMe (77.40 vs 76.24) at 2.22 GFLOPs, 2.07x")}
 
 _ARMS = {
-    f"{method}-{target}": Arm(f"{label.format(target)}: {spec.format(seed='s')}", spec=spec, evaluates=REFERENCE)
+    f"{method}-{target}": Arm(f"{label.format(target)}: {spec.format(seed='s')}", spec=spec, kind="off_the_shelf")
     for target, specs in PICKS.items()
     for method, label, spec in zip(("pitome", "tome", "random"),
                                    ("PiToMe {}", "ToMe at PiToMe {}'s MACs", "random at PiToMe {}'s MACs"), specs,

@@ -22,7 +22,7 @@ on 1 000 held-out training scenes as one batch (``methods.saint.r_from_tokens``)
 top-1 by less than half a point.
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
-(``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
+(``Arm(kind="off_the_shelf")``), scored per test item on all 10 000 test scenes, each seed one of three
 disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``). The measure
 ``free`` evaluates every fixed-count spec again in one interleaved timing run (MACs, img/s at batch 32,
 latency at batch 1); a claim reads "at equal measured speed" only where it timed both arms within 0.05x of
@@ -34,7 +34,7 @@ Compute plan (2 CPU cores, from the scene evaluation's pace, ~40 s per 10 000 sc
 
 from __future__ import annotations
 
-from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 from ..train.recipes import get_recipe
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
@@ -74,14 +74,14 @@ OFFICIAL = "saint(count='batch', threshold=0.75)"
 CALIBRATED = "saint(r=(81, 35, 17, 10, 7, 3, 0, 0, 0, 0, 0, 0), threshold=0.75)"
 
 _ARMS = {
-    **{f"{method}-{target}": Arm(f"{_NAMES[method]} {target}: {spec}", spec=spec, evaluates=REFERENCE)
+    **{f"{method}-{target}": Arm(f"{_NAMES[method]} {target}: {spec}", spec=spec, kind="off_the_shelf")
        for target, picks in PICKS.items() for method, (spec, _) in picks.items()},
     **{f"random_{method}-{target}": Arm(f"random at {_NAMES[method]} {target}'s counts", spec=rand,
-                                        evaluates=REFERENCE)
+                                        kind="off_the_shelf")
        for target, picks in PICKS.items() for method, (_, rand) in picks.items()},
-    "saint_batch": Arm(f"SAINT, the official batch-mean count: {OFFICIAL}", spec=OFFICIAL, evaluates=REFERENCE),
+    "saint_batch": Arm(f"SAINT, the official batch-mean count: {OFFICIAL}", spec=OFFICIAL, kind="off_the_shelf"),
     "saint_calibrated": Arm(f"SAINT, the count calibrated on held-out scenes: {CALIBRATED}", spec=CALIBRATED,
-                            evaluates=REFERENCE),
+                            kind="off_the_shelf"),
 }
 _COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),

@@ -39,30 +39,37 @@ from .testbed import Testbed, synthetic_data
 # ----------------------------------------------------------------------------- declarations
 
 
+#: What an arm is (:attr:`Arm.kind`): ``trained`` from the test bed's start; trained ``after`` another arm (a
+#: second phase from its checkpoint); ``evaluated``: a registered experiment run on another arm's checkpoint;
+#: ``off_the_shelf``: its spec applied to the test bed's reference, untrained
+TRAINED, AFTER, EVALUATED, OFF_THE_SHELF = "trained", "after", "evaluated", "off_the_shelf"
+ARM_KINDS = (TRAINED, AFTER, EVALUATED, OFF_THE_SHELF)
+
+
 @dataclass(frozen=True)
 class Arm:
-    """One arm: what differs from the recipe. ``task``: a task spec (None: the recipe's); ``spec``: the
-    reducer to train with (None: none); ``stem``, ``transforms``: model options (models/build.py; on a test
-    bed's reference checkpoint a stem is swapped in with fresh weights, the rest kept);
-    ``init``, ``teacher``: checkpoints (None: the test bed's); ``label``: the name tables print. ``spec`` may
-    name grid values in braces (``random(..., seed={seed})``: a pruner's own seed that follows the run's).
+    """One arm: what differs from the recipe, and what it is: its ``kind`` (:data:`ARM_KINDS`). ``label``: the
+    name tables print; ``only``: where on the grid it runs (below); the rest by kind.
 
-    An *evaluated* arm trains nothing: ``evaluates`` names the arm whose checkpoint it reads at the same
-    grid point, and ``experiment`` the registered experiment (probes/base.py) run on it, whose
-    result's ``metrics`` are the arm's (e.g. ``oracle_at_counts``: the oracle at a trained pruner's
-    counts, on its weights; its spec may name the point's training settings in braces,
-    ``subset={eval_subset}``: the test items the source run was scored on). Its runs pair with the
-    others' by seed like any arm's.
+    ``trained`` (the default): ``spec`` is the reducer to train with (None: none), ``task`` a task spec (None:
+    the recipe's), ``stem`` and ``transforms`` model options (models/build.py; on a test bed's reference
+    checkpoint a stem is swapped in with fresh weights, the rest kept). ``spec`` may name grid values in braces
+    (``random(..., seed={seed})``: a pruner's own seed that follows the run's).
 
-    An arm evaluated on the *test bed's reference* (``evaluates=REFERENCE``, no experiment) trains nothing
-    either: it is ``spec`` applied to the reference off the shelf (a training-free method as its paper
-    measures it), scored per item; its run at the n-th planned seed is scored on the n-th of as many
-    disjoint folds of the test items (items n, n + S, n + 2S, ... of the runs' items, S seeds), so the
-    seeds of two such arms pair item for item and together cover every test item once. Its claims take
+    ``after``: the same, its training started from the checkpoint of the trained arm ``reads`` at the same grid
+    point in place of the test bed's (a second phase: its run waits for that one).
+
+    ``evaluated``: trains nothing; ``spec`` is the registered experiment (probes/base.py) run on the checkpoint
+    of the arm ``reads`` at the same grid point, whose result's ``metrics`` are the arm's (e.g.
+    ``oracle_at_counts``: the oracle at a trained pruner's counts, on its weights; the spec may name the
+    point's training settings in braces, ``subset={eval_subset}``: the test items the source run was scored
+    on). Its runs pair with the others' by seed like any arm's.
+
+    ``off_the_shelf``: trains nothing either: ``spec`` applied to the test bed's reference (a training-free
+    method as its paper measures it), scored per item; its run at the n-th planned seed is scored on the n-th
+    of as many disjoint folds of the test items (items n, n + S, n + 2S, ... of the runs' items, S seeds), so
+    the seeds of two such arms pair item for item and together cover every test item once. Its claims take
     the test item as their unit (``Expect.unit='item'``).
-
-    ``after`` names a trained arm whose checkpoint at the same grid point this arm's training starts
-    from (a second phase: its run waits for that one), in place of the test bed's.
 
     ``only`` narrows the grid for this arm: axis name -> the values it runs at (``{"bits": (16,)}``: a
     sensitivity arm at one of several code lengths); an axis not named runs at all of its values, and a
@@ -71,19 +78,16 @@ class Arm:
     code length on the short schedule, 16 bits on the long one)."""
 
     label: str
-    task: str | None = None
     spec: str | None = None
+    kind: str = TRAINED
+    reads: str | None = None
+    task: str | None = None
     stem: str | None = None
     transforms: tuple[str, ...] = ()
-    init: str | None = None
-    teacher: str | None = None
-    evaluates: str | None = None
-    experiment: str | None = None
-    after: str | None = None
     only: dict[str, tuple[Any, ...]] | tuple[dict[str, tuple[Any, ...]], ...] = field(default_factory=dict)
 
 
-#: ``Arm.evaluates`` of an arm that applies its spec to the test bed's reference, off the shelf
+#: what an off-the-shelf arm's record says it evaluates: the test bed's reference
 REFERENCE = "@reference"
 
 
@@ -429,7 +433,7 @@ class Study:
         """The run ids measure ``m`` reads: its reference's (None: the test bed's reference checkpoint, or
         where it has none and the baseline is evaluated off the shelf, the model at its initialisation)
         and its fine-tuned runs' (every run of each arm at ``m.at``, in plan order)."""
-        off_the_shelf = self.arms[self.baseline].evaluates == REFERENCE
+        off_the_shelf = self.arms[self.baseline].kind == OFF_THE_SHELF
         ref = m.reference or (None if self.bed.reference or off_the_shelf else self.baseline)
         at = self.complete(m.at)
         tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
@@ -466,7 +470,7 @@ class Study:
             else:
                 task = _with_param(task, k, v)
         fields["task"] = task
-        fields["spec"] = arm.spec.format(**p.values) if arm.spec else None
+        fields["spec"] = arm.spec.format(**p.values) if arm.spec and arm.kind != EVALUATED else None
         if fields.get("teacher") == TESTBED_TEACHER:
             fields["teacher"] = self.bed.checkpoint()
             if fields["teacher"] is None:
@@ -482,9 +486,6 @@ class Study:
                                        "that builds its model (not a reference checkpoint)")
             fields["model"] = {**fields["model"], **({"stem": arm.stem} if arm.stem else {}),
                                **({"transforms": list(arm.transforms)} if arm.transforms else {})}
-        for k in ("init", "teacher"):
-            if getattr(arm, k):
-                fields[k] = getattr(arm, k)
         return fields
 
 
@@ -562,29 +563,19 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
         bad = sorted(set(fields) - _CONFIG_FIELDS)
         if bad:
             raise SpecError(f"{where}: its {what} names unknown training settings {bad}")
+    trained = sorted(n for n, a in cls.arms.items() if a.kind in (TRAINED, AFTER))
     for name, arm in cls.arms.items():
-        if arm.evaluates == REFERENCE:
-            if not arm.spec or arm.experiment or any(getattr(arm, k) for k in (
-                    "task", "stem", "transforms", "init", "teacher", "after")):
-                raise SpecError(f"{where}: arm {name} is evaluated on the test bed's reference; it takes a label, "
-                                "evaluates=REFERENCE and the spec applied off the shelf, nothing else")
-            continue
-        if (arm.evaluates is None) != (arm.experiment is None):
-            raise SpecError(f"{where}: arm {name} gives one of evaluates= and experiment=; an evaluated arm needs both")
-        if arm.evaluates is not None:
-            source = cls.arms.get(arm.evaluates)
-            if source is None or source.evaluates is not None:
-                raise SpecError(f"{where}: arm {name} evaluates {arm.evaluates!r}, which is not one of its trained "
-                                f"arms {sorted(n for n, a in cls.arms.items() if a.evaluates is None)}")
-            if any(getattr(arm, k) for k in ("task", "spec", "stem", "transforms", "init", "teacher", "after")):
-                raise SpecError(f"{where}: arm {name} is evaluated (it trains nothing); it takes only a label, "
-                                "evaluates= and experiment=")
-        if arm.after is not None:
-            source = cls.arms.get(arm.after)
-            if source is None or source.evaluates is not None or arm.after == name or arm.init:
-                raise SpecError(f"{where}: arm {name} continues after {arm.after!r}, which must be another of its "
-                                f"trained arms {sorted(n for n, a in cls.arms.items() if a.evaluates is None)}, "
-                                "and then gives no init=")
+        if arm.kind not in ARM_KINDS:
+            raise SpecError(f"{where}: arm {name} is of kind {arm.kind!r}; choose from {', '.join(ARM_KINDS)}")
+        if arm.kind in (EVALUATED, OFF_THE_SHELF) and (not arm.spec or arm.task or arm.stem or arm.transforms):
+            raise SpecError(f"{where}: arm {name} is {arm.kind} (it trains nothing); it takes a label, its spec (the "
+                            f"{'experiment' if arm.kind == EVALUATED else 'reducer'} it applies), reads= and only=")
+        if (arm.reads is not None) != (arm.kind in (AFTER, EVALUATED)):
+            raise SpecError(f"{where}: arm {name}: reads= (the arm whose checkpoint it reads) goes with the kinds "
+                            f"{AFTER!r} and {EVALUATED!r} alone (its kind: {arm.kind!r})")
+        if arm.reads is not None and (arm.reads == name or arm.reads not in trained):
+            raise SpecError(f"{where}: arm {name} reads {arm.reads!r}, which is not another of its trained arms "
+                            f"{trained}")
     axes = {a.name: a.values for a in cls.grid}
     for name, arm in cls.arms.items():
         bad = {k: v for o in _alternatives(arm.only) for k, v in o.items()
@@ -592,7 +583,7 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
         if bad:
             raise SpecError(f"{where}: arm {name} runs only at {bad}, which is not a set of values of its grid's "
                             f"axes other than the seed ({ {k: v for k, v in axes.items() if k != 'seed'} })")
-        source = arm.after or (arm.evaluates if arm.evaluates != REFERENCE else None)
+        source = arm.reads
         grid = [dict(zip(axes, v, strict=True)) for v in itertools.product(*axes.values())]
         if source and any(_allows(arm.only, p) and not _allows(cls.arms[source].only, p) for p in grid):
             raise SpecError(f"{where}: arm {name} reads arm {source}'s runs where {source} has none (its only= "

@@ -39,7 +39,7 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from ..models.references import file_sha256
-from .declare import REFERENCE, Bench, Measure, Point, Probe, Study
+from .declare import EVALUATED, OFF_THE_SHELF, REFERENCE, Bench, Measure, Point, Probe, Study
 from .records import load_records, read_record, relative, resolved
 from .tables import item_pair
 
@@ -95,9 +95,8 @@ def plan(study: Study) -> list[Unit]:
     units = []
     for p in study.points():
         arm = study.arms[p.arm]
-        source = arm.after or (arm.evaluates if arm.evaluates != REFERENCE else None)
-        units.append(Unit(p.id, point=p, needs=(study.point(source, p.values).id,) if source else (),
-                          evaluated=arm.evaluates is not None))
+        units.append(Unit(p.id, point=p, needs=(study.point(arm.reads, p.values).id,) if arm.reads else (),
+                          evaluated=arm.kind in (EVALUATED, OFF_THE_SHELF)))
     for m in study.measures:
         ref, tuned = study.measure_runs(m)
         units.append(Unit(m.name, step=m, needs=(*([ref] if ref else []), *tuned)))
@@ -234,12 +233,12 @@ class Runner:
         from . import entries
 
         work = self.layout.checkpoints / unit.id
-        if unit.kind == "evaluate" and self.study.arms[unit.point.arm].evaluates == REFERENCE:
+        if unit.kind == "evaluate" and self.study.arms[unit.point.arm].kind == OFF_THE_SHELF:
             doc.update(arm=unit.point.arm, point=unit.point.values, evaluates=REFERENCE, **self._off_the_shelf(unit))
         elif unit.kind == "evaluate":
             arm = self.study.arms[unit.point.arm]
             # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
-            spec = arm.experiment.format(**self.study.train_fields(unit.point, self.layout.checkpoints))
+            spec = arm.spec.format(**self.study.train_fields(unit.point, self.layout.checkpoints))
             probe = self._experiment(spec, self._checkpoint(unit.needs[0]), work)
             metrics, source = probe["result"].get("metrics", {}), self._doc(unit.needs[0])
             for metric in sorted(set(metrics.get("items") or {}) & set(source["metrics"].get("items") or {})):

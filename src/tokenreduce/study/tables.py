@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .declare import REFERENCE, Bench, Col, Expect, Measure, Probe, Study
+from .declare import OFF_THE_SHELF, Bench, Col, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
 
@@ -309,9 +309,9 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
 
 def _arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, list[dict]]:
     """Arm -> its rows in the record of ``measure``: of its fine-tuned runs, or, for an arm evaluated off the
-    shelf (study.REFERENCE), the training-free row of its spec (at seed 0's pattern)."""
+    shelf (``Arm.kind`` off_the_shelf), the training-free row of its spec (at seed 0's pattern)."""
     doc, arm_of = runs.get(measure), {p.id: p.arm for p in study.points()}
-    free = {a.spec.format(seed=0): name for name, a in study.arms.items() if a.evaluates == REFERENCE}
+    free = {a.spec.format(seed=0): name for name, a in study.arms.items() if a.kind == OFF_THE_SHELF}
     found: dict[str, list[dict]] = {}
     for row in (doc or {}).get("result", {}).get("results", []):
         arms = {arm_of.get(r.get("run")) for r in row.get("runs", [])}
