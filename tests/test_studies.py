@@ -326,8 +326,7 @@ class _OffTheShelf(Study):
     """Two training-free arms evaluated on the bed's reference (a smoke: the model at its initialisation)."""
 
     claim, source = "test", "test"
-    expect = (Expect("tome above random", "test", arm="tome", baseline="random", metric="top1", direction=1,
-                     unit="item"),)
+    expect = (Expect("tome above random", "test", arm="tome", baseline="random", metric="top1", direction=1),)
     beds = {"scenes": Bed(
         testbed=SCENES, recipe={"eval_subset": 2000}, baseline="tome", grid=(Axis("seed", (0, 1), "s"),),
         arms={"tome": Arm("(tome)", spec="tome(r=8)", kind="off_the_shelf"),

@@ -17,7 +17,7 @@ matching's cost (prune-only has none).
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
 (``Arm(kind="off_the_shelf")``), scored per test item on all 10 000 test scenes, each seed one of three
-disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``: a paired
+disjoint folds of them; the claims take the test item as their unit (``Study.per_item``: a paired
 t-test over the 10 000 per-item differences). The measure ``free`` evaluates the three specs again in one
 interleaved timing run (MACs, img/s at batch 32, latency at batch 1).
 
@@ -50,7 +50,7 @@ _COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("
 
 def _beats(control: str, words: str) -> Expect:
     return Expect(f"prune-then-merge keeps more top-1 than {words} at the same per-block counts, off the shelf",
-                  _SOURCE, arm="diffrate", baseline=control, metric="top1", direction=1, unit="item")
+                  _SOURCE, arm="diffrate", baseline=control, metric="top1", direction=1)
 
 
 @register_study("diffrate")

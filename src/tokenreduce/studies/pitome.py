@@ -25,7 +25,7 @@ this width, ToMe's matching about 1.3%).
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
 (``Arm(kind="off_the_shelf")``), scored per test item on all 10 000 test scenes, each seed one of three
-disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``: a paired
+disjoint folds of them; the claims take the test item as their unit (``Study.per_item``: a paired
 t-test over the 10 000 per-item differences, Holm within the study and BH over the report). The measure
 ``free`` evaluates every spec again in one interleaved timing run (MACs, img/s at batch 32, latency at
 batch 1 against the unpatched reference); a claim reads "at equal measured speed" only where it timed
@@ -79,14 +79,13 @@ def _beats_tome(target: str) -> Expect:
     effect, published = _PUBLISHED[target]
     return Expect(f"at ~{target} MACs PiToMe keeps more top-1 than ToMe at equal MACs ({{at_speed}}), off the shelf",
                   _RESULTS, arm=f"pitome-{target}", baseline=f"tome-{target}", metric="top1", direction=1,
-                  effect=effect, published=published, speed=_SPEED, unit="item")
+                  effect=effect, published=published, speed=_SPEED)
 
 
 def _beats_random(target: str) -> Expect:
     return Expect(f"at ~{target} MACs PiToMe beats the random pruner at equal MACs ({{at_speed}}), off the shelf",
                   f"{_SOURCE} (the informed merge against this project's random floor; the paper has none)",
-                  arm=f"pitome-{target}", baseline=f"random-{target}", metric="top1", direction=1, speed=_SPEED,
-                  unit="item")
+                  arm=f"pitome-{target}", baseline=f"random-{target}", metric="top1", direction=1, speed=_SPEED)
 
 
 @register_study("pitome")

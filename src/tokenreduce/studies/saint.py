@@ -23,7 +23,7 @@ top-1 by less than half a point.
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
 (``Arm(kind="off_the_shelf")``), scored per test item on all 10 000 test scenes, each seed one of three
-disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``). The measure
+disjoint folds of them; the claims take the test item as their unit (``Study.per_item``). The measure
 ``free`` evaluates every fixed-count spec again in one interleaved timing run (MACs, img/s at batch 32,
 latency at batch 1); a claim reads "at equal measured speed" only where it timed both arms within 0.05x of
 each other. The official count is not timed: its MACs follow the batch.
@@ -91,20 +91,19 @@ _COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("
 def _drop_beats(merge: str, target: str) -> Expect:
     return Expect(f"at ~{target} MACs dropping (SAINT) keeps more top-1 than merging ({_NAMES[merge]}) at equal MACs "
                   "({at_speed}), off the shelf", _RESULTS, arm=f"saint-{target}", baseline=f"{merge}-{target}",
-                  metric="top1", direction=1, speed=_SPEED, unit="item")
+                  metric="top1", direction=1, speed=_SPEED)
 
 
 def _beats_random(method: str, target: str) -> Expect:
     return Expect(f"at ~{target} MACs {_NAMES[method]} beats the random pruner at its own counts, off the shelf",
                   f"{_SOURCE} (each informed reduction against this project's random floor; the paper has none)",
-                  arm=f"{method}-{target}", baseline=f"random_{method}-{target}", metric="top1", direction=1,
-                  unit="item")
+                  arm=f"{method}-{target}", baseline=f"random_{method}-{target}", metric="top1", direction=1)
 
 
 _BATCH = Expect("the official batch-mean count keeps the top-1 of the same rule's count calibrated on held-out scenes "
                 "(within half a point), off the shelf", f"{_SOURCE}; the official ViT/saint/prune.py (r = the batch "
                 "mean of the per-image counts, read with .item())", arm="saint_batch", baseline="saint_calibrated",
-                metric="top1", direction=1, margin=0.5, kind="equivalent", unit="item",
+                metric="top1", direction=1, margin=0.5, kind="equivalent",
                 why="half a top-1 point: below the published gaps between the methods compared here (SAINT over "
                     "the strongest baseline 0.8, PiToMe over ToMe 0.67 to 1.17), so a batch dependence within it "
                     "could not reverse them")

@@ -69,7 +69,7 @@ class Arm:
     method as its paper measures it), scored per item; its run at the n-th planned seed is scored on the n-th
     of as many disjoint folds of the test items (items n, n + S, n + 2S, ... of the runs' items, S seeds), so
     the seeds of two such arms pair item for item and together cover every test item once. Its claims take
-    the test item as their unit (``Expect.unit='item'``).
+    the test item as their unit (:meth:`Study.per_item`).
 
     ``only`` narrows the grid for this arm: axis name -> the values it runs at (``{"bits": (16,)}``: a
     sensitivity arm at one of several code lengths); an axis not named runs at all of its values, and a
@@ -169,11 +169,9 @@ class Expect:
     kind). ``speed``: (measure, margin): the claim is "at equal measured speed" only when an equivalence
     test on that measure's per-round timings of both arms (one interleaved run) holds within ``margin`` (x,
     e.g. :data:`EQUAL_SPEED`); the claim text's ``{at_speed}`` reads so, or "at its own pick" with both
-    speeds. ``power``: a plan declared before
-    the runs (:class:`Power`). ``unit``: what the test pairs: "seed" (each seed's difference of the two
-    runs), or "item" (each test item's difference, pooled over the paired seeds: the unit of arms evaluated
-    off the shelf on the reference, whose seeds are disjoint folds of the test items, not replications of a
-    training run; a metric kept per item, in percent: a correct item is 100, a wrong one 0).
+    speeds. ``power``: a plan declared before the runs (:class:`Power`). What the test pairs follows from
+    the arms (:meth:`Study.per_item`): each seed's difference of the two runs, or for arms evaluated off the
+    shelf each test item's.
     """
 
     claim: str
@@ -184,7 +182,6 @@ class Expect:
     direction: int
     at: dict[str, Any] = field(default_factory=dict)
     margin: float = 0.0
-    level: float = 0.05
     effect: float | None = None
     published: str = ""
     kind: str = "superior"
@@ -193,11 +190,10 @@ class Expect:
     family: str = ""
     speed: tuple[str, float] | None = None
     power: Power | None = None
-    unit: str = "seed"
+    #: every claim's level, two-sided (not a field: no claim declares another)
+    level = 0.05
 
     def __post_init__(self) -> None:
-        if self.unit not in ("seed", "item"):
-            raise SpecError(f"claim {self.claim!r}: unit must be seed or item, not {self.unit!r}")
         if self.kind not in ("superior", "noninferior", "equivalent"):
             raise SpecError(f"claim {self.claim!r}: kind must be superior, noninferior or equivalent, "
                             f"not {self.kind!r}")
@@ -261,12 +257,13 @@ class Bench:
     model: dict[str, Any]
     specs: tuple[str, ...] = ()
     checkpoint: str | None = None
-    control: str = "tome(r=0)"
     match_random: bool = False
     stem: str | None = None
     speed: dict[str, Any] = field(default_factory=dict)
     columns: tuple[Col, ...] = ()
     title: str = ""
+    #: the zero-reduction control every bench times (not a field: no bench declares another)
+    control = "tome(r=0)"
 
 
 #: What a bed's ``smoke`` may set (one smoke syntax with an experiment's, probes/base.py: a dict of what differs in
@@ -310,7 +307,8 @@ class Bed:
 
 @dataclass(frozen=True)
 class Point:
-    """One run of a study: ``arm`` at grid ``values`` (axis name -> value); ``id`` e.g. ``d_eet-b16-s0``."""
+    """One run of a study: ``arm`` at grid ``values`` (axis name -> value); ``id`` e.g. ``d_eet-b16-s0``. The
+    engine's (:meth:`Study.points`), not a declaration: no study writes one."""
 
     arm: str
     values: dict[str, Any]
@@ -438,6 +436,12 @@ class Study:
         at = self.complete(m.at)
         tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
         return (self.point(ref, m.at).id if ref else None), tuned
+
+    def per_item(self, e: Expect) -> bool:
+        """Whether claim ``e`` takes the test item as its unit, not the seed: its arms are evaluated off the
+        shelf, so their seeds are disjoint folds of the test items, not replications of a training run (a
+        metric kept per item, in percent: a correct item is 100, a wrong one 0)."""
+        return all(a in self.arms and self.arms[a].kind == OFF_THE_SHELF for a in (e.arm, e.baseline))
 
     def bench_run(self, b: Bench) -> Bench:
         """``b`` as this study runs it: the smoke's timing settings and narrower model, no checkpoint."""

@@ -263,7 +263,7 @@ def by_item(study: Study, e: Expect) -> bool:
     """Whether ``e``'s test pairs test items: a claim declared with the item as unit, unless one of its arms
     draws another random pattern for each seed (its spec names ``{seed}``): its folds then differ in more
     than their test items (the masks vary between them), so the fold is the unit of the test."""
-    return e.unit == "item" and not any("{seed}" in (study.arms[a].spec or "") for a in (e.arm, e.baseline)
+    return study.per_item(e) and not any("{seed}" in (study.arms[a].spec or "") for a in (e.arm, e.baseline)
                                         if a in study.arms)
 
 
@@ -407,7 +407,7 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
         seeds = [s for s in planned_seeds(study) if all(s in p for p in per)]
         fam = Expect(first.family, first.source, arm=f"the mean over {len(members)} claims' arms",
                      baseline="their baselines", metric=first.metric, direction=first.direction, at=first.at,
-                     margin=first.margin, level=first.level, kind=first.kind, delta=first.delta, why=first.why)
+                     margin=first.margin, kind=first.kind, delta=first.delta, why=first.why)
         out.append((fam, {s: statistics.fmean(p[s] for p in per) for s in seeds}, members))
     return out
 
@@ -456,7 +456,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     for (key, name, e, diffs, members, text, uncommitted), t in zip(rows, tests, strict=True):
         adj, k = adjusted[k:k + len(t)], k + len(t)
         if not diffs:
-            what = "'s per-item results" if e.unit == "item" else ""
+            what = "'s per-item results" if runs_of[key][0].per_item(e) else ""
             judged[key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}{what}"
                                       + _power_text(*runs_of[key], e, None, holm_sizes[name]), text,
                                       members=members))
@@ -465,7 +465,8 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
                           effect=e.effect, delta=e.delta, adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
             (None, "the test items are the unit") if by_item(*runs_of[key][:1], e) else \
-            (None, "the folds are the unit: a random pruner's mask differs between them") if e.unit == "item" else \
+            (None, "the folds are the unit: a random pruner's mask differs between them") \
+            if runs_of[key][0].per_item(e) else \
             item_interval(*runs_of[key], e)
         left = without_items(*runs_of[key], e) if by_item(*runs_of[key][:1], e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
@@ -593,9 +594,9 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
         lines.append(f"- {j.claim} ({where_text(e.at) or 'all'}){pooled}: {j.why}.{why}")
     lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
     per_item = [j for j in judged if j.verdict and by_item(study, j.expect)]
-    per_fold = [j for j in judged if j.verdict and j.expect.unit == "item" and not by_item(study, j.expect)]
+    per_fold = [j for j in judged if j.verdict and study.per_item(j.expect) and not by_item(study, j.expect)]
     without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members
-                      and j.expect.unit != "item"})
+                      and not study.per_item(j.expect)})
     if per_item:
         lines += ["", f"Per-item claims ({len(per_item)}): arms evaluated off the shelf, where the seeds are disjoint "
                       "folds of the test items; their test and t-interval are over the per-item differences of all "
