@@ -275,6 +275,10 @@ def test_bad_declarations_are_refused():
         @register_study("bad_smoke_test", TEST_STUDIES)
         class _Bad3(_TinyEET):
             beds = _tiny_bed(smoke={**EET_FMNIST.smoke, "recipes": {}})
+    with pytest.raises(SpecError, match="declares a power plan, whose pilot is .*; it is there itself"):
+        @register_study("bad_power_test", TEST_STUDIES)
+        class _Bad4(_TinyEET):
+            expect = (dataclasses.replace(_TinyEET.expect[0], power=1.0),)
     with pytest.raises(TokenReduceError, match="no run"):
         _runner(get_study("tiny_eet_test")(smoke=True), Path("unused")).unit("nope")
 

@@ -37,7 +37,7 @@ import dataclasses
 from typing import Any
 
 from ..core.errors import SpecError
-from ..study.declare import Arm, Axis, Col, Expect, Power
+from ..study.declare import Arm, Axis, Col, Expect
 from ..study.testbed import Testbed
 
 #: the scene reference starts every run and names the data
@@ -97,16 +97,14 @@ def at_longer(claims: tuple[Expect, ...], arms: tuple[str, ...],
               plans: dict[str, float] | None = None) -> tuple[Expect, ...]:
     """The ``claims`` between ``arms`` again at each longer length (:data:`LENGTH`). ``plans``: claim text ->
     the smallest effect (toward the claim) its longer runs must detect, a power plan declared before them
-    whose pilot is the same contrast at the shortened schedule (:class:`~.study.Power`)."""
+    whose pilot is the same contrast at the shortened schedule (``Expect.power``)."""
     plans = plans or {}
     unknown = set(plans) - {e.claim for e in claims}
     if unknown:
         raise SpecError(f"power plans for claims that are not declared: {sorted(unknown)}")
 
-    def plan(e: Expect) -> Power | None:
-        return Power(plans[e.claim], at={**e.at, "steps": STEPS}) if e.claim in plans else None
-
-    return tuple(dataclasses.replace(e, at={**e.at, "steps": steps}, power=plan(e)) for steps in LENGTH.values[1:]
+    return tuple(dataclasses.replace(e, at={**e.at, "steps": steps}, power=plans.get(e.claim))
+                 for steps in LENGTH.values[1:]
                  for e in claims if e.arm in arms and e.baseline in arms)
 
 #: the shortened schedule's fields, laid over a study's own recipe

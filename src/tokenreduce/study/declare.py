@@ -121,33 +121,13 @@ class Col:
     fmt: str = "{:.2f}"
 
 
+#: The power a claim's plan (:attr:`Expect.power`) asks of its test
+POWER = 0.8
+
 #: The margin within which two arms count as "at equal measured speed" (study/tables.py, claim_text):
 #: a tenth of the speed-up, the order the timing noise of one interleaved run on 2 CPU threads allows
 #: with ten rounds (each speed table prints its own measured noise); a tighter margin could not be shown.
 EQUAL_SPEED = 0.1
-
-
-@dataclass(frozen=True)
-class Power:
-    """A power plan declared before the runs: the smallest ``effect`` (paired difference, toward the claim)
-    the claim's test must detect, at the per-seed spread ``sd`` of the ``pilot`` (named: the runs or study
-    the spread was read from), with ``power`` (80%); the report states the n of seeds that gives it at the
-    level the claim is decided at (its level over the tests of its study's Holm family: study/stats.py,
-    :func:`~.stats.seeds_for_power`) beside the n run. ``at`` instead of ``sd``: the
-    pilot is the same contrast at that grid point of the study's own records (its paired differences' sd is
-    read from them, so the number lives in the records alone)."""
-
-    effect: float
-    sd: float | None = None
-    pilot: str = ""
-    power: float = 0.8
-    at: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if not self.effect > 0 or (self.sd is None) == (self.at is None) or not (self.at is not None or self.pilot):
-            raise SpecError(f"power plan: a positive effect (toward the claim, not {self.effect:g}) and either sd= "
-                            "with pilot= naming where it was read, or at= (the same contrast's runs at that grid "
-                            "point)")
 
 
 @dataclass(frozen=True)
@@ -169,7 +149,11 @@ class Expect:
     kind). ``speed``: (measure, margin): the claim is "at equal measured speed" only when an equivalence
     test on that measure's per-round timings of both arms (one interleaved run) holds within ``margin`` (x,
     e.g. :data:`EQUAL_SPEED`); the claim text's ``{at_speed}`` reads so, or "at its own pick" with both
-    speeds. ``power``: a plan declared before the runs (:class:`Power`). What the test pairs follows from
+    speeds. ``power``: a power plan declared before the runs: the smallest difference (toward the claim) its
+    test must detect with :data:`POWER`; the report states the n of seeds that gives it at the level the
+    claim is decided at (its level over the tests of its study's Holm family: :func:`~.stats.seeds_for_power`)
+    beside the n run, at the pilot sd of the same contrast's own records where the grid was first run
+    (:meth:`Study.pilot`: a longer fine-tune's plan reads the shortened schedule's). What the test pairs follows from
     the arms (:meth:`Study.per_item`): each seed's difference of the two runs, or for arms evaluated off the
     shelf each test item's.
     """
@@ -189,11 +173,14 @@ class Expect:
     why: str = ""
     family: str = ""
     speed: tuple[str, float] | None = None
-    power: Power | None = None
+    power: float | None = None
     #: every claim's level, two-sided (not a field: no claim declares another)
     level = 0.05
 
     def __post_init__(self) -> None:
+        if self.power is not None and not self.power > 0:
+            raise SpecError(f"claim {self.claim!r}: a power plan's effect is positive (toward the claim), "
+                            f"not {self.power:g}")
         if self.kind not in ("superior", "noninferior", "equivalent"):
             raise SpecError(f"claim {self.claim!r}: kind must be superior, noninferior or equivalent, "
                             f"not {self.kind!r}")
@@ -437,6 +424,11 @@ class Study:
         tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
         return (self.point(ref, m.at).id if ref else None), tuned
 
+    def pilot(self, e: Expect) -> dict[str, Any]:
+        """The grid point whose records give claim ``e``'s power plan its pilot sd: the same contrast with each
+        axis that has an ``implicit`` value at it (the runs made first: the shortened fine-tune)."""
+        return {**e.at, **{a.name: a.implicit for a in self.grid if a.implicit is not None}}
+
     def per_item(self, e: Expect) -> bool:
         """Whether claim ``e`` takes the test item as its unit, not the seed: its arms are evaluated off the
         shelf, so their seeds are disjoint folds of the test items, not replications of a training run (a
@@ -599,9 +591,13 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
         raise SpecError(f"{where}: its smoke grid names axes it lacks {sorted(set(smoke['grid']) - names)}")
     if "seed" not in names:
         raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
+    first = {a.name: a.implicit for a in cls.grid if a.implicit is not None}
     for e in claims:
         if "seed" in e.at:
             raise SpecError(f"{where}: the claim {e.claim!r} fixes the seed; it may fix grid axes other than seed")
+        if e.power is not None and e in cls.expect and {**e.at, **first} == e.at:
+            raise SpecError(f"{where}: the claim {e.claim!r} declares a power plan, whose pilot is the same contrast "
+                            "where the grid was first run (an axis' implicit value); it is there itself")
     for m in cls.measures:
         for arm in (*([m.reference] if m.reference else []), *m.finetuned):
             if arm not in cls.arms:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .declare import OFF_THE_SHELF, Bench, Col, Expect, Measure, Probe, Study
+from .declare import OFF_THE_SHELF, POWER, Bench, Col, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
 
@@ -493,18 +493,15 @@ def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict
     deciding = e.level / max(1, family)
     at = f"one-sided {deciding / 2:.2g}: {e.level:g} over the {family} tests of its Holm family, two-sided"
     if e.power is not None:
-        p = e.power
-        sd, pilot = p.sd, p.pilot
-        if p.at is not None:
-            diffs = paired(study, runs, e.arm, e.baseline, e.metric, p.at)
-            sd = statistics.stdev(diffs) if len(diffs) > 1 else None
-            pilot = pilot or f"the same contrast at {where_text(p.at)}, n = {len(diffs)}"
+        diffs = paired(study, runs, e.arm, e.baseline, e.metric, study.pilot(e))
+        sd = statistics.stdev(diffs) if len(diffs) > 1 else None
+        pilot = f"the same contrast at {where_text(study.pilot(e))}, n = {len(diffs)}"
         ran = f"run with n = {v.n}" if v is not None else "not run yet"
         if not sd:
-            return f"; power plan (declared before the runs): Δ = {p.effect:g}, its pilot ({pilot}) not stored; {ran}"
-        n = stats.seeds_for_power(p.effect, sd, p.power, deciding)
-        return (f"; power plan (declared before the runs): n = {n} seeds give {p.power:.0%} power to detect "
-                f"Δ = {p.effect:g} at the pilot sd {sd:.2g} ({pilot}; {at}); {ran}")
+            return f"; power plan (declared before the runs): Δ = {e.power:g}, its pilot ({pilot}) not stored; {ran}"
+        n = stats.seeds_for_power(e.power, sd, POWER, deciding)
+        return (f"; power plan (declared before the runs): n = {n} seeds give {POWER:.0%} power to detect "
+                f"Δ = {e.power:g} at the pilot sd {sd:.2g} ({pilot}; {at}); {ran}")
     if v is None:
         return ""
     toward = None if e.effect is None else (e.effect - e.margin) * e.direction
