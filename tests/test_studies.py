@@ -262,6 +262,17 @@ def test_the_tests_studies_are_found_by_name_and_never_listed():
     assert not set(TEST_STUDIES.names()) & set(list_studies())  # the report and `tokenreduce study` list the real ones
 
 
+def test_the_smallest_study_of_the_docs_declares_and_plans():
+    """docs/extending.md's example study, as written there, registers (into the tests' registry) and plans."""
+    code = (ROOT / "docs" / "extending.md").read_text().split("## A study", 1)[1].split("```python\n", 1)[1]
+    code = code.split("```", 1)[0].replace('register_study("topk_vs_random")',
+                                           'register_study("topk_vs_random", TEST_STUDIES)')
+    exec(compile(code, "docs/extending.md", "exec"), {"TEST_STUDIES": TEST_STUDIES})
+    study = get_study("topk_vs_random")(smoke=True)
+    assert [p.id for p in study.points()] == ["random-s0", "topk-s0", "random-s1", "topk-s1"]
+    assert [e.arm for e in study.expect] == ["topk"] and "topk_vs_random" not in list_studies()
+
+
 def test_bad_declarations_are_refused():
     with pytest.raises(SpecError, match="unknown training settings"):
         @register_study("bad_recipe_test", TEST_STUDIES)
