@@ -539,7 +539,7 @@ class _TinyBench(Study):
     """A test-only bench on test_vit at 64x64, the model tests/test_cli_bench.py times with the command."""
 
     claim, source = "test", "test"
-    beds = {"cpu": Bed(benches=(Bench("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
+    beds = {"cpu": Bed(evaluations=(Bench("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
                                       specs=("evit(keep=0.7, locs=(1, 3))", "tome(r=2)"), match_random=True,
                                       speed={"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}),))}
 
@@ -621,17 +621,17 @@ def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys
     with pytest.raises(SpecError, match="distinct names"):
         @register_study("bad_names_test", TEST_STUDIES)
         class _Bad3(_TinyBench):
-            beds = {"cpu": Bed(benches=_TinyBench.beds["cpu"].benches * 2)}
+            beds = {"cpu": Bed(evaluations=_TinyBench.beds["cpu"].benches * 2)}
     with pytest.raises(SpecError, match=r"bench tiny names unknown settings \['batch_size'\]"):
         @register_study("bad_bench_speed_test", TEST_STUDIES)
         class _Bad5(_TinyBench):
-            beds = {"cpu": Bed(benches=(dataclasses.replace(_TinyBench.beds["cpu"].benches[0],
+            beds = {"cpu": Bed(evaluations=(dataclasses.replace(_TinyBench.beds["cpu"].benches[0],
                                                             speed={"batch_size": 2}),))}
     with pytest.raises(SpecError, match=r"bench table 'x' needs its label column, then columns of the benches it "
                                         r"declares \(unknown: \['nope'\]\)"):
         @register_study("bad_bench_table_test", TEST_STUDIES)
         class _Bad6(_TinyBench):
-            beds = {"cpu": Bed(benches=_TinyBench.beds["cpu"].benches,
+            beds = {"cpu": Bed(evaluations=_TinyBench.beds["cpu"].benches,
                                bench_tables={"x": (Col("label", "spec"), Col("tiny", "b2 / b1"), Col("nope", "b2"))})}
     with pytest.raises(SpecError, match="'seed' axis"):  # a study with arms still needs its seeds
         @register_study("bad_seedless_test", TEST_STUDIES)

@@ -162,7 +162,7 @@ def _study(expect, arms=("a", "b", "c"), measures=(), name="synthetic"):
         pass
     Synthetic.name = name
     Synthetic.expect = tuple(expect)
-    Synthetic.beds = {"any": Bed(arms={a: Arm(f"({a})") for a in arms}, baseline=arms[0], measures=measures,
+    Synthetic.beds = {"any": Bed(arms={a: Arm(f"({a})") for a in arms}, baseline=arms[0], evaluations=measures,
                                  grid=(Axis("seed", (0, 1, 2), "s"),),
                                  columns=(Col("m", "m"), Col("m", "Δ m", paired=True)))}
     return Synthetic()

@@ -37,7 +37,7 @@ def _scenes(name: str, new: str, keep: tuple[str, ...] | None = None, **over) ->
 
 
 #: two trained arms and the evaluated oracle arm of the scene EET study, one seed
-_scenes("eet", "tiny_oracle_test", ("a_unpruned", "b_ctp", "e_oracle"), measures=(),
+_scenes("eet", "tiny_oracle_test", ("a_unpruned", "b_ctp", "e_oracle"), evaluations=(),
         smoke=dict(get_study("eet").beds["scenes"].smoke, grid={"bits": (8,), "seed": (0,),
                                                                                 "steps": (100,)}))
 
@@ -101,7 +101,7 @@ def test_bad_evaluated_arms_are_refused():
              ({"e": Arm("e", oracle, kind="evaluate")}, "is of kind 'evaluate'; choose from trained, after, ")]
     for i, (arms, match) in enumerate(cases):
         with pytest.raises(SpecError, match=match):
-            _scenes("eet", f"bad_evaluated_{i}", arms={**base, **arms}, measures=())
+            _scenes("eet", f"bad_evaluated_{i}", arms={**base, **arms}, evaluations=())
 
 
 def test_a_synthetic_scene_bed_builds_the_named_data_from_synthetic_images(tmp_path: Path):
@@ -129,7 +129,8 @@ def test_bad_second_phases_are_refused():
     arms = get_study("bspf").beds["scenes"].arms
     for i, arm in enumerate([Arm("x", kind="after", reads="nope"), Arm("x", kind="after", reads="x")]):
         with pytest.raises(SpecError, match="reads .*, which is not another of its trained arms"):
-            _scenes("bspf", f"bad_after_{i}", arms={**arms, "x": arm}, probes=())
+            _scenes("bspf", f"bad_after_{i}", arms={**arms, "x": arm},
+                    evaluations=get_study("bspf").beds["scenes"].measures)
 
 
 def test_a_pending_reason_is_printed_where_runs_are_missing(tmp_path: Path):
@@ -195,13 +196,13 @@ def test_a_measure_over_two_arms_of_one_model_and_spec_is_refused():
     """The evaluation groups checkpoints by model and spec: two such arms would silently share one row."""
     both = Measure("speed", reference=None, at={"seed": 0}, finetuned=("bspf_mirrored", "bspf_untied2"))
     with pytest.raises(SpecError, match="bspf_mirrored and bspf_untied2, which carry the same model and spec"):
-        _scenes("bspf", "bad_measure", measures=(both,))
+        _scenes("bspf", "bad_measure", evaluations=(both, *get_study("bspf").beds["scenes"].probes))
 
 
 #: two fine-tuned arms, one on its own model (the conv stem), and a measure over both, one seed
 _scenes("imagepiece", "tiny_records_test", ("none", "imagepiece", "conv_imagepiece"),
-        measures=(Measure("speed", reference=None, at={"seed": 0}, finetuned=("imagepiece", "conv_imagepiece"),
-                          columns=SPEED_COLUMNS),),
+        evaluations=(Measure("speed", reference=None, at={"seed": 0}, finetuned=("imagepiece", "conv_imagepiece"),
+                             columns=SPEED_COLUMNS),),
         smoke=scene_smoke(grid={"seed": (0,)}, measure=SMOKE_MEASURE))
 
 

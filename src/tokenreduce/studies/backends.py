@@ -84,7 +84,7 @@ class Backends(Study):
              "slower than the unreduced model at batch 1, on each backend")
     source = "the project's speed targets, read against EViT, ToMe, CTP, top-k and ImagePiece at their schedules"
     beds = {"cpu": Bed(
-        benches=_benches(),
+        evaluations=_benches(),
         bench_tables={f"{what}: speed-ups per backend": _side_by_side(
             what, (f"{model}-eager", "eager b32 / b1", "vs random b32 / b1"),
             (f"{model}-compile", "compile b32 / b1", "vs random"),
@@ -95,7 +95,7 @@ class Backends(Study):
         budget="6 runs of 3-15 min on 2 idle CPU threads (compiling and exporting every case included)"),
         "gpu": Bed(
             title="The GPU preset: DeiT-S in bfloat16 on one GPU",
-            benches=_gpu_benches(),
+            evaluations=_gpu_benches(),
             bench_tables={"DeiT-S, bfloat16: speed-ups eager and with CUDA graphs": _side_by_side(
                 "DeiT-S (4.6 GMACs)", ("deit_small-gpu-eager", "eager b256 / b1", "vs random b256 / b1"),
                 ("deit_small-gpu-graphs", "CUDA graphs b256 / b1", "vs random"))},

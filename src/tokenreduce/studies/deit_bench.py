@@ -34,7 +34,7 @@ class DeitBench(Study):
              "and about as fast as a random pruner with the same token counts")
     source = "EViT (keep 0.7 at blocks 3, 6, 9), ToMe (r = 13), EET's CTP: their DeiT-S settings"
     beds = {"deit_s": Bed(
-        benches=(Bench("deit_small", model=DEIT_S, specs=DEIT_SPECS, match_random=True,
+        evaluations=(Bench("deit_small", model=DEIT_S, specs=DEIT_SPECS, match_random=True,
                        speed={"batch": 32, "repeats": 10},
                        columns=tuple(Col(k, h) for k, h in COLUMNS if k != "latency_vs_random"),
                        title="DeiT-S, 2 CPU threads: MACs, img/s at batch 32, latency at batch 1"),),

@@ -68,7 +68,7 @@ class DiffRateStudy(Study):
             recipe={**shortened(get_recipe("fmnist-vit-ft")), "eval_subset": None},
             arms=_ARMS, baseline="diffrate", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"), Col("top1", "Δ top-1 vs DiffRate", paired=True)),
-            measures=(
+            evaluations=(
                 Measure("free", reference=None, at={}, columns=_COLUMNS, specs=tuple(a.spec for a in _ARMS.values()),
                         title="Off the shelf, one interleaved timing run: each arm's spec on the reference"),
             ),

@@ -139,7 +139,8 @@ class EET(Study):
             }, LONGER, bits=(16,)),
             baseline="a_unpruned", pending=LONGER_PENDING, grid=(LENGTH, *_GRID), split=("bits", "{} bits"),
             columns=_COLUMNS,
-            measures=(_speed("Speed: CTP against the unpruned model, one interleaved run (batch 32; latency at 1)"),),
+            evaluations=(
+                _speed("Speed: CTP against the unpruned model, one interleaved run (batch 32; latency at 1)"),),
             # no "subset" here: the oracle takes its source's test items ({eval_subset}), so the two pair by item
             smoke=scene_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE, probe={"batch": 8}),
             budget=("16 bits: 18 training runs x 2-6 min + 3 oracle evaluations x 2 min + 1 speed run x 3 min; "
@@ -150,9 +151,9 @@ class EET(Study):
             title="EET on Fashion-MNIST: CTP, DKT and DRG",
             recipe=get_recipe("fmnist-eet"),  # also `tokenreduce train --recipe fmnist-eet`
             arms=_arms(), baseline="a_unpruned", grid=_GRID, split=("bits", "{} bits"), columns=_COLUMNS,
-            measures=(_speed("Speed: CTP against the unpruned model, one interleaved run"),),
-            probes=(Probe("recall", "recall_at_kept(spec='ctp()')", title="recall@kept: does CTP keep the object?",
-                          fmnist_only=True),),
+            evaluations=(_speed("Speed: CTP against the unpruned model, one interleaved run"),
+                         Probe("recall", "recall_at_kept(spec='ctp()')", title="recall@kept: does CTP keep the object?",
+                               fmnist_only=True)),
             smoke=fmnist_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE,
                                probe={"images": 16, "seeds": (0,), "batch": 8}),
             budget="24 training runs x 3-5 min on 2 CPU cores (two lanes of 1 thread), speed and recall runs ~2 min "

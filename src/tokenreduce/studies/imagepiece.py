@@ -173,7 +173,7 @@ class ImagePiece(Study):
             arms=_SCENE_ARMS, baseline="none", grid=_GRID,
             columns=(Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True),
                      Col("train_time_s", "wall s")),
-            measures=(Measure("speed", reference=None, at={"seed": 0},
+            evaluations=(Measure("speed", reference=None, at={"seed": 0},
                               finetuned=tuple(a for a in _SCENE_ARMS if a != "none"), columns=SPEED_COLUMNS,
                               title="Speed: every arm's seed-0 run against the reference, one interleaved run (each "
                                     "row with its own stem: the conv-stem rows count the conv stem)"),),
@@ -186,13 +186,13 @@ class ImagePiece(Study):
             arms=_FM_ARMS, baseline="patch_none", grid=_GRID,
             columns=(Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs patch-none", paired=True),
                      Col("train_time_s", "wall s")),
-            measures=(_stem_speed("conv"), _stem_speed("patch")),
+            evaluations=(_stem_speed("conv"), _stem_speed("patch")),
             smoke=fmnist_smoke(measure=SMOKE_MEASURE),
             budget=("33 training runs x ~4.5 min on 2 CPU cores (two lanes of 1 thread, ~2.5 h), "
                     "two speed runs ~5 min each on idle cores")),
         "deit_s": Bed(
             title="ImagePiece on DeiT-S, the conv stem counted (CPU, random weights)",
-            benches=(Bench("deit_small_conv", model=DEIT_S, specs=DEIT_SPECS, stem="conv",
+            evaluations=(Bench("deit_small_conv", model=DEIT_S, specs=DEIT_SPECS, stem="conv",
                            speed={"batch": 32, "repeats": 10},
                            title="DeiT-S, 2 CPU threads: ImagePiece with the patch stem and with its conv stem, "
                                  "against the plain model"),),

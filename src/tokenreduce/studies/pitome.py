@@ -102,7 +102,7 @@ class PiToMeStudy(Study):
             arms=_ARMS, baseline="tome-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs ToMe 1.5x", paired=True)),
-            measures=(
+            evaluations=(
                 Measure("free", reference=None, at={}, columns=_COLUMNS,
                         specs=tuple(spec.format(seed=0) for specs in PICKS.values() for spec in specs),
                         title="Off the shelf, one interleaved timing run: every arm's spec on the reference "

@@ -126,7 +126,7 @@ class SaintStudy(Study):
             arms=_ARMS, baseline="saint-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs SAINT 1.5x", paired=True)),
-            measures=(
+            evaluations=(
                 Measure("free", reference=None, at={}, columns=_COLUMNS,
                         specs=(*(spec.format(seed=0) for picks in PICKS.values() for pair in picks.values()
                                  for spec in pair), CALIBRATED),

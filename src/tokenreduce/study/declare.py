@@ -267,7 +267,9 @@ class Bed:
     """What a study declares for one test bed: the ``testbed`` its runs start from and are scored on, and
     everything that depends on it: the ``recipe`` (TrainConfig fields), the ``arms`` (their specs name
     per-block counts, which depend on the patch grid), the ``baseline`` arm, the ``grid``, the axis tables
-    are ``split`` by, the table ``columns``, ``measures``, ``probes``, ``benches`` and ``bench_tables``, the
+    are ``split`` by, the table ``columns``, its ``evaluations`` off the grid (each said by its type:
+    :class:`Measure`, :class:`Probe`, :class:`Bench`; read as ``measures``, ``probes``, ``benches``), the
+    ``bench_tables``, the
     ``smoke`` version, the ``budget`` (what the bed's runs cost where they were run) and ``pending`` (why
     runs are missing). ``title``: the bed's heading (default: the study's). The claims are the study's,
     declared once (:attr:`Study.expect`): a bed tests each claim whose arms it has.
@@ -282,14 +284,30 @@ class Bed:
     grid: tuple[Axis, ...] = ()
     split: tuple[str, str] | None = None
     columns: tuple[Col, ...] = ()
-    measures: tuple[Measure, ...] = ()
-    probes: tuple[Probe, ...] = ()
-    benches: tuple[Bench, ...] = ()
+    evaluations: tuple[Measure | Probe | Bench, ...] = ()
     #: several benches of the same specs side by side (one backend each, say): title -> its columns (:class:`Col`)
     bench_tables: dict[str, tuple[Col, ...]] = field(default_factory=dict)
     smoke: dict[str, Any] | None = None  #: :data:`SMOKE_KEYS`
     budget: str = ""
     pending: str = ""
+
+    @property
+    def measures(self) -> tuple[Measure, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Measure))
+
+    @property
+    def probes(self) -> tuple[Probe, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Probe))
+
+    @property
+    def benches(self) -> tuple[Bench, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Bench))
+
+
+def _declared(bed: Bed) -> dict[str, Any]:
+    """``bed``'s declarations by name: its fields, and its evaluations by type (measures, probes, benches)."""
+    return {**{f.name: getattr(bed, f.name) for f in dataclasses.fields(Bed)},
+            **{k: getattr(bed, k) for k in ("measures", "probes", "benches")}}
 
 
 @dataclass(frozen=True)
@@ -335,9 +353,9 @@ class Study:
         if self.bed_name not in cls.beds:
             raise TokenReduceError(f"study {cls.name} has no test bed {bed!r}; choose from {', '.join(cls.beds)}")
         decl = cls.beds[self.bed_name]
-        for f in dataclasses.fields(Bed):
-            if f.name != "testbed":
-                setattr(self, f.name, getattr(decl, f.name))
+        for k, v in _declared(decl).items():
+            if k != "testbed":
+                setattr(self, k, v)
         self.title = decl.title or cls.title
         self.expect = tuple(e for e in cls.expect if tests_claim(decl, e))
         self.is_smoke = smoke
@@ -513,8 +531,7 @@ def check_study(cls: type[Study]) -> None:
     if not cls.beds:
         raise SpecError(f"study {cls.name} declares no test bed (beds = {{name: Bed(...)}})")
     for bed, decl in cls.beds.items():
-        view = SimpleNamespace(**{f.name: getattr(decl, f.name) for f in dataclasses.fields(Bed)},
-                               name=f"{cls.name} (test bed {bed})",
+        view = SimpleNamespace(**_declared(decl), name=f"{cls.name} (test bed {bed})",
                                expect=tuple(e for e in cls.expect if tests_claim(decl, e)))
         _check_bed(view, cls.expect)
     untested = [e.claim for e in cls.expect if not any(tests_claim(d, e) for d in cls.beds.values())]
