@@ -1,17 +1,18 @@
 """A study: a paper's claims as controlled comparisons, declared once and run on each of its test beds.
 
 A study (one module under studies/, named as registered) names the ``claim`` it tests, its
-``source`` and its claims (``expect``: :class:`Expect`, the statistic, the level, the published effect),
+``source`` and its claims (``expect``: :class:`Expect`, the statistic, the margin, the published effect),
 and its test beds (``beds``: name -> :class:`Bed`; the first is the default, ``tokenreduce study NAME
 --testbed BED`` picks another). A bed declares what depends on the test bed: the :class:`Testbed` its
 runs start from and are scored on (a built-in reference, or a timm model with pretrained or local
 weights and a dataset or image folder), a typed ``recipe`` (TrainConfig fields, checked when the study
-is registered), its ``arms`` (:class:`Arm`: task spec, reducer spec, stem, transforms, init, teacher;
-their specs name per-block counts, which depend on the patch grid), a ``grid`` (:class:`Axis`: seeds,
-code lengths ...), the tables it prints (:class:`Col`), ``measures`` and ``probes`` that evaluate its
-trained runs, ``benches`` (:class:`Bench`: the ``bench`` command's timing of specs on a model given by
-its config; ``bench_tables``: several side by side), a ``smoke`` version
-(:data:`SMOKE_KEYS`: the same bed at tiny sizes, run by the test suite) and its ``budget``. Every bed
+is registered), its ``arms`` (:class:`Arm`: what each is, by its ``kind``, and its reducer spec, task
+spec, stem, transforms; their specs name per-block counts, which depend on the patch grid), a ``grid``
+(:class:`Axis`: seeds, code lengths ...), the tables it prints (:class:`Col`, every table's columns), its
+``evaluations`` off the grid, each said by its type (:class:`Measure` and :class:`Probe` evaluate its
+trained runs, :class:`Bench` is the ``bench`` command's timing of specs on a model given by its config;
+``bench_tables``: several side by side), a ``smoke`` version (a dict, :data:`SMOKE_KEYS`: the same bed at
+tiny sizes, run by the test suite) and its ``budget``. Every bed
 tests each claim whose two arms it has (:func:`tests_claim`), so a claim is written once however many
 beds test it; a user's own test bed (``--model``, ``--data``) runs a declared bed's plan on it.
 
