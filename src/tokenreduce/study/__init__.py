@@ -4,7 +4,6 @@ written as a page (study/page.py). The declarations it runs live under ``tokenre
 per paper; the probes they call under ``tokenreduce.probes``."""
 
 from .declare import (
-    REFERENCE,
     Arm,
     Axis,
     Bed,
@@ -21,6 +20,6 @@ from .declare import (
 )
 from .testbed import Testbed
 
-__all__ = ["REFERENCE", "Arm", "Axis", "Bed", "Bench", "Col", "Expect", "Measure", "Probe",
+__all__ = ["Arm", "Axis", "Bed", "Bench", "Col", "Expect", "Measure", "Probe",
            "Study", "Testbed", "get_study", "list_studies", "reading",
            "register_study"]

@@ -266,7 +266,7 @@ class Runner:
             doc.update(self._probe(unit, work))
 
     def _off_the_shelf(self, unit: Unit) -> dict[str, Any]:
-        """An arm evaluated on the test bed's reference (study.REFERENCE): its spec off the shelf on the fold
+        """An arm evaluated on the test bed's reference (``Arm.kind`` off_the_shelf): its spec off the shelf on the fold
         of the test items its seed names (the seed's place among the planned seeds)."""
         from . import entries
 
