@@ -14,6 +14,9 @@ import torch
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
+from tokenreduce.core.registry import Registry
+from tokenreduce.study import reading
+
 TINY = dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2, num_classes=10)
 
 #: The host matrix (README, "Tests"): each entry builds a tiny model of one timm ViT variant.
@@ -34,6 +37,17 @@ CLASS_TOKEN_FREE = frozenset({"avgpool", "siglip"})
 #: Where the contract runs: the CPU, and CUDA (marked ``gpu``: the device script's tier) where torch sees one.
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+#: The tests' own studies (register_study(name, TEST_STUDIES)): found by name while the tests run, never listed
+#: with the built-in ones (list_studies(), the report)
+TEST_STUDIES: Registry = Registry("study")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_studies() -> Iterator[None]:
+    with reading(TEST_STUDIES):
+        yield
 
 
 def make_host(name: str, seed: int = 0) -> torch.nn.Module:

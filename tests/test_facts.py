@@ -81,7 +81,7 @@ def test_the_amp_choices_have_one_home_that_the_cli_the_config_and_precision_rea
 
 def test_no_study_restates_the_default_timing_settings():
     restated = []
-    for name in (n for n in list_studies() if not n.startswith("_")):  # "_": a test's own study
+    for name in list_studies():
         for bed_name, bed in get_study(name).beds.items():
             for b in bed.benches:
                 same = {k: v for k, v in b.speed.items() if settings.SPEED.get(k) == v}
@@ -96,7 +96,7 @@ def test_a_compute_plan_is_declared_once_as_numbers_and_the_page_writes_its_sent
         "20 training runs x 4 min + 1 speed run x 3 min: about 83 min planned"
     assert budget_text(((30, "training", 4), (12, "937-step training", 205 / 12))) == \
         "30 training runs x 4 min + 12 937-step training runs x 17.1 min: about 5.4 h planned"
-    for name in (n for n in list_studies() if not n.startswith("_")):  # "_": a test's own study
+    for name in list_studies():
         for bed_name, bed in get_study(name).beds.items():
             assert bed.budget and all(type(n) is int and n > 0 and isinstance(kind, str) and minutes > 0
                                       for n, kind, minutes in bed.budget), (name, bed_name, bed.budget)

@@ -272,7 +272,7 @@ def test_no_import_circle():
 #: Where a study names things in its own namespace: its name, its arms' keys and display labels, and the arm labels its
 #: expectations, measures and probes refer to. Such a label may equal a method's name ("bspf", the arm
 #: that runs bspf's spec); the study reaches the method only through spec strings.
-STUDY_LABELS = {"arm", "baseline", "reference", "finetuned", "evaluates", "after"}
+STUDY_LABELS = {"arm", "baseline", "reference", "finetuned", "reads"}
 
 
 def study_labels(tree: ast.Module) -> set[int]:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TEST_STUDIES
 
 from tokenreduce.cli import main
 from tokenreduce.core.errors import SpecError, TokenReduceError
 from tokenreduce.studies.beds import SCENES, TINY_FMNIST, scene_smoke
 from tokenreduce.study import (
-    REFERENCE,
     Arm,
     Axis,
     Bed,
@@ -60,7 +60,7 @@ def _tiny_bed(**over: Any) -> dict[str, Bed]:
     return {"fmnist": dataclasses.replace(bed, **over)}
 
 
-@register_study("_tiny_eet_test")
+@register_study("tiny_eet_test", TEST_STUDIES)
 class _TinyEET(Study):
     claim, source = "test", "test"
     expect = (Expect("b below a", "test", arm="b", baseline="a", metric="map_asym", direction=-1),)
@@ -95,8 +95,7 @@ def test_eet_smoke_runs_end_to_end(eet_smoke: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "bed"), [(n, b) for n in list_studies() if not n.startswith("_")
-                                           for b in get_study(n).beds])
+@pytest.mark.parametrize(("name", "bed"), [(n, b) for n in list_studies() for b in get_study(n).beds])
 def test_every_registered_study_runs_its_smoke(name: str, bed: str, tmp_path: Path,
                                                request: pytest.FixtureRequest):
     study = get_study(name)(bed, smoke=True)
@@ -168,7 +167,7 @@ def test_a_killed_study_continues_and_does_each_run_once(tmp_path: Path, monkeyp
         return out
 
     monkeypatch.setitem(execute.EXECUTORS, TrainConfig, counting)
-    study = get_study("_tiny_eet_test")(smoke=True)
+    study = get_study("tiny_eet_test")(smoke=True)
     with pytest.raises(KeyboardInterrupt):
         _runner(study, tmp_path).run()
     assert done == ["a-b8-s0", "b-b8-s0", "killed"]
@@ -180,7 +179,7 @@ def test_a_killed_study_continues_and_does_each_run_once(tmp_path: Path, monkeyp
 
 
 def test_a_run_made_on_another_test_bed_is_refused(tmp_path: Path):
-    study = get_study("_tiny_eet_test")(smoke=True)
+    study = get_study("tiny_eet_test")(smoke=True)
     runner = _runner(study, tmp_path)
     path = runner.layout.json("a-b8-s0")
     path.parent.mkdir(parents=True)
@@ -189,17 +188,41 @@ def test_a_run_made_on_another_test_bed_is_refused(tmp_path: Path):
         runner.run()
 
 
+def test_the_tests_studies_are_found_by_name_and_never_listed():
+    assert "tiny_eet_test" in TEST_STUDIES.names() and get_study("tiny_eet_test") is _TinyEET
+    assert not set(TEST_STUDIES.names()) & set(list_studies())  # the report and `tokenreduce study` list the real ones
+
+
+def test_the_smallest_study_of_the_docs_declares_and_plans():
+    """docs/extending.md's example study, as written there, registers (into the tests' registry) and plans."""
+    code = (ROOT / "docs" / "extending.md").read_text().split("## A study", 1)[1].split("```python\n", 1)[1]
+    code = code.split("```", 1)[0].replace('register_study("topk_vs_random")',
+                                           'register_study("topk_vs_random", TEST_STUDIES)')
+    exec(compile(code, "docs/extending.md", "exec"), {"TEST_STUDIES": TEST_STUDIES})
+    study = get_study("topk_vs_random")(smoke=True)
+    assert [p.id for p in study.points()] == ["random-s0", "topk-s0", "random-s1", "topk-s1"]
+    assert [e.arm for e in study.expect] == ["topk"] and "topk_vs_random" not in list_studies()
+
+
 def test_bad_declarations_are_refused():
     with pytest.raises(SpecError, match="unknown training settings"):
-        @register_study("_bad_recipe_test")
+        @register_study("bad_recipe_test", TEST_STUDIES)
         class _Bad(_TinyEET):
             beds = _tiny_bed(recipe={"learning_rate": 0.1})
     with pytest.raises(SpecError, match="baseline"):
-        @register_study("_bad_baseline_test")
+        @register_study("bad_baseline_test", TEST_STUDIES)
         class _Bad2(_TinyEET):
             beds = _tiny_bed(baseline="z")
+    with pytest.raises(SpecError, match=r"its smoke sets unknown keys \['recipes'\]; choose from"):
+        @register_study("bad_smoke_test", TEST_STUDIES)
+        class _Bad3(_TinyEET):
+            beds = _tiny_bed(smoke={**EET_FMNIST.smoke, "recipes": {}})
+    with pytest.raises(SpecError, match="declares a power plan, whose pilot is .*; it is there itself"):
+        @register_study("bad_power_test", TEST_STUDIES)
+        class _Bad4(_TinyEET):
+            expect = (dataclasses.replace(_TinyEET.expect[0], power=1.0),)
     with pytest.raises(TokenReduceError, match="no run"):
-        _runner(get_study("_tiny_eet_test")(smoke=True), Path("unused")).unit("nope")
+        _runner(get_study("tiny_eet_test")(smoke=True), Path("unused")).unit("nope")
 
 
 
@@ -213,55 +236,54 @@ def _only_bed(**arms: Arm) -> dict[str, Bed]:
                      split=("bits", "{} bits"))
 
 
-@register_study("_only_test")
+@register_study("only_test", TEST_STUDIES)
 class _Only(_TinyEET):
     beds = _only_bed()
 
 
 def test_an_arm_runs_only_where_it_says():
-    study = get_study("_only_test")()
+    study = get_study("only_test")()
     assert [p.id for p in study.points() if p.arm == "c"] == ["c-b16-s0", "c-b16-s1"]
     assert len(study.points()) == 2 * 2 * 2 + 2
     runs = {p.id: {"metrics": {"map_asym": 50.0 + i}} for i, p in enumerate(study.points())}
     text = summary(study, runs)
     eight, sixteen = text.split("### 16 bits")
     assert "| (c) | 0, 1 |" in sixteen and "(c)" not in eight and "not run" not in text
-    smoke = get_study("_only_test")(smoke=True)  # its grid has 8 bits only: c runs there, like every arm
+    smoke = get_study("only_test")(smoke=True)  # its grid has 8 bits only: c runs there, like every arm
     assert {p.id for p in smoke.points() if p.arm == "c"} == {"c-b8-s0", "c-b8-s1"}
     with pytest.raises(SpecError, match="runs only at"):
-        @register_study("_bad_only_test")
+        @register_study("bad_only_test", TEST_STUDIES)
         class _Bad(_Only):
             beds = _only_bed(d=Arm("(d)", only={"bits": (32,)}))
     with pytest.raises(SpecError, match="reads arm c's runs where c has none"):
-        @register_study("_bad_only_source_test")
+        @register_study("bad_only_source_test", TEST_STUDIES)
         class _Bad2(_Only):
-            beds = _only_bed(e=Arm("(e)", evaluates="c", experiment="oracle_at_counts"))
+            beds = _only_bed(e=Arm("(e)", "oracle_at_counts", kind="evaluated", reads="c"))
     with pytest.raises(SpecError, match=r"no test bed has the arms \(at the grid point\) of the claims"):
-        @register_study("_bad_only_expect_test")
+        @register_study("bad_only_expect_test", TEST_STUDIES)
         class _Bad3(_Only):
             expect = (Expect("c below a", "test", arm="c", baseline="a", metric="map_asym", direction=-1,
                              at={"bits": 8}),)
 
 
 
-@register_study("_off_the_shelf_test")
+@register_study("off_the_shelf_test", TEST_STUDIES)
 class _OffTheShelf(Study):
     """Two training-free arms evaluated on the bed's reference (a smoke: the model at its initialisation)."""
 
     claim, source = "test", "test"
-    expect = (Expect("tome above random", "test", arm="tome", baseline="random", metric="top1", direction=1,
-                     unit="item"),)
+    expect = (Expect("tome above random", "test", arm="tome", baseline="random", metric="top1", direction=1),)
     beds = {"scenes": Bed(
         testbed=SCENES, recipe={"eval_subset": 2000}, baseline="tome", grid=(Axis("seed", (0, 1), "s"),),
-        arms={"tome": Arm("(tome)", spec="tome(r=8)", evaluates=REFERENCE),
-              "random": Arm("(random)", spec="random(keep=0.5, locs=(3,), seed={seed})", evaluates=REFERENCE)},
+        arms={"tome": Arm("(tome)", spec="tome(r=8)", kind="off_the_shelf"),
+              "random": Arm("(random)", spec="random(keep=0.5, locs=(3,), seed={seed})", kind="off_the_shelf")},
         columns=(Col("top1", "top-1 %"),), smoke=scene_smoke())}
 
 
 def test_arms_evaluated_off_the_shelf_are_scored_per_item_on_disjoint_folds(tmp_path: Path):
     """An off-the-shelf arm trains nothing: its seeds score disjoint folds of the test items, and its claims
     are tested over the per-item differences (n = the test items, not the seeds)."""
-    study = get_study("_off_the_shelf_test")(smoke=True)
+    study = get_study("off_the_shelf_test")(smoke=True)
     runner = _runner(study, tmp_path)
     runner.run()
     runs = load_runs(runner.layout, study)
@@ -275,25 +297,25 @@ def test_arms_evaluated_off_the_shelf_are_scored_per_item_on_disjoint_folds(tmp_
     study.arms["random"] = fixed  # one mask for every fold: the test items are the unit
     judged = verdicts(study, runs)[0]
     assert judged.verdict is not None and judged.verdict.n == 16 and judged.items_why == "the test items are the unit"
-    with pytest.raises(SpecError, match="evaluated on the test bed's reference"):
-        @register_study("_bad_off_the_shelf_test")
+    with pytest.raises(SpecError, match="arm x is off_the_shelf .it trains nothing.; it takes a label, its spec"):
+        @register_study("bad_off_the_shelf_test", TEST_STUDIES)
         class _Bad(_OffTheShelf):
             beds = {"scenes": dataclasses.replace(_OffTheShelf.beds["scenes"],
                                                   arms={**_OffTheShelf.beds["scenes"].arms,
-                                                        "x": Arm("(x)", evaluates=REFERENCE)})}
+                                                        "x": Arm("(x)", kind="off_the_shelf")})}
 
 
 def test_a_whole_run_writes_its_summary(tmp_path: Path, capsys):
     out = tmp_path / "study"
-    assert main(["study", "_tiny_eet_test", "--smoke", "--out", str(out), "--threads", "1"]) == 0
+    assert main(["study", "tiny_eet_test", "--smoke", "--out", str(out), "--threads", "1"]) == 0
     printed = capsys.readouterr().out
     assert (out / "summary.md").read_text() == printed and "## Verdicts" in printed
     (out / "summary.md").unlink()
-    assert main(["study", "_tiny_eet_test", "--smoke", "--out", str(out), "--summarize"]) == 0
+    assert main(["study", "tiny_eet_test", "--smoke", "--out", str(out), "--summarize"]) == 0
     assert (out / "summary.md").read_text() == capsys.readouterr().out == printed
     record = sorted((out / "runs").glob("*.json"))[-1]
     before = record.read_bytes()
-    assert main(["study", "_tiny_eet_test", "--smoke", "--out", str(out), "--run", record.stem]) == 0
+    assert main(["study", "tiny_eet_test", "--smoke", "--out", str(out), "--run", record.stem]) == 0
     assert f"run {record.stem} is done: {record}" in capsys.readouterr().err and record.read_bytes() == before
 
 
@@ -323,7 +345,7 @@ def test_a_study_on_a_timm_model_with_local_weights_and_an_image_folder(tmp_path
     save_file(timm.create_model("vit_tiny_patch16_224", **kwargs).state_dict(), str(weights))
     bed = Where(model="vit_tiny_patch16_224", kwargs=kwargs, weights=str(weights),
                   data=str(_image_folder(tmp_path / "folder")))
-    study = get_study("_tiny_eet_test")(testbed=bed, smoke=True)
+    study = get_study("tiny_eet_test")(testbed=bed, smoke=True)
     out = tmp_path / "out"
     _runner(study, out).run()
     runs = load_runs(Layout(out, out))
@@ -443,12 +465,12 @@ def _bench_block(text: str, title: str) -> list[str]:
     return after.split("```\n", 2)[1].rstrip("\n").splitlines()
 
 
-@register_study("_tiny_bench_test")
+@register_study("tiny_bench_test", TEST_STUDIES)
 class _TinyBench(Study):
     """A test-only bench on test_vit at 64x64, the model tests/test_cli_bench.py times with the command."""
 
     claim, source = "test", "test"
-    beds = {"cpu": Bed(benches=(Bench("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
+    beds = {"cpu": Bed(evaluations=(Bench("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
                                       specs=("evit(keep=0.7, locs=(1, 3))", "tome(r=2)"), match_random=True,
                                       speed={"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}),))}
 
@@ -459,7 +481,7 @@ def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: p
     calls: list[str] = []
     real = compare.bench_document
     monkeypatch.setattr(compare, "bench_document", lambda *a, **kw: calls.append(kw["argv"][1]) or real(*a, **kw))
-    study = get_study("_tiny_bench_test")()
+    study = get_study("tiny_bench_test")()
     _runner(study, tmp_path / "study").run()
     doc = load_runs(Layout(tmp_path / "study", tmp_path))["tiny"]
     assert main(["bench", "--model", "test_vit", "--img-size", "64", "--spec", "evit(keep=0.7, locs=(1, 3))",
@@ -474,7 +496,7 @@ def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: p
     assert [{k: r[k] for k in computed} for r in mine["results"]] == \
         [{k: r[k] for k in computed} for r in command["results"]]
     assert mine["model"]["params"] == command["model"]["params"] and mine["model"]["img_size"] == [64, 64]
-    assert doc["kind"] == "bench" and doc["command"] == "tokenreduce study _tiny_bench_test --run tiny --smoke " \
+    assert doc["kind"] == "bench" and doc["command"] == "tokenreduce study tiny_bench_test --run tiny --smoke " \
         "--out {study} --threads 1"  # the study folder, wherever it is (records.relative)
     text = summary(study, load_runs(Layout(tmp_path / "study", tmp_path)))
     assert "test_vit (64x64, random weights), batch 2 (latency: batch 1), 0 warm-up + 1 timed rounds" in text
@@ -484,25 +506,31 @@ def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: p
 
 def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys):
     with pytest.raises(SpecError, match="has no arms: it trains nothing.*grid"):
-        @register_study("_bad_bench_grid_test")
+        @register_study("bad_bench_grid_test", TEST_STUDIES)
         class _Bad(_TinyBench):
             beds = {"cpu": dataclasses.replace(_TinyBench.beds["cpu"], grid=(Axis("seed", (0,), "s"),))}
     with pytest.raises(SpecError, match="no benches"):
-        @register_study("_bad_nothing_test")
+        @register_study("bad_nothing_test", TEST_STUDIES)
         class _Bad2(Study):
             claim = "nothing"
             beds = {"cpu": Bed()}
     with pytest.raises(SpecError, match="distinct names"):
-        @register_study("_bad_names_test")
+        @register_study("bad_names_test", TEST_STUDIES)
         class _Bad3(_TinyBench):
-            beds = {"cpu": Bed(benches=_TinyBench.beds["cpu"].benches * 2)}
+            beds = {"cpu": Bed(evaluations=_TinyBench.beds["cpu"].benches * 2)}
     with pytest.raises(SpecError, match=r"bench tiny names unknown settings \['batch_size'\]"):
-        @register_study("_bad_bench_speed_test")
+        @register_study("bad_bench_speed_test", TEST_STUDIES)
         class _Bad5(_TinyBench):
-            beds = {"cpu": Bed(benches=(dataclasses.replace(_TinyBench.beds["cpu"].benches[0],
+            beds = {"cpu": Bed(evaluations=(dataclasses.replace(_TinyBench.beds["cpu"].benches[0],
                                                             speed={"batch_size": 2}),))}
+    with pytest.raises(SpecError, match=r"bench table 'x' needs its label column, then columns of the benches it "
+                                        r"declares \(unknown: \['nope'\]\)"):
+        @register_study("bad_bench_table_test", TEST_STUDIES)
+        class _Bad6(_TinyBench):
+            beds = {"cpu": Bed(evaluations=_TinyBench.beds["cpu"].benches,
+                               bench_tables={"x": (Col("label", "spec"), Col("tiny", "b2 / b1"), Col("nope", "b2"))})}
     with pytest.raises(SpecError, match="'seed' axis"):  # a study with arms still needs its seeds
-        @register_study("_bad_seedless_test")
+        @register_study("bad_seedless_test", TEST_STUDIES)
         class _Bad4(_TinyEET):
             beds = _tiny_bed(grid=(Axis("bits", (8,), "b"),), smoke=None)
     assert main(["study", "backends", "--model", "vit_tiny_patch16_224", "--list"]) == 2

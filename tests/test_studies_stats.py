@@ -162,7 +162,7 @@ def _study(expect, arms=("a", "b", "c"), measures=(), name="synthetic"):
         pass
     Synthetic.name = name
     Synthetic.expect = tuple(expect)
-    Synthetic.beds = {"any": Bed(arms={a: Arm(f"({a})") for a in arms}, baseline=arms[0], measures=measures,
+    Synthetic.beds = {"any": Bed(arms={a: Arm(f"({a})") for a in arms}, baseline=arms[0], evaluations=measures,
                                  grid=(Axis("seed", (0, 1, 2), "s"),),
                                  columns=(Col("m", "m"), Col("m", "Δ m", paired=True)))}
     return Synthetic()
@@ -277,7 +277,6 @@ def test_equal_measured_speed_is_an_equivalence_test_on_the_interleaved_rounds()
 
 def test_margins_and_power_plans_are_declared_with_their_reasons():
     from tokenreduce.study import Expect
-    from tokenreduce.study.declare import Power
     from tokenreduce.study.tables import verdicts
 
     with pytest.raises(SpecError, match="losing side"):
@@ -285,16 +284,12 @@ def test_margins_and_power_plans_are_declared_with_their_reasons():
                why="x")
     with pytest.raises(SpecError, match="why"):
         Expect("costs nothing", "s", arm="b", baseline="a", metric="m", direction=1, kind="noninferior", margin=-0.5)
-    plan = Power(effect=1.0, sd=1.0, pilot="the pilot study's three seeds")
-    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1, power=plan),
-                    Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=2.0)])
-    judged = verdicts(study, _runs({"a": [0, 0, 0], "b": [1.0, 2.0, 0.5], "c": [3.0, 1.0, 2.5]}))
-    # planned at the level the claim is decided at: 0.05 over the 3 tests of the study (b's; c's and its effect's)
+    with pytest.raises(SpecError, match="a power plan's effect is positive"):
+        Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1, power=-1.0)
+    study = _study([Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=2.0)])
+    judged = verdicts(study, _runs({"a": [0, 0, 0], "c": [3.0, 1.0, 2.5]}))
     assert stats.seeds_for_power(1.0, 1.0) == 10 and stats.seeds_for_power(1.0, 1.0, level=0.05 / 3) == 14
-    assert "power plan (declared before the runs): n = 14 seeds give 80% power" in judged[0].why
-    assert "one-sided 0.0083: 0.05 over the 3 tests of its Holm family" in judged[0].why
-    assert "the pilot study's three seeds" in judged[0].why and "post hoc" not in judged[0].why
-    assert "no power plan was declared before the runs; post hoc" in judged[1].why
+    assert "no power plan was declared before the runs; post hoc" in judged[0].why
 
 
 def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and_shows_before_its_runs():
@@ -305,7 +300,7 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
 
     from tokenreduce.studies.beds import at_longer
     from tokenreduce.study import Expect
-    from tokenreduce.study.declare import Power, get_study
+    from tokenreduce.study.declare import get_study
     from tokenreduce.study.runner import Layout, load_runs
     from tokenreduce.study.tables import judge, paired, verdicts
 
@@ -324,10 +319,6 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
     pending = {k: v for k, v in runs.items() if "t937" not in k and "tied2" not in k}  # neither pilot nor runs
     j = next(j for j in verdicts(study, pending) if j.claim.startswith(claim) and j.expect.at == {"steps": 937})
     assert "its pilot (the same contrast at steps 100, n = 0) not stored; not run yet" in j.why
-    for bad in (dict(effect=-1.0, sd=1.0, pilot="p"), dict(effect=1.0), dict(effect=1.0, sd=1.0),
-                dict(effect=1.0, sd=1.0, pilot="p", at={"steps": 100})):
-        with pytest.raises(SpecError, match="power plan"):
-            Power(**bad)
     e = Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)
     with pytest.raises(SpecError, match="not declared"):
         at_longer((e,), ("a", "b"), plans={"c above a": 1.0})

@@ -28,8 +28,7 @@ def _stored(key: str) -> dict[str, dict]:
     return load_runs(Layout(ROOT / "results" / key, ROOT / "runs" / key))
 
 
-@pytest.mark.parametrize(("name", "bed"), [(n, b) for n in list_studies() if not n.startswith("_")
-                                           for b in get_study(n).beds])
+@pytest.mark.parametrize(("name", "bed"), [(n, b) for n in list_studies() for b in get_study(n).beds])
 def test_every_stored_run_is_a_run_its_study_declares(name: str, bed: str, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch):
     from tokenreduce.train import recipes

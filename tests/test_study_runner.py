@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import TEST_STUDIES
 
 import tokenreduce.study.runner as runner_module
 from tokenreduce.cli import main
@@ -25,7 +26,7 @@ from tokenreduce.train.config import TrainConfig
 EET_FMNIST = get_study("eet").beds["fmnist"]
 
 
-@register_study("_pool_test")
+@register_study("pool_test", TEST_STUDIES)
 class _Pool(Study):
     """Two seeds of a trained arm ``a`` and of ``b``, a second phase that starts from ``a``'s checkpoint."""
 
@@ -33,7 +34,7 @@ class _Pool(Study):
     expect = (Expect("b below a", "test", arm="b", baseline="a", metric="map_asym", direction=-1),)
     beds = {"fmnist": Bed(testbed=EET_FMNIST.testbed, recipe=EET_FMNIST.recipe,
                           arms={"a": Arm("(a)", task="eet(dkt=False, drg=False)"),
-                                "b": Arm("(b)", task="eet(dkt=False, drg=False)", after="a")},
+                                "b": Arm("(b)", task="eet(dkt=False, drg=False)", kind="after", reads="a")},
                           baseline="a", grid=(Axis("bits", (8,), "b"), Axis("seed", (0, 1), "s")),
                           columns=EET_FMNIST.columns[:1], smoke=EET_FMNIST.smoke)}
 
@@ -105,7 +106,7 @@ def test_a_run_starts_as_soon_as_its_needs_are_done_with_threads_split(threads: 
                                                                        pool: type[_InProcessPool], tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(pool, "hold", ("a-b8-s1",))  # seed 1's first phase runs long
-    study = get_study("_pool_test")(smoke=True)
+    study = get_study("pool_test")(smoke=True)
     runner = Runner(study, layout_for(study, str(tmp_path)), threads=threads, log=lambda msg: None)
     assert sorted(runner.run(jobs=jobs)) == sorted(u.id for u in runner.units)
     (made,) = pool.made
@@ -131,7 +132,7 @@ def test_a_failing_run_in_a_worker_is_one_line_naming_it(pool: type[_InProcessPo
         return _fake_train(cfg, ctx)
 
     monkeypatch.setitem(execute.EXECUTORS, TrainConfig, failing)
-    assert main(["study", "_pool_test", "--smoke", "--out", str(tmp_path), "--jobs", "2", "--threads", "2"]) == 2
+    assert main(["study", "pool_test", "--smoke", "--out", str(tmp_path), "--jobs", "2", "--threads", "2"]) == 2
     err = capsys.readouterr().err
     log = tmp_path / "checkpoints" / "a-b8-s1.log"
     assert err.splitlines()[-1] == f"tokenreduce study: error: run a-b8-s1 failed (RuntimeError: boom); its log: {log}"
@@ -144,7 +145,7 @@ def test_a_study_into_an_output_a_timing_holds_is_refused_cleanly(pool: type[_In
     from tokenreduce.train import lock
 
     with lock.hold(tmp_path, what="timing run speed"):
-        assert main(["study", "_pool_test", "--smoke", "--out", str(tmp_path), "--jobs", "2"]) == 2
+        assert main(["study", "pool_test", "--smoke", "--out", str(tmp_path), "--jobs", "2"]) == 2
     assert f"error: {tmp_path} is in use by another timing run speed" in capsys.readouterr().err.splitlines()[-1]
     assert pool.made == [] and not (tmp_path / "runs").exists()
 
@@ -207,7 +208,7 @@ def test_a_worker_ends_when_the_runners_process_is_gone(monkeypatch: pytest.Monk
 def test_jobs_run_the_plan_in_worker_processes_with_the_records_of_one_job(tmp_path: Path):
     """Real spawned workers: the same runs and numbers as one job in-process, each second phase from its first
     phase's checkpoint, a log per run, threads // jobs each."""
-    study = get_study("_pool_test")(smoke=True)
+    study = get_study("pool_test")(smoke=True)
     one, two = tmp_path / "one", tmp_path / "two"
     Runner(study, layout_for(study, str(one)), threads=1, log=lambda msg: None).run()
     said: list[str] = []

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import TEST_STUDIES
 
 from tokenreduce.core.errors import SpecError
 from tokenreduce.studies.beds import SMOKE_MEASURE, SPEED_COLUMNS, scene_smoke
@@ -32,19 +33,19 @@ def _scenes(name: str, new: str, keep: tuple[str, ...] | None = None, **over) ->
         over["arms"] = {k: bed.arms[k] for k in keep}
     bed = dataclasses.replace(bed, **over)
     expect = tuple(e for e in cls.expect if {e.arm, e.baseline} <= set(bed.arms))
-    return register_study(new)(type(new, (cls,), {"beds": {"scenes": bed}, "expect": expect}))
+    return register_study(new, TEST_STUDIES)(type(new, (cls,), {"beds": {"scenes": bed}, "expect": expect}))
 
 
 #: two trained arms and the evaluated oracle arm of the scene EET study, one seed
-_scenes("eet", "_tiny_oracle_test", ("a_unpruned", "b_ctp", "e_oracle"), measures=(),
-        smoke=dataclasses.replace(get_study("eet").beds["scenes"].smoke, grid={"bits": (8,), "seed": (0,),
+_scenes("eet", "tiny_oracle_test", ("a_unpruned", "b_ctp", "e_oracle"), evaluations=(),
+        smoke=dict(get_study("eet").beds["scenes"].smoke, grid={"bits": (8,), "seed": (0,),
                                                                                 "steps": (100,)}))
 
 
 @pytest.fixture(scope="module")
 def oracle_smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Runner, dict]:
     out = tmp_path_factory.mktemp("oracle-smoke")
-    runner = _runner(get_study("_tiny_oracle_test")(smoke=True), out)
+    runner = _runner(get_study("tiny_oracle_test")(smoke=True), out)
     runner.run()
     return runner, load_runs(runner.layout)
 
@@ -89,14 +90,18 @@ def test_the_oracle_record_holds_its_per_item_results_paired_with_the_trained_ar
 
 def test_bad_evaluated_arms_are_refused():
     base = {"a_unpruned": get_study("eet").beds["scenes"].arms["a_unpruned"]}
-    cases = [({"e": Arm("e", evaluates="a_unpruned")}, "needs both"),
-             ({"e": Arm("e", evaluates="nope", experiment="oracle_at_counts")}, "not one of its trained arms"),
-             ({"e": Arm("e", evaluates="a_unpruned", experiment="oracle_at_counts"),
-               "f": Arm("f", evaluates="e", experiment="oracle_at_counts")}, "not one of its trained arms"),
-             ({"e": Arm("e", evaluates="a_unpruned", experiment="oracle_at_counts", spec="ctp()")}, "trains nothing")]
+    oracle = "oracle_at_counts"
+    cases = [({"e": Arm("e", kind="evaluated", reads="a_unpruned")}, "evaluated .it trains nothing.*its spec"),
+             ({"e": Arm("e", oracle, kind="evaluated")}, "reads= .* goes with the kinds 'after' and 'evaluated'"),
+             ({"e": Arm("e", oracle, reads="a_unpruned")}, "goes with the kinds .* .its kind: 'trained'"),
+             ({"e": Arm("e", oracle, kind="evaluated", reads="nope")}, "not another of its trained arms"),
+             ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned"),
+               "f": Arm("f", oracle, kind="evaluated", reads="e")}, "not another of its trained arms"),
+             ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned", task="eet()")}, "trains nothing"),
+             ({"e": Arm("e", oracle, kind="evaluate")}, "is of kind 'evaluate'; choose from trained, after, ")]
     for i, (arms, match) in enumerate(cases):
         with pytest.raises(SpecError, match=match):
-            _scenes("eet", f"_bad_evaluated_{i}", arms={**base, **arms}, measures=())
+            _scenes("eet", f"bad_evaluated_{i}", arms={**base, **arms}, evaluations=())
 
 
 def test_a_synthetic_scene_bed_builds_the_named_data_from_synthetic_images(tmp_path: Path):
@@ -122,18 +127,19 @@ def test_a_second_phase_starts_from_the_first_phases_checkpoint(tmp_path: Path):
 
 def test_bad_second_phases_are_refused():
     arms = get_study("bspf").beds["scenes"].arms
-    for i, arm in enumerate([Arm("x", after="nope"), Arm("x", after="x"), Arm("x", after="full", init="a.pt")]):
-        with pytest.raises(SpecError, match="continues after"):
-            _scenes("bspf", f"_bad_after_{i}", arms={**arms, "x": arm}, probes=())
+    for i, arm in enumerate([Arm("x", kind="after", reads="nope"), Arm("x", kind="after", reads="x")]):
+        with pytest.raises(SpecError, match="reads .*, which is not another of its trained arms"):
+            _scenes("bspf", f"bad_after_{i}", arms={**arms, "x": arm},
+                    evaluations=get_study("bspf").beds["scenes"].measures)
 
 
 def test_a_pending_reason_is_printed_where_runs_are_missing(tmp_path: Path):
     from tokenreduce.study.page import build_report
     from tokenreduce.study.tables import summary
 
-    study = _scenes("eet", "_pending_test", pending="scheduled for the next sitting")()
+    study = _scenes("eet", "pending_test", pending="scheduled for the next sitting")()
     assert "runs not run: scheduled for the next sitting." in summary(study, {})
-    text = build_report(tmp_path, names=["_pending_test"]).read_text()
+    text = build_report(tmp_path, names=["pending_test"]).read_text()
     assert "not run: scheduled for the next sitting." in text
 
 
@@ -190,13 +196,13 @@ def test_a_measure_over_two_arms_of_one_model_and_spec_is_refused():
     """The evaluation groups checkpoints by model and spec: two such arms would silently share one row."""
     both = Measure("speed", reference=None, at={"seed": 0}, finetuned=("bspf_mirrored", "bspf_untied2"))
     with pytest.raises(SpecError, match="bspf_mirrored and bspf_untied2, which carry the same model and spec"):
-        _scenes("bspf", "_bad_measure", measures=(both,))
+        _scenes("bspf", "bad_measure", evaluations=(both, *get_study("bspf").beds["scenes"].probes))
 
 
 #: two fine-tuned arms, one on its own model (the conv stem), and a measure over both, one seed
-_scenes("imagepiece", "_tiny_records_test", ("none", "imagepiece", "conv_imagepiece"),
-        measures=(Measure("speed", reference=None, at={"seed": 0}, finetuned=("imagepiece", "conv_imagepiece"),
-                          columns=SPEED_COLUMNS),),
+_scenes("imagepiece", "tiny_records_test", ("none", "imagepiece", "conv_imagepiece"),
+        evaluations=(Measure("speed", reference=None, at={"seed": 0}, finetuned=("imagepiece", "conv_imagepiece"),
+                             columns=SPEED_COLUMNS),),
         smoke=scene_smoke(grid={"seed": (0,)}, measure=SMOKE_MEASURE))
 
 
@@ -211,7 +217,7 @@ def test_a_measure_reads_the_runs_records_and_needs_no_checkpoint(tmp_path: Path
     from tokenreduce.bench import evaluation as ev
     from tokenreduce.bench.accuracy import evaluate_cases
 
-    runner = _runner(get_study("_tiny_records_test")(smoke=True), tmp_path)
+    runner = _runner(get_study("tiny_records_test")(smoke=True), tmp_path)
     runner.run()
     runs = load_runs(runner.layout)
     rows = _fine_tuned(runs["speed"])
@@ -280,8 +286,8 @@ def test_a_summary_says_when_its_runs_were_made_on_several_machines():
 
 
 #: Cropr against top-k at both fine-tune lengths, two seeds, tiny (studies/beds.py LENGTH, lengths.py)
-_scenes("cropr", "_tiny_lengths_test", ("cropr", "topk"), baseline="topk",
-        smoke=dataclasses.replace(get_study("cropr").beds["scenes"].smoke,
+_scenes("cropr", "tiny_lengths_test", ("cropr", "topk"), baseline="topk",
+        smoke=dict(get_study("cropr").beds["scenes"].smoke,
                                   grid={"seed": (0, 1), "steps": (100, 937)}))  # two lengths of the three
 
 
@@ -290,7 +296,7 @@ def test_the_length_axis_runs_each_length_and_the_report_shows_them_side_by_side
     from tokenreduce.studies.beds import EPOCH_STEPS, STEPS
     from tokenreduce.study.page import build_report
 
-    study = get_study("_tiny_lengths_test")(smoke=True)
+    study = get_study("tiny_lengths_test")(smoke=True)
     long = study.point("cropr", {"steps": EPOCH_STEPS, "seed": 1})
     assert long.id == f"cropr-t{EPOCH_STEPS}-s1" and study.point("cropr", {"seed": 1}).id == "cropr-s1"
     fields = study.train_fields(long, tmp_path)
@@ -307,10 +313,10 @@ def test_the_length_axis_runs_each_length_and_the_report_shows_them_side_by_side
     root = tmp_path / "results"
     key = root / study.key / "runs"
     key.mkdir(parents=True)
-    bed = get_study("_tiny_lengths_test")().bed.describe()  # the report reads the study on its own bed
+    bed = get_study("tiny_lengths_test")().bed.describe()  # the report reads the study on its own bed
     for p in runner.layout.results.joinpath("runs").glob("*.json"):
         (key / p.name).write_text(json.dumps({**json.loads(p.read_text()), "testbed": bed}))
-    page = build_report(root, names=["_tiny_lengths_test"]).read_text()
+    page = build_report(root, names=["tiny_lengths_test"]).read_text()
     over = page.split("### Over the fine-tune length", 1)[1]
     row = next(line for line in over.splitlines() if line.startswith("| Cropr beats topk at the same counts | -"))
     assert row.count("**") == 2 and " steps" in row.split("|")[-2]  # the verdict stated at the longest length

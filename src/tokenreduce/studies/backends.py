@@ -24,8 +24,7 @@ launch-bound at batch 1. Peak memory per case is in its table.
 
 from __future__ import annotations
 
-from ..study.declare import Bed, Bench, BenchTable, Smoke, Study, register_study
-from ..study.testbed import Testbed
+from ..study.declare import Bed, Bench, Col, Study, register_study
 from ..train.recipes import get_recipe
 from .deit_bench import DEIT_S, SMOKE_BENCH
 
@@ -68,6 +67,13 @@ def _gpu_benches() -> tuple[Bench, ...]:
     return eager, graphs
 
 
+def _side_by_side(label: str, *benches: tuple[str, str, str]) -> tuple[Col, ...]:
+    """A bench table's columns: the rows' label headed ``label``, then per (bench, header, its vs-random header)
+    the bench's speed-ups against the unpatched model and against its matched random pruner."""
+    return (Col("label", label), *(c for name, plain, vs in benches
+                                   for c in (Col(name, plain), Col(name, vs, paired=True))))
+
+
 @register_study("backends")
 class Backends(Study):
     title = "Backends: every method against the unreduced model and its matched random pruner"
@@ -75,24 +81,22 @@ class Backends(Study):
              "slower than the unreduced model at batch 1, on each backend")
     source = "the project's speed targets, read against EViT, ToMe, CTP, top-k and ImagePiece at their schedules"
     beds = {"cpu": Bed(
-        benches=_benches(),
-        bench_tables=tuple(
-            BenchTable(f"{what}: speed-ups per backend", tuple(f"{model}-{b}" for b in BACKENDS),
-                       (what, "eager b32 / b1", "vs random b32 / b1", "compile b32 / b1", "vs random",
-                        "onnxruntime b32 / b1", "vs random"))
+        evaluations=_benches(),
+        bench_tables={f"{what}: speed-ups per backend": _side_by_side(
+            what, (f"{model}-eager", "eager b32 / b1", "vs random b32 / b1"),
+            (f"{model}-compile", "compile b32 / b1", "vs random"),
+            (f"{model}-onnxruntime", "onnxruntime b32 / b1", "vs random"))
             for model, what in (("deit_small", "DeiT-S (4.6 GMACs)"),
-                                ("fmnist", "Fashion-MNIST reference, 1.5x picks"))),
-        smoke=Smoke(testbed=Testbed(), bench={**SMOKE_BENCH, "backend": "eager"}),
+                                ("fmnist", "Fashion-MNIST reference, 1.5x picks"))},
+        smoke={"bench": {**SMOKE_BENCH, "backend": "eager"}},
         budget=((6, "bench", 9),)),
         "gpu": Bed(
             title="The GPU preset: DeiT-S in bfloat16 on one GPU",
-            benches=_gpu_benches(),
-            bench_tables=(BenchTable("DeiT-S, bfloat16: speed-ups eager and with CUDA graphs",
-                                     ("deit_small-gpu-eager", "deit_small-gpu-graphs"),
-                                     ("DeiT-S (4.6 GMACs)", "eager b256 / b1", "vs random b256 / b1",
-                                      "CUDA graphs b256 / b1", "vs random")),),
-            smoke=Smoke(testbed=Testbed(), bench={**SMOKE_BENCH, "backend": "eager", "compile_mode": "default",
-                                                 "dtype": "float32"}),
+            evaluations=_gpu_benches(),
+            bench_tables={"DeiT-S, bfloat16: speed-ups eager and with CUDA graphs": _side_by_side(
+                "DeiT-S (4.6 GMACs)", ("deit_small-gpu-eager", "eager b256 / b1", "vs random b256 / b1"),
+                ("deit_small-gpu-graphs", "CUDA graphs b256 / b1", "vs random"))},
+            smoke={"bench": {**SMOKE_BENCH, "backend": "eager", "compile_mode": "default", "dtype": "float32"}},
             budget=((1, "GPU eager bench", 1), (1, "GPU compiled bench", 3.5)),
             pending="made on a GPU only: scripts/device-check.sh (or tokenreduce study backends --testbed gpu "
                     "--device cuda) runs it where one is lent")}

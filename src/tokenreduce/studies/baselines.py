@@ -174,7 +174,7 @@ class Baselines(Study):
             arms=lengths(_scene_arms(), LONGER), baseline="random-1.5x", pending=LONGER_PENDING, grid=(LENGTH, *_GRID),
             columns=(Col("top1", "top-1 % (fine-tuned)"), Col("top1", "Δ top-1 vs random 1.5x", paired=True),
                      Col("train_time_s", "wall s")),
-            measures=(
+            evaluations=(
                 Measure("free", reference=None, at={}, columns=_COLUMNS,
                         specs=(*(_free(s) for pair in SCENE_PICKS.values() for s in pair),
                                *(_free(matched) for _, matched in LEARNED_PICKS.values()),
@@ -194,7 +194,7 @@ class Baselines(Study):
             recipe=get_recipe("fmnist-vit-ft", epochs=2, eval_subset=None),
             arms=_fmnist_arms(), baseline="random-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (fine-tuned)"), Col("top1", "Δ top-1 vs random 1.5x", paired=True)),
-            measures=(
+            evaluations=(
                 Measure("free", reference=None, at={}, specs=tuple(FMNIST_PICKS.values()), columns=_FM_COLUMNS,
                         title="Training-free: the picks on the reference (random over 3 pattern seeds)"),
                 Measure("final", reference=None, at={}, specs=tuple(FMNIST_PICKS.values()),

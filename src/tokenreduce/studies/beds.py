@@ -29,7 +29,7 @@ from typing import Any
 from ..core.errors import SpecError
 from ..data.fashion_mnist import SIZES
 from ..data.scenes import EVAL_SUBSET
-from ..study.declare import Arm, Axis, Col, Expect, Power, Smoke
+from ..study.declare import Arm, Axis, Col, Expect
 from ..study.testbed import Testbed
 from ..train.recipes import get_recipe
 
@@ -89,16 +89,14 @@ def at_longer(claims: tuple[Expect, ...], arms: tuple[str, ...],
               plans: dict[str, float] | None = None) -> tuple[Expect, ...]:
     """The ``claims`` between ``arms`` again at each longer length (:data:`LENGTH`). ``plans``: claim text ->
     the smallest effect (toward the claim) its longer runs must detect, a power plan declared before them
-    whose pilot is the same contrast at the shortened schedule (:class:`~.study.Power`)."""
+    whose pilot is the same contrast at the shortened schedule (``Expect.power``)."""
     plans = plans or {}
     unknown = set(plans) - {e.claim for e in claims}
     if unknown:
         raise SpecError(f"power plans for claims that are not declared: {sorted(unknown)}")
 
-    def plan(e: Expect) -> Power | None:
-        return Power(plans[e.claim], at={**e.at, "steps": STEPS}) if e.claim in plans else None
-
-    return tuple(dataclasses.replace(e, at={**e.at, "steps": steps}, power=plan(e)) for steps in LENGTH.values[1:]
+    return tuple(dataclasses.replace(e, at={**e.at, "steps": steps}, power=plans.get(e.claim))
+                 for steps in LENGTH.values[1:]
                  for e in claims if e.arm in arms and e.baseline in arms)
 
 #: the shortened schedule: the scene bed's one difference from a study's own recipe
@@ -130,15 +128,15 @@ SMOKE_RECIPE: dict[str, Any] = {"teacher": None, "distill": [], "epochs": 1, "su
 SMOKE_MEASURE = {"batch": 4, "warmup": 0, "repeats": 1}
 
 
-def scene_smoke(data: str = "fmnist_scenes", **extra: Any) -> Smoke:
+def scene_smoke(data: str = "fmnist_scenes", **extra: Any) -> dict[str, Any]:
     """A scene bed's smoke: the tiny model on scenes (``data``) made from synthetic Fashion-MNIST-format
     images, two seeds (a paired test needs n >= 2)."""
     bed = Testbed(model="vit_tiny_patch16_224", kwargs=TINY_SCENES, data=data, synthetic=True)
-    return Smoke(testbed=bed, recipe=dict(SMOKE_RECIPE), **{"grid": {"seed": (0, 1)}, **extra})
+    return {"testbed": bed, "recipe": dict(SMOKE_RECIPE), "grid": {"seed": (0, 1)}, **extra}
 
 
-def fmnist_smoke(img_size: int = 28, **extra: Any) -> Smoke:
+def fmnist_smoke(img_size: int = 28, **extra: Any) -> dict[str, Any]:
     """A Fashion-MNIST bed's smoke: the tiny model (``img_size``: 56 for the mosaics) on synthetic
     Fashion-MNIST-format images, two seeds."""
     bed = Testbed(model="vit_tiny_patch16_224", kwargs={**TINY_FMNIST, "img_size": img_size}, synthetic=True)
-    return Smoke(testbed=bed, recipe=dict(SMOKE_RECIPE), **{"grid": {"seed": (0, 1)}, **extra})
+    return {"testbed": bed, "recipe": dict(SMOKE_RECIPE), "grid": {"seed": (0, 1)}, **extra}

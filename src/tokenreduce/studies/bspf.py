@@ -61,9 +61,9 @@ _SCENE_ARMS = {
     "bspf_nofuse": Arm("BSPF without fusion (prune only)", spec=f"{_BSPF}, fuse=False)"),
     "tied_full": Arm("phase 1, W_q = W_k: full attention (heals the tie)", transforms=("tie_qk",)),
     "bspf_untied2": Arm("phase 2, untied: mirrored BSPF after full", spec=f"{_BSPF}, path='mirrored')",
-                        after="full"),
+                        kind="after", reads="full"),
     "bspf_tied2": Arm("phase 2, W_q = W_k: mirrored BSPF after tied_full", spec=f"{_BSPF}, path='mirrored')",
-                      transforms=("tie_qk",), after="tied_full"),
+                      transforms=("tie_qk",), kind="after", reads="tied_full"),
 }
 
 #: the arms fine-tuned for one epoch too (studies/beds.py, LENGTH): full attention, BSPF and the top-k
@@ -129,13 +129,13 @@ class BSPF(Study):
             pending=LONGER_PENDING, grid=(LENGTH, *_GRID),
             columns=_COLUMNS,
             # bspf_untied2 carries bspf_mirrored's model and spec (the same cost): one row for both
-            measures=(Measure("speed", reference=None, at={"seed": 0},
-                              finetuned=tuple(a for a in _SCENE_ARMS if a not in ("full", "bspf_untied2")),
-                              columns=SPEED_COLUMNS,
-                              title="MACs and speed: every arm's seed-0 run against the reference, one interleaved "
-                                    "run"),),
-            probes=tuple(Probe(f"symmetry_tied2_s{s}", f"bspf_symmetry(images={EVAL_SUBSET})", arm="bspf_tied2",
-                               at={"seed": s}, title=f"Symmetry: the phase-2 tied model, seed {s}") for s in _SEEDS),
+            evaluations=(Measure("speed", reference=None, at={"seed": 0},
+                                 finetuned=tuple(a for a in _SCENE_ARMS if a not in ("full", "bspf_untied2")),
+                                 columns=SPEED_COLUMNS,
+                                 title="MACs and speed: every arm's seed-0 run against the reference, one "
+                                       "interleaved run"),
+                         *(Probe(f"symmetry_tied2_s{s}", f"bspf_symmetry(images={EVAL_SUBSET})", arm="bspf_tied2",
+                                 at={"seed": s}, title=f"Symmetry: the phase-2 tied model, seed {s}") for s in _SEEDS)),
             smoke=scene_smoke(probe=_PROBE_SMOKE, measure=SMOKE_MEASURE),
             budget=((30, "training", 2.5), (3, "symmetry probe", 1), (1, "speed", 6), one_epoch_budget(18, 105))),
         "fmnist": Bed(
@@ -146,15 +146,12 @@ class BSPF(Study):
                   "bspf": Arm("chunked + pruning + fusion", spec=_FM_BSPF),
                   "bspf_tied": Arm("the same, W_q = W_k", spec=_FM_BSPF, transforms=("tie_qk",))},
             baseline="full", grid=_GRID, columns=_COLUMNS,
-            measures=(Measure("speed", reference="full", at={"seed": 0}, specs=(_FM_CHUNKED,),
-                              finetuned=("chunked", "bspf"),
-                              title="Speed: the untied arms against full attention, one interleaved run",
-                              columns=(Col("label", "label", fmt="{}"), Col("kind", "kind", fmt="{}"),
-                                       Col("top1", "top-1 %"),
-                                       Col("gmacs", "GMACs", fmt="{:.4f}"), Col("macs_speedup", "MACs speed-up"),
-                                       Col("speedup", "speed-up b32"),
-                                       Col("latency_speedup", "speed-up b1"))),),
-            probes=(
+            evaluations=(
+                Measure("speed", reference="full", at={"seed": 0}, specs=(_FM_CHUNKED,), finetuned=("chunked", "bspf"),
+                        title="Speed: the untied arms against full attention, one interleaved run",
+                        columns=(Col("label", "label", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("top1", "top-1 %"),
+                                 Col("gmacs", "GMACs", fmt="{:.4f}"), Col("macs_speedup", "MACs speed-up"),
+                                 Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"))),
                 _symmetry("symmetry_reference_tied", "Symmetry: the reference with W_q = W_k, not fine-tuned",
                           spec=f'"{_FM_BSPF}"'),
                 _symmetry("symmetry_reference_untied", "Symmetry: the reference, untied", spec=f'"{_FM_BSPF}"',

@@ -42,7 +42,7 @@ _COLUMNS = (Col("miou", "mIoU %"), Col("pixel_acc", "pixel acc %"), Col("miou", 
 
 
 def _rescored(experiment: str) -> Arm:
-    return Arm("Cropr's weights pruned by the training-time score t", evaluates="cropr", experiment=experiment)
+    return Arm("Cropr's weights pruned by the training-time score t", spec=experiment, kind="evaluated", reads="cropr")
 
 
 @register_study("cropr_seg")

@@ -16,8 +16,8 @@ DiffRate leaves after each block (``methods.diffrate.kept_counts``). The three h
 matching's cost (prune-only has none).
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
-(``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
-disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``: a paired
+(``Arm(kind="off_the_shelf")``), scored per test item on all 10 000 test scenes, each seed one of three
+disjoint folds of them; the claims take the test item as their unit (``Study.per_item``: a paired
 t-test over the 10 000 per-item differences). The measure ``free`` evaluates the three specs again in one
 interleaved timing run (MACs, img/s and latency at bench/settings.SPEED's batches).
 """
@@ -25,7 +25,7 @@ interleaved timing run (MACs, img/s and latency at bench/settings.SPEED's batche
 from __future__ import annotations
 
 from ..methods.diffrate import DEFAULT, kept_counts, published
-from ..study.declare import REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = ("DiffRate, arXiv 2305.17997 (prune, then merge: Fig. 3); the official README (DeiT-S at 2.9 G MACs: 79.54 "
@@ -36,9 +36,9 @@ COUNTS = kept_counts(*published(DEFAULT), 196)
 
 _SPEC = f"diffrate(schedule={DEFAULT!r})"
 _ARMS = {
-    "diffrate": Arm(f"DiffRate, prune then merge: {_SPEC}", spec=_SPEC, evaluates=REFERENCE),
-    "prune_only": Arm("prune-only at DiffRate's counts", spec=f"diffrate(prune={COUNTS})", evaluates=REFERENCE),
-    "merge_only": Arm("merge-only at DiffRate's counts", spec=f"diffrate(merge={COUNTS})", evaluates=REFERENCE),
+    "diffrate": Arm(f"DiffRate, prune then merge: {_SPEC}", spec=_SPEC, kind="off_the_shelf"),
+    "prune_only": Arm("prune-only at DiffRate's counts", spec=f"diffrate(prune={COUNTS})", kind="off_the_shelf"),
+    "merge_only": Arm("merge-only at DiffRate's counts", spec=f"diffrate(merge={COUNTS})", kind="off_the_shelf"),
 }
 _COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"), Col("top1", "top-1 %"))
@@ -46,7 +46,7 @@ _COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("
 
 def _beats(control: str, words: str) -> Expect:
     return Expect(f"prune-then-merge keeps more top-1 than {words} at the same per-block counts, off the shelf",
-                  _SOURCE, arm="diffrate", baseline=control, metric="top1", direction=1, unit="item")
+                  _SOURCE, arm="diffrate", baseline=control, metric="top1", direction=1)
 
 
 @register_study("diffrate")
@@ -64,7 +64,7 @@ class DiffRateStudy(Study):
             recipe=shortened("fmnist-vit-ft", eval_subset=None),
             arms=_ARMS, baseline="diffrate", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"), Col("top1", "Δ top-1 vs DiffRate", paired=True)),
-            measures=(
+            evaluations=(
                 Measure("free", reference=None, at={}, columns=_COLUMNS, specs=tuple(a.spec for a in _ARMS.values()),
                         title="Off the shelf, one interleaved timing run: each arm's spec on the reference"),
             ),

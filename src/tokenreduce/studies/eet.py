@@ -124,8 +124,8 @@ class EET(Study):
             recipe=shortened("fmnist-eet"),
             arms=lengths({
                 **_arms(_DB),
-                "e_oracle": Arm("(e) oracle at CTP's counts, (b)'s weights", evaluates="b_ctp",
-                                experiment="oracle_at_counts(subset={eval_subset})"),
+                "e_oracle": Arm("(e) oracle at CTP's counts, (b)'s weights", kind="evaluated", reads="b_ctp",
+                                spec="oracle_at_counts(subset={eval_subset})"),
                 "a_fish_d1e-2": Arm("(a) with FISH delta = 1e-2",
                                     task=f"eet(dkt=False, drg=False, fish_delta=0.01, {_DB})", only={"bits": (16,)}),
                 "a_fish_d1": Arm("(a) with FISH delta = 1", task=f"eet(dkt=False, drg=False, fish_delta=1.0, {_DB})",
@@ -133,8 +133,8 @@ class EET(Study):
             }, LONGER, bits=(16,)),
             baseline="a_unpruned", pending=LONGER_PENDING, grid=(LENGTH, *_GRID), split=("bits", "{} bits"),
             columns=_COLUMNS,
-            measures=(_speed(f"Speed: CTP against the unpruned model, one interleaved run (batch {SPEED['batch']}; "
-                             "latency at 1)"),),
+            evaluations=(_speed(f"Speed: CTP against the unpruned model, one interleaved run (batch {SPEED['batch']}; "
+                                "latency at 1)"),),
             # no "subset" here: the oracle takes its source's test items ({eval_subset}), so the two pair by item
             smoke=scene_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE, probe={"batch": 8}),
             budget=((30, "training", 4), (6, "oracle evaluation", 2), (1, "speed", 3), one_epoch_budget(12, 205))),
@@ -143,9 +143,9 @@ class EET(Study):
             title="EET on Fashion-MNIST: CTP, DKT and DRG",
             recipe=get_recipe("fmnist-eet"),  # also `tokenreduce train --recipe fmnist-eet`
             arms=_arms(), baseline="a_unpruned", grid=_GRID, split=("bits", "{} bits"), columns=_COLUMNS,
-            measures=(_speed("Speed: CTP against the unpruned model, one interleaved run"),),
-            probes=(Probe("recall", "recall_at_kept(spec='ctp()')", title="recall@kept: does CTP keep the object?",
-                          fmnist_only=True),),
+            evaluations=(_speed("Speed: CTP against the unpruned model, one interleaved run"),
+                         Probe("recall", "recall_at_kept(spec='ctp()')", title="recall@kept: does CTP keep the object?",
+                               fmnist_only=True)),
             smoke=fmnist_smoke(grid={"bits": (8,), "seed": (0, 1)}, measure=SMOKE_MEASURE,
                                probe={"images": 16, "seeds": (0,), "batch": 8}),
             budget=((24, "training", 4), (1, "speed", 2), (1, "recall probe", 2))),

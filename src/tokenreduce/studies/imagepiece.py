@@ -39,7 +39,6 @@ from ..study.declare import (
     Col,
     Expect,
     Measure,
-    Smoke,
     Study,
     register_study,
 )
@@ -171,7 +170,7 @@ class ImagePiece(Study):
             arms=_SCENE_ARMS, baseline="none", grid=_GRID,
             columns=(Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True),
                      Col("train_time_s", "wall s")),
-            measures=(Measure("speed", reference=None, at={"seed": 0},
+            evaluations=(Measure("speed", reference=None, at={"seed": 0},
                               finetuned=tuple(a for a in _SCENE_ARMS if a != "none"), columns=SPEED_COLUMNS,
                               title="Speed: every arm's seed-0 run against the reference, one interleaved run (each "
                                     "row with its own stem: the conv-stem rows count the conv stem)"),),
@@ -184,14 +183,14 @@ class ImagePiece(Study):
             arms=_FM_ARMS, baseline="patch_none", grid=_GRID,
             columns=(Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs patch-none", paired=True),
                      Col("train_time_s", "wall s")),
-            measures=(_stem_speed("conv"), _stem_speed("patch")),
+            evaluations=(_stem_speed("conv"), _stem_speed("patch")),
             smoke=fmnist_smoke(measure=SMOKE_MEASURE),
             budget=((33, "training", 4.5), (2, "speed", 5))),
         "deit_s": Bed(
             title="ImagePiece on DeiT-S, the conv stem counted (CPU, random weights)",
-            benches=(Bench("deit_small_conv", model=DEIT_S, specs=DEIT_SPECS, stem="conv",
-                           title="DeiT-S, 2 CPU threads: ImagePiece with the patch stem and with its conv stem, "
-                                 "against the plain model"),),
-            smoke=Smoke(testbed=Testbed(), bench=SMOKE_BENCH),
+            evaluations=(Bench("deit_small_conv", model=DEIT_S, specs=DEIT_SPECS, stem="conv",
+                               title="DeiT-S, 2 CPU threads: ImagePiece with the patch stem and with its conv stem, "
+                                     "against the plain model"),),
+            smoke={"bench": SMOKE_BENCH},
             budget=((1, "bench", 6),)),
     }

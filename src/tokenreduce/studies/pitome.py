@@ -24,17 +24,17 @@ tokens paying for what PiToMe's scoring costs (the cosine graph, T^2 d a block: 
 this width, ToMe's matching about 1.3%).
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
-(``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
-disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``: a paired t-test
+(``Arm(kind="off_the_shelf")``), scored per test item on all 10 000 test scenes, each seed one of three
+disjoint folds of them; the claims take the test item as their unit (``Study.per_item``: a paired t-test
 over the 10 000 per-item differences, Holm within the study and BH over the report). The measure ``free``
 evaluates every spec again in one interleaved timing run (MACs, img/s and latency at bench/settings.SPEED's
 batches, against the unpatched reference); a claim reads "at equal measured speed" only where it timed both
-arms within 0.05x of each other, else "at its own pick" with both speeds.
+arms within study.EQUAL_SPEED of each other, else "at its own pick" with both speeds.
 """
 
 from __future__ import annotations
 
-from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "PiToMe, arXiv 2405.16148"
@@ -60,7 +60,7 @@ _PUBLISHED = {"1.5x": (0.67, "+0.67 top-1 over ToMe (79.08 vs 78.41) at 2.92 GFL
               "2x": (1.17, "+1.17 top-1 over ToMe (77.40 vs 76.24) at 2.22 GFLOPs, 2.07x")}
 
 _ARMS = {
-    f"{method}-{target}": Arm(f"{label.format(target)}: {spec.format(seed='s')}", spec=spec, evaluates=REFERENCE)
+    f"{method}-{target}": Arm(f"{label.format(target)}: {spec.format(seed='s')}", spec=spec, kind="off_the_shelf")
     for target, specs in PICKS.items()
     for method, label, spec in zip(("pitome", "tome", "random"),
                                    ("PiToMe {}", "ToMe at PiToMe {}'s MACs", "random at PiToMe {}'s MACs"), specs,
@@ -75,14 +75,13 @@ def _beats_tome(target: str) -> Expect:
     effect, published = _PUBLISHED[target]
     return Expect(f"at ~{target} MACs PiToMe keeps more top-1 than ToMe at equal MACs ({{at_speed}}), off the shelf",
                   _RESULTS, arm=f"pitome-{target}", baseline=f"tome-{target}", metric="top1", direction=1,
-                  effect=effect, published=published, speed=_SPEED, unit="item")
+                  effect=effect, published=published, speed=_SPEED)
 
 
 def _beats_random(target: str) -> Expect:
     return Expect(f"at ~{target} MACs PiToMe beats the random pruner at equal MACs ({{at_speed}}), off the shelf",
                   f"{_SOURCE} (the informed merge against this project's random floor; the paper has none)",
-                  arm=f"pitome-{target}", baseline=f"random-{target}", metric="top1", direction=1, speed=_SPEED,
-                  unit="item")
+                  arm=f"pitome-{target}", baseline=f"random-{target}", metric="top1", direction=1, speed=_SPEED)
 
 
 @register_study("pitome")
@@ -99,7 +98,7 @@ class PiToMeStudy(Study):
             arms=_ARMS, baseline="tome-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs ToMe 1.5x", paired=True)),
-            measures=(
+            evaluations=(
                 Measure("free", reference=None, at={}, columns=_COLUMNS,
                         specs=tuple(spec.format(seed=0) for specs in PICKS.values() for spec in specs),
                         title="Off the shelf, one interleaved timing run: every arm's spec on the reference "

@@ -22,16 +22,16 @@ on 1 000 held-out training scenes as one batch (``methods.saint.r_from_tokens``)
 top-1 by less than half a point.
 
 Every arm is the paper's setting, training-free: its spec applied to the reference off the shelf
-(``Arm(evaluates=REFERENCE)``), scored per test item on all 10 000 test scenes, each seed one of three
-disjoint folds of them; the claims take the test item as their unit (``Expect(unit='item')``). The measure
+(``Arm(kind="off_the_shelf")``), scored per test item on all 10 000 test scenes, each seed one of three
+disjoint folds of them; the claims take the test item as their unit (``Study.per_item``). The measure
 ``free`` evaluates every fixed-count spec again in one interleaved timing run (MACs, img/s and latency at
 bench/settings.SPEED's batches); a claim reads "at equal measured speed" only where it timed both arms within
-0.05x of each other. The official count is not timed: its MACs follow the batch.
+study.EQUAL_SPEED of each other. The official count is not timed: its MACs follow the batch.
 """
 
 from __future__ import annotations
 
-from ..study.declare import EQUAL_SPEED, REFERENCE, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "SAINT, arXiv 2503.11549"
@@ -70,14 +70,14 @@ OFFICIAL = "saint(count='batch', threshold=0.75)"
 CALIBRATED = "saint(r=(81, 35, 17, 10, 7, 3, 0, 0, 0, 0, 0, 0), threshold=0.75)"
 
 _ARMS = {
-    **{f"{method}-{target}": Arm(f"{_NAMES[method]} {target}: {spec}", spec=spec, evaluates=REFERENCE)
+    **{f"{method}-{target}": Arm(f"{_NAMES[method]} {target}: {spec}", spec=spec, kind="off_the_shelf")
        for target, picks in PICKS.items() for method, (spec, _) in picks.items()},
     **{f"random_{method}-{target}": Arm(f"random at {_NAMES[method]} {target}'s counts", spec=rand,
-                                        evaluates=REFERENCE)
+                                        kind="off_the_shelf")
        for target, picks in PICKS.items() for method, (_, rand) in picks.items()},
-    "saint_batch": Arm(f"SAINT, the official batch-mean count: {OFFICIAL}", spec=OFFICIAL, evaluates=REFERENCE),
+    "saint_batch": Arm(f"SAINT, the official batch-mean count: {OFFICIAL}", spec=OFFICIAL, kind="off_the_shelf"),
     "saint_calibrated": Arm(f"SAINT, the count calibrated on held-out scenes: {CALIBRATED}", spec=CALIBRATED,
-                            evaluates=REFERENCE),
+                            kind="off_the_shelf"),
 }
 _COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),
@@ -87,20 +87,19 @@ _COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("
 def _drop_beats(merge: str, target: str) -> Expect:
     return Expect(f"at ~{target} MACs dropping (SAINT) keeps more top-1 than merging ({_NAMES[merge]}) at equal MACs "
                   "({at_speed}), off the shelf", _RESULTS, arm=f"saint-{target}", baseline=f"{merge}-{target}",
-                  metric="top1", direction=1, speed=_SPEED, unit="item")
+                  metric="top1", direction=1, speed=_SPEED)
 
 
 def _beats_random(method: str, target: str) -> Expect:
     return Expect(f"at ~{target} MACs {_NAMES[method]} beats the random pruner at its own counts, off the shelf",
                   f"{_SOURCE} (each informed reduction against this project's random floor; the paper has none)",
-                  arm=f"{method}-{target}", baseline=f"random_{method}-{target}", metric="top1", direction=1,
-                  unit="item")
+                  arm=f"{method}-{target}", baseline=f"random_{method}-{target}", metric="top1", direction=1)
 
 
 _BATCH = Expect("the official batch-mean count keeps the top-1 of the same rule's count calibrated on held-out scenes "
                 "(within half a point), off the shelf", f"{_SOURCE}; the official ViT/saint/prune.py (r = the batch "
                 "mean of the per-image counts, read with .item())", arm="saint_batch", baseline="saint_calibrated",
-                metric="top1", direction=1, margin=0.5, kind="equivalent", unit="item",
+                metric="top1", direction=1, margin=0.5, kind="equivalent",
                 why="half a top-1 point: below the published gaps between the methods compared here (SAINT over "
                     "the strongest baseline 0.8, PiToMe over ToMe 0.67 to 1.17), so a batch dependence within it "
                     "could not reverse them")
@@ -123,7 +122,7 @@ class SaintStudy(Study):
             arms=_ARMS, baseline="saint-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs SAINT 1.5x", paired=True)),
-            measures=(
+            evaluations=(
                 Measure("free", reference=None, at={}, columns=_COLUMNS,
                         specs=(*(spec.format(seed=0) for picks in PICKS.values() for pair in picks.values()
                                  for spec in pair), CALIBRATED),

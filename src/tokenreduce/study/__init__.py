@@ -4,23 +4,22 @@ written as a page (study/page.py). The declarations it runs live under ``tokenre
 per paper; the probes they call under ``tokenreduce.probes``."""
 
 from .declare import (
-    REFERENCE,
     Arm,
     Axis,
     Bed,
     Bench,
-    BenchTable,
     Col,
     Expect,
     Measure,
     Probe,
-    Smoke,
     Study,
     get_study,
     list_studies,
+    reading,
     register_study,
 )
 from .testbed import Testbed
 
-__all__ = ["REFERENCE", "Arm", "Axis", "Bed", "Bench", "BenchTable", "Col", "Expect", "Measure", "Probe", "Smoke",
-           "Study", "Testbed", "get_study", "list_studies", "register_study"]
+__all__ = ["Arm", "Axis", "Bed", "Bench", "Col", "Expect", "Measure", "Probe",
+           "Study", "Testbed", "get_study", "list_studies", "reading",
+           "register_study"]

@@ -1,17 +1,18 @@
 """A study: a paper's claims as controlled comparisons, declared once and run on each of its test beds.
 
 A study (one module under studies/, named as registered) names the ``claim`` it tests, its
-``source`` and its claims (``expect``: :class:`Expect`, the statistic, the level, the published effect),
+``source`` and its claims (``expect``: :class:`Expect`, the statistic, the margin, the published effect),
 and its test beds (``beds``: name -> :class:`Bed`; the first is the default, ``tokenreduce study NAME
 --testbed BED`` picks another). A bed declares what depends on the test bed: the :class:`Testbed` its
 runs start from and are scored on (a built-in reference, or a timm model with pretrained or local
 weights and a dataset or image folder), a typed ``recipe`` (TrainConfig fields, checked when the study
-is registered), its ``arms`` (:class:`Arm`: task spec, reducer spec, stem, transforms, init, teacher;
-their specs name per-block counts, which depend on the patch grid), a ``grid`` (:class:`Axis`: seeds,
-code lengths ...), the tables it prints (:class:`Col`), ``measures`` and ``probes`` that evaluate its
-trained runs, ``benches`` (:class:`Bench`: the ``bench`` command's timing of specs on a model given by
-its config; ``bench_tables``, :class:`BenchTable`: several side by side), a ``smoke`` version
-(:class:`Smoke`: the same bed at tiny sizes, run by the test suite) and its ``budget``. Every bed
+is registered), its ``arms`` (:class:`Arm`: what each is, by its ``kind``, and its reducer spec, task
+spec, stem, transforms; their specs name per-block counts, which depend on the patch grid), a ``grid``
+(:class:`Axis`: seeds, code lengths ...), the tables it prints (:class:`Col`, every table's columns), its
+``evaluations`` off the grid, each said by its type (:class:`Measure` and :class:`Probe` evaluate its
+trained runs, :class:`Bench` is the ``bench`` command's timing of specs on a model given by its config;
+``bench_tables``: several side by side), a ``smoke`` version (a dict, :data:`SMOKE_KEYS`: the same bed at
+tiny sizes, run by the test suite) and its ``budget``. Every bed
 tests each claim whose two arms it has (:func:`tests_claim`), so a claim is written once however many
 beds test it; a user's own test bed (``--model``, ``--data``) runs a declared bed's plan on it.
 
@@ -25,7 +26,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,30 +40,37 @@ from .testbed import Testbed, synthetic_data
 # ----------------------------------------------------------------------------- declarations
 
 
+#: What an arm is (:attr:`Arm.kind`): ``trained`` from the test bed's start; trained ``after`` another arm (a
+#: second phase from its checkpoint); ``evaluated``: a registered experiment run on another arm's checkpoint;
+#: ``off_the_shelf``: its spec applied to the test bed's reference, untrained
+TRAINED, AFTER, EVALUATED, OFF_THE_SHELF = "trained", "after", "evaluated", "off_the_shelf"
+ARM_KINDS = (TRAINED, AFTER, EVALUATED, OFF_THE_SHELF)
+
+
 @dataclass(frozen=True)
 class Arm:
-    """One arm: what differs from the recipe. ``task``: a task spec (None: the recipe's); ``spec``: the
-    reducer to train with (None: none); ``stem``, ``transforms``: model options (models/build.py; on a test
-    bed's reference checkpoint a stem is swapped in with fresh weights, the rest kept);
-    ``init``, ``teacher``: checkpoints (None: the test bed's); ``label``: the name tables print. ``spec`` may
-    name grid values in braces (``random(..., seed={seed})``: a pruner's own seed that follows the run's).
+    """One arm: what differs from the recipe, and what it is: its ``kind`` (:data:`ARM_KINDS`). ``label``: the
+    name tables print; ``only``: where on the grid it runs (below); the rest by kind.
 
-    An *evaluated* arm trains nothing: ``evaluates`` names the arm whose checkpoint it reads at the same
-    grid point, and ``experiment`` the registered experiment (probes/base.py) run on it, whose
-    result's ``metrics`` are the arm's (e.g. ``oracle_at_counts``: the oracle at a trained pruner's
-    counts, on its weights; its spec may name the point's training settings in braces,
-    ``subset={eval_subset}``: the test items the source run was scored on). Its runs pair with the
-    others' by seed like any arm's.
+    ``trained`` (the default): ``spec`` is the reducer to train with (None: none), ``task`` a task spec (None:
+    the recipe's), ``stem`` and ``transforms`` model options (models/build.py; on a test bed's reference
+    checkpoint a stem is swapped in with fresh weights, the rest kept). ``spec`` may name grid values in braces
+    (``random(..., seed={seed})``: a pruner's own seed that follows the run's).
 
-    An arm evaluated on the *test bed's reference* (``evaluates=REFERENCE``, no experiment) trains nothing
-    either: it is ``spec`` applied to the reference off the shelf (a training-free method as its paper
-    measures it), scored per item; its run at the n-th planned seed is scored on the n-th of as many
-    disjoint folds of the test items (items n, n + S, n + 2S, ... of the runs' items, S seeds), so the
-    seeds of two such arms pair item for item and together cover every test item once. Its claims take
-    the test item as their unit (``Expect.unit='item'``).
+    ``after``: the same, its training started from the checkpoint of the trained arm ``reads`` at the same grid
+    point in place of the test bed's (a second phase: its run waits for that one).
 
-    ``after`` names a trained arm whose checkpoint at the same grid point this arm's training starts
-    from (a second phase: its run waits for that one), in place of the test bed's.
+    ``evaluated``: trains nothing; ``spec`` is the registered experiment (probes/base.py) run on the checkpoint
+    of the arm ``reads`` at the same grid point, whose result's ``metrics`` are the arm's (e.g.
+    ``oracle_at_counts``: the oracle at a trained pruner's counts, on its weights; the spec may name the
+    point's training settings in braces, ``subset={eval_subset}``: the test items the source run was scored
+    on). Its runs pair with the others' by seed like any arm's.
+
+    ``off_the_shelf``: trains nothing either: ``spec`` applied to the test bed's reference (a training-free
+    method as its paper measures it), scored per item; its run at the n-th planned seed is scored on the n-th
+    of as many disjoint folds of the test items (items n, n + S, n + 2S, ... of the runs' items, S seeds), so
+    the seeds of two such arms pair item for item and together cover every test item once. Its claims take
+    the test item as their unit (:meth:`Study.per_item`).
 
     ``only`` narrows the grid for this arm: axis name -> the values it runs at (``{"bits": (16,)}``: a
     sensitivity arm at one of several code lengths); an axis not named runs at all of its values, and a
@@ -70,19 +79,16 @@ class Arm:
     code length on the short schedule, 16 bits on the long one)."""
 
     label: str
-    task: str | None = None
     spec: str | None = None
+    kind: str = TRAINED
+    reads: str | None = None
+    task: str | None = None
     stem: str | None = None
     transforms: tuple[str, ...] = ()
-    init: str | None = None
-    teacher: str | None = None
-    evaluates: str | None = None
-    experiment: str | None = None
-    after: str | None = None
     only: dict[str, tuple[Any, ...]] | tuple[dict[str, tuple[Any, ...]], ...] = field(default_factory=dict)
 
 
-#: ``Arm.evaluates`` of an arm that applies its spec to the test bed's reference, off the shelf
+#: what an off-the-shelf arm's record says it evaluates: the test bed's reference
 REFERENCE = "@reference"
 
 
@@ -103,9 +109,12 @@ class Axis:
 
 @dataclass(frozen=True)
 class Col:
-    """A table column headed ``header``. In an arm table: the run metric ``metric`` (mean ± std over the
-    grid's seeds), with ``paired=True`` the difference from the baseline arm, paired by seed. In a
-    measure's table: the row's value ``metric`` written with ``fmt``."""
+    """A table column headed ``header`` (the one column syntax of every table). In an arm table: the run metric
+    ``metric`` (mean ± std over the grid's seeds), with ``paired=True`` the difference from the baseline arm,
+    paired by seed. In a measure's table: the row's value ``metric`` written with ``fmt``. In a bench's: the
+    ``bench`` command's row key ``metric``, as the command writes it. In a bench table (:attr:`Bed.bench_tables`):
+    the first column the row's label, each other the speed-ups of the bench ``metric`` names, against the
+    unpatched model or, ``paired``, its matched random pruner."""
 
     metric: str
     header: str
@@ -113,33 +122,13 @@ class Col:
     fmt: str = "{:.2f}"
 
 
+#: The power a claim's plan (:attr:`Expect.power`) asks of its test
+POWER = 0.8
+
 #: The margin within which two arms count as "at equal measured speed" (study/tables.py, claim_text):
 #: a tenth of the speed-up, the order the timing noise of one interleaved run on 2 CPU threads allows
 #: with ten rounds (each speed table prints its own measured noise); a tighter margin could not be shown.
 EQUAL_SPEED = 0.1
-
-
-@dataclass(frozen=True)
-class Power:
-    """A power plan declared before the runs: the smallest ``effect`` (paired difference, toward the claim)
-    the claim's test must detect, at the per-seed spread ``sd`` of the ``pilot`` (named: the runs or study
-    the spread was read from), with ``power`` (80%); the report states the n of seeds that gives it at the
-    level the claim is decided at (its level over the tests of its study's Holm family: study/stats.py,
-    :func:`~.stats.seeds_for_power`) beside the n run. ``at`` instead of ``sd``: the
-    pilot is the same contrast at that grid point of the study's own records (its paired differences' sd is
-    read from them, so the number lives in the records alone)."""
-
-    effect: float
-    sd: float | None = None
-    pilot: str = ""
-    power: float = 0.8
-    at: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if not self.effect > 0 or (self.sd is None) == (self.at is None) or not (self.at is not None or self.pilot):
-            raise SpecError(f"power plan: a positive effect (toward the claim, not {self.effect:g}) and either sd= "
-                            "with pilot= naming where it was read, or at= (the same contrast's runs at that grid "
-                            "point)")
 
 
 @dataclass(frozen=True)
@@ -161,11 +150,13 @@ class Expect:
     kind). ``speed``: (measure, margin): the claim is "at equal measured speed" only when an equivalence
     test on that measure's per-round timings of both arms (one interleaved run) holds within ``margin`` (x,
     e.g. :data:`EQUAL_SPEED`); the claim text's ``{at_speed}`` reads so, or "at its own pick" with both
-    speeds. ``power``: a plan declared before
-    the runs (:class:`Power`). ``unit``: what the test pairs: "seed" (each seed's difference of the two
-    runs), or "item" (each test item's difference, pooled over the paired seeds: the unit of arms evaluated
-    off the shelf on the reference, whose seeds are disjoint folds of the test items, not replications of a
-    training run; a metric kept per item, in percent: a correct item is 100, a wrong one 0).
+    speeds. ``power``: a power plan declared before the runs: the smallest difference (toward the claim) its
+    test must detect with :data:`POWER`; the report states the n of seeds that gives it at the level the
+    claim is decided at (its level over the tests of its study's Holm family: :func:`~.stats.seeds_for_power`)
+    beside the n run, at the pilot sd of the same contrast's own records where the grid was first run
+    (:meth:`Study.pilot`: a longer fine-tune's plan reads the shortened schedule's). What the test pairs follows from
+    the arms (:meth:`Study.per_item`): each seed's difference of the two runs, or for arms evaluated off the
+    shelf each test item's.
     """
 
     claim: str
@@ -176,7 +167,6 @@ class Expect:
     direction: int
     at: dict[str, Any] = field(default_factory=dict)
     margin: float = 0.0
-    level: float = 0.05
     effect: float | None = None
     published: str = ""
     kind: str = "superior"
@@ -184,12 +174,14 @@ class Expect:
     why: str = ""
     family: str = ""
     speed: tuple[str, float] | None = None
-    power: Power | None = None
-    unit: str = "seed"
+    power: float | None = None
+    #: every claim's level, two-sided (not a field: no claim declares another)
+    level = 0.05
 
     def __post_init__(self) -> None:
-        if self.unit not in ("seed", "item"):
-            raise SpecError(f"claim {self.claim!r}: unit must be seed or item, not {self.unit!r}")
+        if self.power is not None and not self.power > 0:
+            raise SpecError(f"claim {self.claim!r}: a power plan's effect is positive (toward the claim), "
+                            f"not {self.power:g}")
         if self.kind not in ("superior", "noninferior", "equivalent"):
             raise SpecError(f"claim {self.claim!r}: kind must be superior, noninferior or equivalent, "
                             f"not {self.kind!r}")
@@ -247,44 +239,28 @@ class Bench:
     random weights: nothing to train or load) or, with ``checkpoint`` (a trained recipe's name), on its
     trained weights. ``speed``: the command's timing flags (batch, warmup, repeats, min_run_s), backend,
     dtype and seed; ``stem``: ``--stem`` (the model with that stem, unreduced and with each spec, beside the
-    plain rows); ``columns``: its table, (row key, header) as the command prints it."""
+    plain rows); ``columns``: its table (:class:`Col`; empty: the command's)."""
 
     name: str
     model: dict[str, Any]
     specs: tuple[str, ...] = ()
     checkpoint: str | None = None
-    control: str = "tome(r=0)"
     match_random: bool = False
     stem: str | None = None
     speed: dict[str, Any] = field(default_factory=dict)
-    columns: tuple[tuple[str, str], ...] = ()  #: empty: the bench command's (bench/compare.py)
+    columns: tuple[Col, ...] = ()
     title: str = ""
+    #: the zero-reduction control every bench times (not a field: no bench declares another)
+    control = "tome(r=0)"
 
 
-@dataclass(frozen=True)
-class BenchTable:
-    """Several benches of the same specs side by side (one backend each, say): a row per spec and the
-    control, two cells per bench: speed-ups against the unpatched model at batch B / batch 1, and against
-    the matched random pruner (``match_random``). ``headers``: the first column's, then two per bench."""
-
-    title: str
-    benches: tuple[str, ...]
-    headers: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Smoke:
-    """The smoke version: a test bed, recipe overrides (TrainConfig fields) and a smaller grid
-    (axis name -> values); everything else is the bed's own."""
-
-    testbed: Testbed
-    recipe: dict[str, Any] = field(default_factory=dict)
-    grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-    measure: dict[str, Any] = field(default_factory=dict)  #: speed settings (bench/evaluation.py)
-    probe: dict[str, Any] = field(default_factory=dict)  #: parameters added to every probe's spec
-    #: every bench's overrides: timing settings (batch, repeats ...) and ``model_kwargs``, merged into its
-    #: model's kwargs (a narrow copy of the same depth and patch grid); a smoke never loads a checkpoint
-    bench: dict[str, Any] = field(default_factory=dict)
+#: What a bed's ``smoke`` may set (one smoke syntax with an experiment's, probes/base.py: a dict of what differs in
+#: the smoke, the rest the bed's own): its ``testbed`` (default: the bed's), ``recipe`` overrides (TrainConfig
+#: fields), a smaller ``grid`` (axis name -> values), the ``measure``\ s' speed settings (bench/evaluation.py),
+#: the parameters added to every ``probe``'s spec, and every ``bench``'s overrides: timing settings (batch,
+#: repeats ...) and ``model_kwargs``, merged into its model's kwargs (a narrow copy of the same depth and patch
+#: grid; a smoke never loads a checkpoint)
+SMOKE_KEYS = ("testbed", "recipe", "grid", "measure", "probe", "bench")
 
 
 @dataclass(frozen=True)
@@ -292,7 +268,9 @@ class Bed:
     """What a study declares for one test bed: the ``testbed`` its runs start from and are scored on, and
     everything that depends on it: the ``recipe`` (TrainConfig fields), the ``arms`` (their specs name
     per-block counts, which depend on the patch grid), the ``baseline`` arm, the ``grid``, the axis tables
-    are ``split`` by, the table ``columns``, ``measures``, ``probes``, ``benches`` and ``bench_tables``, the
+    are ``split`` by, the table ``columns``, its ``evaluations`` off the grid (each said by its type:
+    :class:`Measure`, :class:`Probe`, :class:`Bench`; read as ``measures``, ``probes``, ``benches``), the
+    ``bench_tables``, the
     ``smoke`` version, the ``budget`` (what the bed's runs cost where they were run) and ``pending`` (why
     runs are missing). ``title``: the bed's heading (default: the study's). The claims are the study's,
     declared once (:attr:`Study.expect`): a bed tests each claim whose arms it has.
@@ -307,19 +285,37 @@ class Bed:
     grid: tuple[Axis, ...] = ()
     split: tuple[str, str] | None = None
     columns: tuple[Col, ...] = ()
-    measures: tuple[Measure, ...] = ()
-    probes: tuple[Probe, ...] = ()
-    benches: tuple[Bench, ...] = ()
-    bench_tables: tuple[BenchTable, ...] = ()
-    smoke: Smoke | None = None
+    evaluations: tuple[Measure | Probe | Bench, ...] = ()
+    #: several benches of the same specs side by side (one backend each, say): title -> its columns (:class:`Col`)
+    bench_tables: dict[str, tuple[Col, ...]] = field(default_factory=dict)
+    smoke: dict[str, Any] | None = None  #: :data:`SMOKE_KEYS`
     #: the compute plan, declared before the runs: (runs, kind of run, measured minutes a run) per kind of run
     budget: tuple[tuple[int, str, float], ...] = ()
     pending: str = ""
 
+    @property
+    def measures(self) -> tuple[Measure, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Measure))
+
+    @property
+    def probes(self) -> tuple[Probe, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Probe))
+
+    @property
+    def benches(self) -> tuple[Bench, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Bench))
+
+
+def _declared(bed: Bed) -> dict[str, Any]:
+    """``bed``'s declarations by name: its fields, and its evaluations by type (measures, probes, benches)."""
+    return {**{f.name: getattr(bed, f.name) for f in dataclasses.fields(Bed)},
+            **{k: getattr(bed, k) for k in ("measures", "probes", "benches")}}
+
 
 @dataclass(frozen=True)
 class Point:
-    """One run of a study: ``arm`` at grid ``values`` (axis name -> value); ``id`` e.g. ``d_eet-b16-s0``."""
+    """One run of a study: ``arm`` at grid ``values`` (axis name -> value); ``id`` e.g. ``d_eet-b16-s0``. The
+    engine's (:meth:`Study.points`), not a declaration: no study writes one."""
 
     arm: str
     values: dict[str, Any]
@@ -359,15 +355,15 @@ class Study:
         if self.bed_name not in cls.beds:
             raise TokenReduceError(f"study {cls.name} has no test bed {bed!r}; choose from {', '.join(cls.beds)}")
         decl = cls.beds[self.bed_name]
-        for f in dataclasses.fields(Bed):
-            if f.name != "testbed":
-                setattr(self, f.name, getattr(decl, f.name))
+        for k, v in _declared(decl).items():
+            if k != "testbed":
+                setattr(self, k, v)
         self.title = decl.title or cls.title
         self.expect = tuple(e for e in cls.expect if tests_claim(decl, e))
         self.is_smoke = smoke
         if smoke and self.smoke is None:
             raise TokenReduceError(f"study {cls.name} declares no smoke version on the test bed {self.bed_name}")
-        default = self.smoke.testbed if smoke else decl.testbed
+        default = self.smoke.get("testbed", decl.testbed) if smoke else decl.testbed
         if not self.arms and testbed is not None and testbed != default:
             raise TokenReduceError(f"study {cls.name} trains nothing (benches only, each on its own model); "
                                    "it takes no test bed (--model, --pretrained, --weights, --data)")
@@ -389,7 +385,13 @@ class Study:
     def axes(self) -> tuple[Axis, ...]:
         if not self.is_smoke:
             return self.grid
-        return tuple(dataclasses.replace(a, values=tuple(self.smoke.grid.get(a.name, a.values))) for a in self.grid)
+        grid = self.smoke_over("grid")
+        return tuple(dataclasses.replace(a, values=tuple(grid.get(a.name, a.values))) for a in self.grid)
+
+    def smoke_over(self, key: str) -> dict[str, Any]:
+        """What the smoke sets for ``key`` (:data:`SMOKE_KEYS`: recipe, grid, measure, probe, bench); nothing
+        outside a smoke."""
+        return self.smoke.get(key, {}) if self.is_smoke else {}
 
     def points(self) -> list[Point]:
         """Every arm at every grid point it runs at (``Arm.only``), in a stable order (grid outer, arms
@@ -436,24 +438,35 @@ class Study:
         """The run ids measure ``m`` reads: its reference's (None: the test bed's reference checkpoint, or
         where it has none and the baseline is evaluated off the shelf, the model at its initialisation)
         and its fine-tuned runs' (every run of each arm at ``m.at``, in plan order)."""
-        off_the_shelf = self.arms[self.baseline].evaluates == REFERENCE
+        off_the_shelf = self.arms[self.baseline].kind == OFF_THE_SHELF
         ref = m.reference or (None if self.bed.reference or off_the_shelf else self.baseline)
         at = self.complete(m.at)
         tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
         return (self.point(ref, m.at).id if ref else None), tuned
 
+    def pilot(self, e: Expect) -> dict[str, Any]:
+        """The grid point whose records give claim ``e``'s power plan its pilot sd: the same contrast with each
+        axis that has an ``implicit`` value at it (the runs made first: the shortened fine-tune)."""
+        return {**e.at, **{a.name: a.implicit for a in self.grid if a.implicit is not None}}
+
+    def per_item(self, e: Expect) -> bool:
+        """Whether claim ``e`` takes the test item as its unit, not the seed: its arms are evaluated off the
+        shelf, so their seeds are disjoint folds of the test items, not replications of a training run (a
+        metric kept per item, in percent: a correct item is 100, a wrong one 0)."""
+        return all(a in self.arms and self.arms[a].kind == OFF_THE_SHELF for a in (e.arm, e.baseline))
+
     def bench_run(self, b: Bench) -> Bench:
         """``b`` as this study runs it: the smoke's timing settings and narrower model, no checkpoint."""
         if not self.is_smoke:
             return b
-        over = dict(self.smoke.bench)
+        over = dict(self.smoke_over("bench"))
         kwargs = {**b.model.get("kwargs", {}), **over.pop("model_kwargs", {})}
         return dataclasses.replace(b, model={**b.model, "kwargs": kwargs}, checkpoint=None, speed={**b.speed, **over})
 
     def eval_items(self, scratch: Path) -> tuple[str | None, int | None]:
         """(data_dir, eval_subset) of the study's runs: where a measure finds the same test items (a
         synthetic test bed's folder under ``scratch``, else the checkpoint's own data) and how many."""
-        recipe = {**self.recipe, **(self.smoke.recipe if self.is_smoke else {})}
+        recipe = {**self.recipe, **self.smoke_over("recipe")}
         data_dir = str(synthetic_data(scratch)) if self.bed.synthetic and self.bed.data else None
         return data_dir, recipe.get("eval_subset")
 
@@ -462,7 +475,7 @@ class Study:
         overrides, arm, grid point, in increasing priority; ``scratch``: where a synthetic test bed's
         data goes."""
         arm = self.arms[p.arm]
-        fields = {**self.recipe, **self.bed.train_fields(scratch), **(self.smoke.recipe if self.is_smoke else {})}
+        fields = {**self.recipe, **self.bed.train_fields(scratch), **self.smoke_over("recipe")}
         task = arm.task or fields.get("task") or "classify"
         sets = {a.name: a.sets for a in self.axes() if a.sets}
         for k, v in p.values.items():
@@ -473,7 +486,7 @@ class Study:
             else:
                 task = _with_param(task, k, v)
         fields["task"] = task
-        fields["spec"] = arm.spec.format(**p.values) if arm.spec else None
+        fields["spec"] = arm.spec.format(**p.values) if arm.spec and arm.kind != EVALUATED else None
         if fields.get("teacher") == TESTBED_TEACHER:
             fields["teacher"] = self.bed.checkpoint()
             if fields["teacher"] is None:
@@ -489,9 +502,6 @@ class Study:
                                        "that builds its model (not a reference checkpoint)")
             fields["model"] = {**fields["model"], **({"stem": arm.stem} if arm.stem else {}),
                                **({"transforms": list(arm.transforms)} if arm.transforms else {})}
-        for k in ("init", "teacher"):
-            if getattr(arm, k):
-                fields[k] = getattr(arm, k)
         return fields
 
 
@@ -523,8 +533,7 @@ def check_study(cls: type[Study]) -> None:
     if not cls.beds:
         raise SpecError(f"study {cls.name} declares no test bed (beds = {{name: Bed(...)}})")
     for bed, decl in cls.beds.items():
-        view = SimpleNamespace(**{f.name: getattr(decl, f.name) for f in dataclasses.fields(Bed)},
-                               name=f"{cls.name} (test bed {bed})",
+        view = SimpleNamespace(**_declared(decl), name=f"{cls.name} (test bed {bed})",
                                expect=tuple(e for e in cls.expect if tests_claim(decl, e)))
         _check_bed(view, cls.expect)
     untested = [e.claim for e in cls.expect if not any(tests_claim(d, e) for d in cls.beds.values())]
@@ -540,17 +549,21 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
     names = [*(m.name for m in cls.measures), *(p.name for p in cls.probes), *(b.name for b in cls.benches)]
     if len(set(names)) != len(names):
         raise SpecError(f"{where}: its measures, probes and benches need distinct names; they are {names}")
-    smoke_bench = [("smoke bench", cls.smoke.bench, {"model_kwargs"})] if cls.smoke else []
+    smoke = cls.smoke or {}
+    if set(smoke) - set(SMOKE_KEYS):
+        raise SpecError(f"{where}: its smoke sets unknown keys {sorted(set(smoke) - set(SMOKE_KEYS))}; "
+                        f"choose from {list(SMOKE_KEYS)}")
+    smoke_bench = [("smoke bench", smoke.get("bench", {}), {"model_kwargs"})]
     for what, speed, more in [*((f"bench {b.name}", b.speed, set()) for b in cls.benches), *smoke_bench]:
         bad = sorted(set(speed) - _BENCH_SETTINGS - more)
         if bad:
             raise SpecError(f"{where}: its {what} names unknown settings {bad}; "
                             f"choose from {sorted(_BENCH_SETTINGS | more)}")
-    for t in cls.bench_tables:
-        unknown = sorted(set(t.benches) - {b.name for b in cls.benches})
-        if unknown or len(t.headers) != 1 + 2 * len(t.benches):
-            raise SpecError(f"{where}: bench table {t.title!r} needs benches it declares (unknown: {unknown}) and "
-                            f"1 + 2 per bench headers (it has {len(t.headers)} for {len(t.benches)})")
+    for title, columns in cls.bench_tables.items():
+        unknown = sorted({c.metric for c in columns[1:]} - {b.name for b in cls.benches})
+        if unknown or len(columns) < 2:
+            raise SpecError(f"{where}: bench table {title!r} needs its label column, then columns of the benches it "
+                            f"declares (unknown: {unknown})")
     if not cls.arms:
         extra = [k for k in ("recipe", "baseline", "grid", "split", "columns", "expect", "measures", "probes")
                  if getattr(cls, k)]
@@ -559,35 +572,25 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
                             "baseline, grid, split, columns, expectations, measures or probes "
                             f"(it has {', '.join(extra) or 'no benches'})")
         return
-    overrides = [("recipe", cls.recipe)] + ([("smoke recipe", cls.smoke.recipe)] if cls.smoke else []) + \
+    overrides = [("recipe", cls.recipe), ("smoke recipe", smoke.get("recipe", {}))] + \
         [(f"axis {a.name} at {v}", f) for a in cls.grid for v, f in a.sets.items()]
     for what, fields in overrides:
         bad = sorted(set(fields) - _CONFIG_FIELDS)
         if bad:
             raise SpecError(f"{where}: its {what} names unknown training settings {bad}")
+    trained = sorted(n for n, a in cls.arms.items() if a.kind in (TRAINED, AFTER))
     for name, arm in cls.arms.items():
-        if arm.evaluates == REFERENCE:
-            if not arm.spec or arm.experiment or any(getattr(arm, k) for k in (
-                    "task", "stem", "transforms", "init", "teacher", "after")):
-                raise SpecError(f"{where}: arm {name} is evaluated on the test bed's reference; it takes a label, "
-                                "evaluates=REFERENCE and the spec applied off the shelf, nothing else")
-            continue
-        if (arm.evaluates is None) != (arm.experiment is None):
-            raise SpecError(f"{where}: arm {name} gives one of evaluates= and experiment=; an evaluated arm needs both")
-        if arm.evaluates is not None:
-            source = cls.arms.get(arm.evaluates)
-            if source is None or source.evaluates is not None:
-                raise SpecError(f"{where}: arm {name} evaluates {arm.evaluates!r}, which is not one of its trained "
-                                f"arms {sorted(n for n, a in cls.arms.items() if a.evaluates is None)}")
-            if any(getattr(arm, k) for k in ("task", "spec", "stem", "transforms", "init", "teacher", "after")):
-                raise SpecError(f"{where}: arm {name} is evaluated (it trains nothing); it takes only a label, "
-                                "evaluates= and experiment=")
-        if arm.after is not None:
-            source = cls.arms.get(arm.after)
-            if source is None or source.evaluates is not None or arm.after == name or arm.init:
-                raise SpecError(f"{where}: arm {name} continues after {arm.after!r}, which must be another of its "
-                                f"trained arms {sorted(n for n, a in cls.arms.items() if a.evaluates is None)}, "
-                                "and then gives no init=")
+        if arm.kind not in ARM_KINDS:
+            raise SpecError(f"{where}: arm {name} is of kind {arm.kind!r}; choose from {', '.join(ARM_KINDS)}")
+        if arm.kind in (EVALUATED, OFF_THE_SHELF) and (not arm.spec or arm.task or arm.stem or arm.transforms):
+            raise SpecError(f"{where}: arm {name} is {arm.kind} (it trains nothing); it takes a label, its spec (the "
+                            f"{'experiment' if arm.kind == EVALUATED else 'reducer'} it applies), reads= and only=")
+        if (arm.reads is not None) != (arm.kind in (AFTER, EVALUATED)):
+            raise SpecError(f"{where}: arm {name}: reads= (the arm whose checkpoint it reads) goes with the kinds "
+                            f"{AFTER!r} and {EVALUATED!r} alone (its kind: {arm.kind!r})")
+        if arm.reads is not None and (arm.reads == name or arm.reads not in trained):
+            raise SpecError(f"{where}: arm {name} reads {arm.reads!r}, which is not another of its trained arms "
+                            f"{trained}")
     axes = {a.name: a.values for a in cls.grid}
     for name, arm in cls.arms.items():
         bad = {k: v for o in _alternatives(arm.only) for k, v in o.items()
@@ -595,7 +598,7 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
         if bad:
             raise SpecError(f"{where}: arm {name} runs only at {bad}, which is not a set of values of its grid's "
                             f"axes other than the seed ({ {k: v for k, v in axes.items() if k != 'seed'} })")
-        source = arm.after or (arm.evaluates if arm.evaluates != REFERENCE else None)
+        source = arm.reads
         grid = [dict(zip(axes, v, strict=True)) for v in itertools.product(*axes.values())]
         if source and any(_allows(arm.only, p) and not _allows(cls.arms[source].only, p) for p in grid):
             raise SpecError(f"{where}: arm {name} reads arm {source}'s runs where {source} has none (its only= "
@@ -603,13 +606,17 @@ def _check_bed(cls: SimpleNamespace, claims: tuple[Expect, ...]) -> None:
     if cls.baseline not in cls.arms:
         raise SpecError(f"{where}: baseline {cls.baseline!r} is not one of its arms {sorted(cls.arms)}")
     names = {a.name for a in cls.grid}
-    if cls.smoke and set(cls.smoke.grid) - names:
-        raise SpecError(f"{where}: its smoke grid names axes it lacks {sorted(set(cls.smoke.grid) - names)}")
+    if set(smoke.get("grid", {})) - names:
+        raise SpecError(f"{where}: its smoke grid names axes it lacks {sorted(set(smoke['grid']) - names)}")
     if "seed" not in names:
         raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
+    first = {a.name: a.implicit for a in cls.grid if a.implicit is not None}
     for e in claims:
         if "seed" in e.at:
             raise SpecError(f"{where}: the claim {e.claim!r} fixes the seed; it may fix grid axes other than seed")
+        if e.power is not None and e in cls.expect and {**e.at, **first} == e.at:
+            raise SpecError(f"{where}: the claim {e.claim!r} declares a power plan, whose pilot is the same contrast "
+                            "where the grid was first run (an axis' implicit value); it is there itself")
     for m in cls.measures:
         for arm in (*([m.reference] if m.reference else []), *m.finetuned):
             if arm not in cls.arms:
@@ -657,16 +664,30 @@ def _builtins() -> None:
 
 
 _STUDIES: Registry[type[Study]] = Registry("study", load=_builtins)
+#: registries given for a while (:func:`reading`): :func:`get_study` finds their studies too, never listed
+_GIVEN: list[Registry[type[Study]]] = []
 
 
-def register_study(name: str) -> Callable[[type[Study]], type[Study]]:
-    """Class decorator: register a Study subclass as ``name`` (its runs' ids start ``name/``)."""
+def register_study(name: str, into: Registry[type[Study]] | None = None) -> Callable[[type[Study]], type[Study]]:
+    """Class decorator: register a Study subclass as ``name`` (its runs' ids start ``name/``) into the built-in
+    studies' registry, or ``into`` another (the tests' own studies: :func:`reading`)."""
     def wrap(cls: type[Study]) -> type[Study]:
         cls.name = name
         check_study(cls)
-        return _STUDIES.register_class(name)(cls)
+        return (into or _STUDIES).register_class(name)(cls)
 
     return wrap
+
+
+@contextmanager
+def reading(registry: Registry[type[Study]]) -> Iterator[None]:
+    """While inside, :func:`get_study` (the ``study`` command, the report) finds the studies of ``registry``
+    as well as the built-in ones (the tests' own studies); :func:`list_studies` lists the built-in ones only."""
+    _GIVEN.append(registry)
+    try:
+        yield
+    finally:
+        _GIVEN.remove(registry)
 
 
 def list_studies() -> list[str]:
@@ -674,4 +695,5 @@ def list_studies() -> list[str]:
 
 
 def get_study(name: str) -> type[Study]:
-    return _STUDIES.get(name)
+    given = next((r for r in _GIVEN if name in r.names()), _STUDIES)
+    return given.get(name)

@@ -269,7 +269,7 @@ def judged_results(root: Path, names: list[str] | None = None
     """Every registered study bed (or those of ``names``) with its runs stored under ``root``, and their
     claims judged together (:func:`~.tables.judge`: Holm within a study, Benjamini-Hochberg over all)."""
     studies: list[tuple[Study, dict[str, Any]]] = []
-    for name in names or [n for n in list_studies() if not n.startswith("_")]:  # "_": the tests' own
+    for name in names or list_studies():
         cls = get_study(name)
         for bed in cls.beds:
             study = cls(bed)

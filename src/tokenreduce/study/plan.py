@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import TokenReduceError
-from .declare import REFERENCE, Bench, Measure, Point, Probe, Study
+from .declare import EVALUATED, OFF_THE_SHELF, Bench, Measure, Point, Probe, Study
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,8 @@ def plan(study: Study) -> list[Unit]:
     units = []
     for p in study.points():
         arm = study.arms[p.arm]
-        source = arm.after or (arm.evaluates if arm.evaluates != REFERENCE else None)
-        units.append(Unit(p.id, point=p, needs=(study.point(source, p.values).id,) if source else (),
-                          evaluated=arm.evaluates is not None))
+        units.append(Unit(p.id, point=p, needs=(study.point(arm.reads, p.values).id,) if arm.reads else (),
+                          evaluated=arm.kind in (EVALUATED, OFF_THE_SHELF)))
     for m in study.measures:
         ref, tuned = study.measure_runs(m)
         units.append(Unit(m.name, step=m, needs=(*([ref] if ref else []), *tuned)))

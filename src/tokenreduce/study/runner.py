@@ -52,7 +52,7 @@ from ..models.references import file_sha256
 from ..probes.base import RunContext, get_experiment
 from ..train import lock
 from ..train.config import TrainConfig
-from .declare import REFERENCE, Study
+from .declare import OFF_THE_SHELF, REFERENCE, Study
 from .execute import BenchRequest, FoldRequest, MeasureRequest, ProbeRequest, execute
 from .plan import TIMED, Layout, Unit, layout_for, plan, select
 from .records import load_records, read_record, relative, resolved
@@ -132,7 +132,7 @@ class Runner:
             return self._off_the_shelf(unit)
         if unit.kind == "evaluate":
             # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
-            spec = self.study.arms[unit.point.arm].experiment.format(
+            spec = self.study.arms[unit.point.arm].spec.format(
                 **self.study.train_fields(unit.point, self.layout.checkpoints))
             return self._experiment(spec, self._checkpoint(unit.needs[0]))
         if unit.kind == "measure":
@@ -147,7 +147,7 @@ class Runner:
 
     def _off_shelf(self, unit: Unit) -> bool:
         """Whether ``unit`` is an arm evaluated off the shelf on the test bed's reference."""
-        return unit.evaluated and self.study.arms[unit.point.arm].evaluates == REFERENCE
+        return unit.evaluated and self.study.arms[unit.point.arm].kind == OFF_THE_SHELF
 
     def _train(self, unit: Unit, threads: int) -> TrainConfig:
         """The training run ``unit`` (resumed where an interrupted one stopped)."""
@@ -160,7 +160,7 @@ class Runner:
         return TrainConfig.from_dict(fields)
 
     def _off_the_shelf(self, unit: Unit) -> FoldRequest:
-        """An arm evaluated on the test bed's reference (study.REFERENCE): its spec off the shelf on the fold
+        """An arm evaluated on the test bed's reference (``Arm.kind`` off_the_shelf): its spec off the shelf on the fold
         of the test items its seed names (the seed's place among the planned seeds)."""
         p = unit.point
         seeds = list(next(a.values for a in self.study.axes() if a.name == "seed"))
@@ -181,7 +181,7 @@ class Runner:
             recorded.append(Recorded(n, self._model(n), doc["metrics"].get("spec"), doc["metrics"]["task"],
                                      doc["config"].get("seed"), final_evaluation(doc["metrics"])))
         defaults = {k: SPEED[k] for k in ("batch", "warmup", "repeats")}  # the eval command's
-        speed = {**defaults, **m.speed, **(self.study.smoke.measure if self.study.is_smoke else {})}
+        speed = {**defaults, **m.speed, **self.study.smoke_over("measure")}
         data_dir, subset = self.study.eval_items(self.layout.checkpoints)  # the runs' test items
         return MeasureRequest(EvalRequest(reference, specs=tuple(m.specs), speed=speed, data_dir=data_dir,
                                           subset=subset, device=self.device, amp=self.amp), tuple(recorded))
@@ -196,8 +196,7 @@ class Runner:
             params["data"] = bed["data"]
         if bed.get("data_dir") and "data_dir" in takes:
             params["data_dir"] = bed["data_dir"]
-        if self.study.is_smoke:
-            params.update(self.study.smoke.probe)
+        params.update(self.study.smoke_over("probe"))
         return ProbeRequest(format_spec(name, params))
 
     def _reference(self) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .declare import REFERENCE, Axis, Bench, BenchTable, Expect, Measure, Probe, Study
+from .declare import OFF_THE_SHELF, POWER, Axis, Bench, Col, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
 
@@ -135,31 +135,34 @@ def bench_table(decl: Bench, doc: dict[str, Any]) -> list[str]:
             f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
             f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
     noise = timing_noise(result["results"])
-    return [said, "", "```", format_table(result["results"], columns_for(result["results"], decl.columns)), "```",
+    columns = columns_for(result["results"], [(c.metric, c.header) for c in decl.columns])
+    return [said, "", "```", format_table(result["results"], columns), "```",
             *(["", noise] if noise else [])]
 
 
-def bench_comparison(decl: BenchTable, runs: dict[str, dict]) -> list[str]:
-    """A :class:`~.study.BenchTable`: per spec (and the control) each bench's speed-ups, unpatched and
+def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[str]:
+    """A bench table (``Bed.bench_tables``): a row per spec and the control, labelled in the first column; each
+    other column the speed-ups of the bench its ``metric`` names against the unpatched model or (``paired``) the
     matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is empty."""
-    missing = [n for n in decl.benches if n not in runs]
+    benches = list(dict.fromkeys(c.metric for c in columns[1:]))
+    missing = [n for n in benches if n not in runs]
     if missing:
         return [f"{NOT_RUN}: no run JSON for {', '.join(missing)}"]
-    rows = {n: {r["label"]: r for r in runs[n]["result"]["results"]} for n in decl.benches}
-    first = runs[decl.benches[0]]["result"]["results"]
+    rows = {n: {r["label"]: r for r in runs[n]["result"]["results"]} for n in benches}
+    first = runs[benches[0]]["result"]["results"]
 
     def pair(r: dict | None, a: str, b: str) -> str:
         return f"{r[a]:.2f} / {r[b]:.2f}" if r and r.get(a) is not None and r.get(b) is not None else ""
 
-    lines = table_head(list(decl.headers))
+    lines = table_head([c.header for c in columns])
     for r in first:
         if r["kind"] not in ("control", "method"):
             continue
         label = f"control `{r['spec']}`" if r["kind"] == "control" else f"`{r['label']}`"
         cells = [label]
-        for n in decl.benches:
-            mine = rows[n].get(r["label"])
-            cells += [pair(mine, "speedup", "latency_speedup"), pair(mine, "ratio_vs_random", "latency_vs_random")]
+        for c in columns[1:]:
+            keys = ("ratio_vs_random", "latency_vs_random") if c.paired else ("speedup", "latency_speedup")
+            cells.append(pair(rows[c.metric].get(r["label"]), *keys))
         lines.append(" ".join(["|", *(f"{c} |" if c else "|" for c in cells)]))
     return lines
 
@@ -250,7 +253,7 @@ def by_item(study: Study, e: Expect) -> bool:
     """Whether ``e``'s test pairs test items: a claim declared with the item as unit, unless one of its arms
     draws another random pattern for each seed (its spec names ``{seed}``): its folds then differ in more
     than their test items (the masks vary between them), so the fold is the unit of the test."""
-    return e.unit == "item" and not any("{seed}" in (study.arms[a].spec or "") for a in (e.arm, e.baseline)
+    return study.per_item(e) and not any("{seed}" in (study.arms[a].spec or "") for a in (e.arm, e.baseline)
                                         if a in study.arms)
 
 
@@ -290,9 +293,9 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
 
 def _arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, list[dict]]:
     """Arm -> its rows in the record of ``measure``: of its fine-tuned runs, or, for an arm evaluated off the
-    shelf (study.REFERENCE), the training-free row of its spec (at seed 0's pattern)."""
+    shelf (``Arm.kind`` off_the_shelf), the training-free row of its spec (at seed 0's pattern)."""
     doc, arm_of = runs.get(measure), {p.id: p.arm for p in study.points()}
-    free = {a.spec.format(seed=0): name for name, a in study.arms.items() if a.evaluates == REFERENCE}
+    free = {a.spec.format(seed=0): name for name, a in study.arms.items() if a.kind == OFF_THE_SHELF}
     found: dict[str, list[dict]] = {}
     for row in (doc or {}).get("result", {}).get("results", []):
         arms = {arm_of.get(r.get("run")) for r in row.get("runs", [])}
@@ -369,7 +372,7 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
         seeds = [s for s in planned_seeds(study) if all(s in p for p in per)]
         fam = Expect(first.family, first.source, arm=f"the mean over {len(members)} claims' arms",
                      baseline="their baselines", metric=first.metric, direction=first.direction, at=first.at,
-                     margin=first.margin, level=first.level, kind=first.kind, delta=first.delta, why=first.why)
+                     margin=first.margin, kind=first.kind, delta=first.delta, why=first.why)
         out.append((fam, {s: statistics.fmean(p[s] for p in per) for s in seeds}, members))
     return out
 
@@ -415,7 +418,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         adj, k = adjusted[k:k + len(t)], k + len(t)
         family = holm_sizes[study.name]
         if not diffs:
-            what = "'s per-item results" if e.unit == "item" else ""
+            what = "'s per-item results" if study.per_item(e) else ""
             judged[study.key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}"
                                             f"{what}" + _power_text(study, runs, e, None, family), text,
                                             members=len(members)))
@@ -423,7 +426,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         v = stats.verdict(diffs, **_declared(e), adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
             (None, "the test items are the unit") if by_item(study, e) else \
-            (None, "the folds are the unit: a random pruner's mask differs between them") if e.unit == "item" else \
+            (None, "the folds are the unit: a random pruner's mask differs between them") if study.per_item(e) else \
             item_interval(study, runs, e)
         left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
@@ -451,18 +454,15 @@ def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict
     deciding = e.level / max(1, family)
     at = f"one-sided {deciding / 2:.2g}: {e.level:g} over the {family} tests of its Holm family, two-sided"
     if e.power is not None:
-        p = e.power
-        sd, pilot = p.sd, p.pilot
-        if p.at is not None:
-            diffs = paired(study, runs, e.arm, e.baseline, e.metric, p.at)
-            sd = statistics.stdev(diffs) if len(diffs) > 1 else None
-            pilot = pilot or f"the same contrast at {where_text(p.at)}, n = {len(diffs)}"
+        diffs = paired(study, runs, e.arm, e.baseline, e.metric, study.pilot(e))
+        sd = statistics.stdev(diffs) if len(diffs) > 1 else None
+        pilot = f"the same contrast at {where_text(study.pilot(e))}, n = {len(diffs)}"
         ran = f"run with n = {v.n}" if v is not None else "not run yet"
         if not sd:
-            return f"; power plan (declared before the runs): Δ = {p.effect:g}, its pilot ({pilot}) not stored; {ran}"
-        n = stats.seeds_for_power(p.effect, sd, p.power, deciding)
-        return (f"; power plan (declared before the runs): n = {n} seeds give {p.power:.0%} power to detect "
-                f"Δ = {p.effect:g} at the pilot sd {sd:.2g} ({pilot}; {at}); {ran}")
+            return f"; power plan (declared before the runs): Δ = {e.power:g}, its pilot ({pilot}) not stored; {ran}"
+        n = stats.seeds_for_power(e.power, sd, POWER, deciding)
+        return (f"; power plan (declared before the runs): n = {n} seeds give {POWER:.0%} power to detect "
+                f"Δ = {e.power:g} at the pilot sd {sd:.2g} ({pilot}; {at}); {ran}")
     if v is None:
         return ""
     toward = None if e.effect is None else (e.effect - e.margin) * e.direction
@@ -552,9 +552,9 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
         lines.append(f"- {j.claim} ({where_text(e.at) or 'all'}){pooled}: {j.why}.{why}")
     lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
     per_item = [j for j in judged if j.verdict and by_item(study, j.expect)]
-    per_fold = [j for j in judged if j.verdict and j.expect.unit == "item" and not by_item(study, j.expect)]
+    per_fold = [j for j in judged if j.verdict and study.per_item(j.expect) and not by_item(study, j.expect)]
     without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members
-                      and j.expect.unit != "item"})
+                      and not study.per_item(j.expect)})
     if per_item:
         lines += ["", f"Per-item claims ({len(per_item)}): arms evaluated off the shelf, where the seeds are disjoint "
                       "folds of the test items; their test and t-interval are over the per-item differences of all "
@@ -714,8 +714,8 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
         lines += part(m, measure_table)
     for p in study.probes:
         lines += part(p, probe_text)
-    for t in study.bench_tables:
-        lines += [f"## {t.title}", "", *bench_comparison(t, runs), ""]
+    for title, columns in study.bench_tables.items():
+        lines += [f"## {title}", "", *bench_comparison(columns, runs), ""]
     for b in study.benches:
         lines += part(b, bench_table)
     if study.expect:
