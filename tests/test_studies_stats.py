@@ -306,7 +306,8 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
     from tokenreduce.studies.beds import at_longer
     from tokenreduce.study import Expect
     from tokenreduce.study.declare import Power, get_study
-    from tokenreduce.study.runner import Layout, load_runs
+    from tokenreduce.study.plan import Layout
+    from tokenreduce.study.records import load_runs
     from tokenreduce.study.tables import judge, paired, verdicts
 
     study = get_study("bspf")("scenes")

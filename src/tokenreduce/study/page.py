@@ -15,7 +15,8 @@ from ..core.errors import TokenReduceError
 from . import lengths, tables
 from .declare import Study, get_study, list_studies
 from .figures import colours, pyplot, set_title, write_png
-from .runner import Layout, load_runs, plan
+from .plan import Layout, plan
+from .records import load_runs
 from .stats import summarize
 from .tables import NOT_RUN, Judgement, judge, measured, summary, word
 

@@ -195,8 +195,9 @@ def _check_items(path: Path, metrics: dict[str, Any]) -> None:
                               f"tolerance {ITEM_TOLERANCE:g}): per-item results edited or of another run; {_AGAIN}")
 
 
-def load_records(folder: Path, study: Study | None = None) -> dict[str, dict[str, Any]]:
-    """Run id -> the checked record (:func:`read_record`) of every ``*.json`` in ``folder`` (none: {})."""
+def load_runs(layout: Layout, study: Study | None = None) -> dict[str, dict[str, Any]]:
+    """Run id -> the checked record (:func:`read_record`) of every run JSON in ``layout`` (none: {})."""
+    folder = layout.results / "runs"
     if not folder.is_dir():
         return {}
     units = {u.id: u for u in plan(study)} if study is not None else None
@@ -271,7 +272,3 @@ def resolved(doc: Any, layout: Layout) -> Any:
     if isinstance(doc, list):
         return [resolved(v, layout) for v in doc]
     return resolve(doc, layout) if isinstance(doc, str) and doc.startswith("{") else doc
-
-
-__all__ = ["KINDS", "RecordError", "anchors", "declared_metrics", "load_records", "read_record", "relative", "resolve",
-           "resolved"]
