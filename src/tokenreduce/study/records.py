@@ -1,24 +1,18 @@
 """Run records: the one reader of a study's run JSONs, and the paths they hold.
 
-A run record (``<results>/runs/<id>.json``) is the only home of a number, so it is checked whole when it
-is read (:func:`read_record`), by the runner, ``tokenreduce study --summarize`` and ``tokenreduce report``
-alike: it must be a JSON object (not truncated, empty or conflicted), of this study (``study``, ``bed``,
-``id``, ``run`` and ``testbed`` match the folder it is in and the file's name), of a known ``kind`` (the
-plan's, for a run of the plan), a run of the study's plan, and, for a training or evaluated run, hold
-``metrics``: an object whose declared metrics (those the study's tables and claims read) are finite
-numbers (never a string, null or a boolean). Every metric with a declared range (bench/report.py ``RANGES``:
-a percentage in [0, 100], a speed or MACs above 0, a count a non-negative integer) lies in it, in ``metrics``
-and in a measure's or bench's result rows. Per-item results (tasks/items.py) decode, and reproduce the metric
-they decompose (:data:`ITEM_TOLERANCE`). A run of the grid is the run its id names: its ``point`` is the plan's,
-a training run's ``config.seed`` its seed, an evaluated run ``evaluates`` the run the plan says. A record that
-fails is refused with a :class:`RecordError` naming the file and the field; nothing is dropped or counted
-silently.
+A run record (``<results>/runs/<id>.json``) is the only home of a number, so :func:`read_record` checks it whole
+for the runner, ``tokenreduce study --summarize`` and ``tokenreduce report`` alike: a JSON object of this study,
+bed, run and test bed (as its folder and file name say), of the kind its unit of the plan has, at the grid point
+(and seed, and evaluated run) its id names; a training or evaluated run's declared ``metrics`` (those the tables
+and claims read) finite numbers; every value with a declared range (bench/report.py ``RANGES``) in it, in
+``metrics`` and in a measure's or bench's result rows; per-item results (tasks/items.py) decoding to the metric
+they decompose. A record that fails is refused with a :class:`RecordError` naming the file and the field; nothing
+is dropped or counted silently.
 
-Paths: a record holds no machine paths. A path under the study's checkpoint folder is written
-``{checkpoints}/<id>/...``, one under the cache ``{cache}/...``, one of a shipped reference
-``{references}/...`` (:func:`relative`); a reader resolves them where the study is now
-(:func:`resolve`), so a copied study folder reads its own checkpoints. Paths of older records
-(absolute, or relative to the working directory) are read as they are.
+Paths: a record holds no machine paths. One under the study's checkpoints is written ``{checkpoints}/<id>/...``,
+one under the cache ``{cache}/...``, one of a shipped reference ``{references}/...`` (:func:`relative`); a reader
+resolves them where the study is now (:func:`resolve`), so a copied study folder reads its own checkpoints. Older
+records' paths (absolute, or relative to the working directory) are read as they are.
 """
 
 from __future__ import annotations
@@ -38,9 +32,7 @@ from .plan import Layout, plan
 
 #: The kinds of run a plan holds (plan.Unit.kind).
 KINDS = ("train", "evaluate", "measure", "probe", "bench")
-#: Kinds whose record holds the run's ``metrics`` (the arm tables and claims read them).
-WITH_METRICS = ("train", "evaluate")
-
+_AGAIN = "restore the record, or delete it to run that run again"
 
 #: How far (in points) a metric may lie from 100 x the mean of its per-item results. Metrics are stored
 #: unrounded but summed in float32, and the items are stored as float32 (or bits): in the committed records the
@@ -71,12 +63,6 @@ def _load(path: Path) -> Any:
                           "restore it, or delete it to run that run again") from None
     except ValueError as e:
         raise RecordError(f"{path} is not a valid run record: {e}") from None
-
-
-def declared_metrics(study: Study) -> list[str]:
-    """The metric names the study's tables and claims read from a run's ``metrics``."""
-    names = [c.metric for c in study.columns] + [e.metric for e in study.expect]
-    return list(dict.fromkeys(names))
 
 
 def _number(v: Any) -> bool:
@@ -111,19 +97,18 @@ def read_record(path: str | os.PathLike, study: Study | None = None, *, units: d
     if units[run].kind != kind:
         raise RecordError(f"{path}: field 'kind' is {kind!r}, but {run} is a {units[run].kind} run of {study.key}")
     _check_coordinates(path, doc, units[run], {a.name: a.implicit for a in study.axes() if a.implicit is not None})
-    if kind in WITH_METRICS:
+    if kind in ("train", "evaluate"):  # the arm tables and claims read their metrics
         metrics = doc.get("metrics")
         if not isinstance(metrics, dict):
             raise RecordError(f"{path}: field 'metrics' must be an object of the run's metrics, it is "
                               f"{'missing' if metrics is None else type(metrics).__name__}")
         claimed = [e.metric for e in study.expect if doc.get("arm") in (e.arm, e.baseline)]
-        for name in declared_metrics(study):
+        for name in dict.fromkeys([c.metric for c in study.columns] + [e.metric for e in study.expect]):
             if name in metrics and not _number(metrics[name]):
-                raise RecordError(f"{path}: field 'metrics.{name}' is {metrics[name]!r}, not a finite number; "
-                                  "restore the record, or delete it to run that run again")
+                raise RecordError(f"{path}: field 'metrics.{name}' is {metrics[name]!r}, not a finite number; {_AGAIN}")
             if name in claimed and name not in metrics:
                 raise RecordError(f"{path}: field 'metrics.{name}' is missing; a claim of {study.key} reads it from "
-                                  f"arm {doc.get('arm')!r}; restore the record, or delete it to run that run again")
+                                  f"arm {doc.get('arm')!r}; {_AGAIN}")
         _check_ranges(path, "metrics", metrics)
         _check_items(path, metrics)
     elif not isinstance(doc.get("result"), dict):
@@ -135,9 +120,6 @@ def read_record(path: str | os.PathLike, study: Study | None = None, *, units: d
             if isinstance(row, dict):
                 _check_ranges(path, f"result.results[{i}]", row)
     return doc
-
-
-_AGAIN = "restore the record, or delete it to run that run again"
 
 
 def _check_coordinates(path: Path, doc: dict[str, Any], unit: Any, implicit: dict[str, Any]) -> None:
@@ -226,10 +208,6 @@ def _under(path: str, folder: Path) -> str | None:
     return "" if str(rel) == "." else rel.as_posix()
 
 
-#: Fields of a record that are compared as they are, never rewritten (the test bed's description).
-_AS_IS = ("testbed",)
-
-
 def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
     """``doc`` (a record) with every path under an anchor (:func:`anchors`) written from its token: a string
     that is such a path, and an absolute one inside a longer string (a command line)."""
@@ -252,7 +230,7 @@ def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
             v = pattern.sub(token, v)
         return v
 
-    return {k: v if k in _AS_IS else one(v) for k, v in doc.items()}
+    return {k: v if k == "testbed" else one(v) for k, v in doc.items()}  # the bed's description is compared as it is
 
 
 def resolve(path: str, layout: Layout) -> str:

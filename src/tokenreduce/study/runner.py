@@ -1,19 +1,14 @@
-"""Executing a study's plan (plan.py): once its needs are done, a run becomes one request of the library
-(execute.py), its kind's executor turns it into the body of its record, and :meth:`Runner._record`, the one place
-records are built, writes it atomically to ``<results>/runs/<id>.json``. A run is done when that file exists.
+"""Executing a study's plan (plan.py): once its needs are done, a run becomes one request (execute.py), its kind's
+executor turns it into the body of its record, and :meth:`Runner._record`, the one place records are built, writes
+``<results>/runs/<id>.json`` atomically; a run is done when that file exists. A training run resumes what an
+interrupted one left under ``<checkpoints>/<id>/``, so a killed study continues where it stopped. ``--jobs N``:
+a pool of N spawned worker processes (threads // N torch threads each, logs in ``<checkpoints>/<id>.log``), a run
+as soon as its needs are done; measures and benches, which time, run last, alone, in this process.
 
-Checkpoints go under ``<checkpoints>/<id>/`` and a training run resumes what an interrupted one left there, so a
-killed study continues where it stopped. ``--jobs N`` runs the requests in a pool of N spawned worker processes
-(threads // N torch threads each), each as soon as its needs are done, its log in ``<checkpoints>/<id>.log``;
-measures and benches, which time, run last, one at a time in this process with every thread. ``commands()`` gives
-one shell command per run for any scheduler; ``where`` (plan.select) narrows the plan to a slice of the grid.
-
-The records are what a study keeps (results/ is committed; checkpoints are not): a measure reads each fine-tuned
-run's final evaluation from its record and counts and times its model afresh (weights do not change the cost), so
-it measures runs whose checkpoints are long gone; a run that needs a gone checkpoint (a probe, a second phase) runs
-its source again first (:meth:`Runner._checkpoint`). A training record names the SHA-256 of its checkpoint; a run
-that reads a checkpoint refuses one whose digest differs from its record's (a file swapped or changed) and names
-each one it read under ``read``. Records made before digests hold none: their checkpoints are read unchecked.
+Records are what a study keeps (checkpoints are not committed): a measure reads each fine-tuned run's evaluation
+from its record and times its model afresh, and a run that needs a gone checkpoint runs its source again first
+(:meth:`Runner._checkpoint`). A training record names its checkpoint's SHA-256; a run that reads a checkpoint
+refuses one whose digest differs (records made before digests hold none) and names each one it read under ``read``.
 """
 
 from __future__ import annotations
