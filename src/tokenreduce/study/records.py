@@ -238,7 +238,7 @@ def resolve(path: str, layout: Layout) -> str:
     checkpoints as they are now); an older record's absolute or relative path unchanged."""
     for token, folder in anchors(layout).items():
         if path == token or path.startswith(token + "/"):
-            return str(Path(folder) / path[len(token) + 1:]) if path != token else str(folder)
+            return str(Path(folder) / path[len(token) + 1:])
     return path
 
 

@@ -362,8 +362,7 @@ class Runner:
                     except TokenReduceError as e:
                         failed.append(f"run {u.id} failed: {e}")
                         continue
-                    future = pool.submit(_work, request, self._context(u, lane, print), log)
-                    running[future] = (u, read, t0, log)
+                    running[pool.submit(_work, request, self._context(u, lane, print), log)] = (u, read, t0, log)
                 if not running:
                     break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
