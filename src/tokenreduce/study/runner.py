@@ -44,10 +44,8 @@ from .tables import item_pair, planned_seeds
 
 
 class Runner:
-    """Runs a study's plan (module docstring). ``device``, ``amp``: where every run and measure runs its model
-    and the forward's autocast (bf16, fp16, off); ``flags``: the test bed, device and output flags that
-    :meth:`commands` repeat; ``where``: only this slice of the grid is run and listed (:meth:`unit` still finds
-    any run); ``log``: progress lines (stderr)."""
+    """Runs a study's plan. ``device``, ``amp``: where every run's model runs and its autocast; ``flags``: what
+    :meth:`commands` repeat; ``where``: the grid slice run and listed (:meth:`unit` still finds any run)."""
 
     def __init__(self, study: Study, layout: Layout, *, threads: int, device: str = "cpu", amp: str = "off",
                  flags: Sequence[str] = (), where: Mapping[str, Collection[str]] | None = None,
@@ -170,8 +168,7 @@ class Runner:
         return ProbeRequest(format_spec(name, params))
 
     def _reference(self) -> str:
-        """The test bed's reference checkpoint; on a bed without one (a smoke's), its model at the seed-0
-        initialisation, saved once under the checkpoints folder (what off-the-shelf arms and measures read)."""
+        """The test bed's reference checkpoint; without one (a smoke's), its model at the seed-0 initialisation."""
         shipped = self.study.bed.checkpoint()
         if shipped:
             return shipped
@@ -308,9 +305,7 @@ class Runner:
         return doc
 
     def run(self, jobs: int = 1) -> list[str]:
-        """Run every run not done yet (``jobs`` at a time in worker processes when > 1, each as soon as its
-        needs are done; measures and benches, which time, last, one at a time in this process with every thread:
-        a timing shares its cores with nothing); returns the ids run."""
+        """Run every run not done yet (``jobs`` > 1: in the pool; timings last, alone, here); returns the ids run."""
         pending = [u for u in self.units if not self.done(u)]
         total, ran, times = len(self.units), [], []
         self.log(f"study {self.study.key}: {len(pending)} of {total} runs{f' at {self.where}' if self.where else ''} "
@@ -343,9 +338,8 @@ class Runner:
         return ran
 
     def _pool(self, units: list[Unit], jobs: int, finished: Callable[[Unit, float, int], None]) -> None:
-        """Run ``units`` (none of them a timing) in a pool of ``jobs`` spawned worker processes, threads // jobs
-        torch threads each, a run as soon as the runs it needs are done; the requests are made and the records
-        written here. A failed run ends the pool once the running ones finish, with one line naming it."""
+        """Run ``units`` (no timing) in a pool of ``jobs`` workers; the requests are made and the records written
+        here. A failed run ends the pool once the running ones finish, with one line naming it."""
         lane = max(1, self.threads // jobs)
         waiting, running, failed = list(units), {}, []
         with self._hold("pool", timing=False), ProcessPoolExecutor(
