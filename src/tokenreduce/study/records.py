@@ -1,18 +1,14 @@
 """Run records: the one reader of a study's run JSONs, and the paths they hold.
 
 A run record (``<results>/runs/<id>.json``) is the only home of a number, so :func:`read_record` checks it whole
-for the runner, ``tokenreduce study --summarize`` and ``tokenreduce report`` alike: a JSON object of this study,
-bed, run and test bed (as its folder and file name say), of the kind its unit of the plan has, at the grid point
-(and seed, and evaluated run) its id names; a training or evaluated run's declared ``metrics`` (those the tables
-and claims read) finite numbers; every value with a declared range (bench/report.py ``RANGES``) in it, in
-``metrics`` and in a measure's or bench's result rows; per-item results (tasks/items.py) decoding to the metric
-they decompose. A record that fails is refused with a :class:`RecordError` naming the file and the field; nothing
-is dropped or counted silently.
+for the runner, ``tokenreduce study --summarize`` and ``tokenreduce report`` alike: of this study, bed, run, test bed,
+kind and grid point; the metrics the tables and claims read finite; every value with a declared range
+(bench/report.py ``RANGES``) in it; per-item results reproducing their metric. A record that fails is refused with a
+:class:`RecordError` naming the file and the field; nothing is dropped or counted silently.
 
-Paths: a record holds no machine paths. One under the study's checkpoints is written ``{checkpoints}/<id>/...``,
-one under the cache ``{cache}/...``, one of a shipped reference ``{references}/...`` (:func:`relative`); a reader
-resolves them where the study is now (:func:`resolve`), so a copied study folder reads its own checkpoints. Older
-records' paths (absolute, or relative to the working directory) are read as they are.
+A record holds no machine paths: one under an anchor (the study's checkpoints, the cache, the shipped references)
+is written from its token, ``{checkpoints}/<id>/...`` (:func:`relative`), and resolved where the study is now
+(:func:`resolve`), so a copied study folder reads its own checkpoints; older records' paths are read as they are.
 """
 
 from __future__ import annotations
