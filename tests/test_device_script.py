@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tokenreduce.study import get_study
-from tokenreduce.study.runner import plan
+from tokenreduce.study.plan import plan
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device-check.sh"
 

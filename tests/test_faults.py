@@ -42,7 +42,9 @@ from tokenreduce.models.checkpoint import SIGNED, UNVERIFIED
 from tokenreduce.models.references import SHIPPED_DIR, file_sha256
 from tokenreduce.study import records, stats
 from tokenreduce.study.declare import get_study
-from tokenreduce.study.runner import Layout, Runner, layout_for, load_runs
+from tokenreduce.study.plan import Layout, layout_for
+from tokenreduce.study.records import load_runs
+from tokenreduce.study.runner import Runner
 from tokenreduce.study.tables import ci_text, item_pair, p_text, verdicts, word
 from tokenreduce.tasks.items import decode, encode, metric_of
 from tokenreduce.train import loop
@@ -627,7 +629,7 @@ def test_a_timing_and_another_run_into_one_study_output_exclude_each_other(held,
 
 
 def test_runs_that_train_share_a_study_output(tmp_path):
-    from tokenreduce.study.runner import Runner, layout_for
+    from tokenreduce.study.runner import Runner
     from tokenreduce.train import lock
 
     study = get_study("eet")(smoke=True)
@@ -695,7 +697,7 @@ def test_summarize_of_a_folder_without_records_says_so(tmp_path, capsys):
 
 
 def test_a_copied_study_folder_reads_its_own_checkpoints(tmp_path):
-    from tokenreduce.study.runner import Runner, layout_for
+    from tokenreduce.study.runner import Runner
 
     study = get_study("eet")(smoke=True)
     first = Runner(study, layout_for(study, str(tmp_path / "s1")), threads=1, log=lambda msg: None)
@@ -822,7 +824,7 @@ def test_a_checkpoint_fingerprinted_before_content_digests_still_resumes(data, t
 def test_a_timing_records_the_machines_load_and_says_when_it_was_loaded(load_1min, warned, tmp_path, monkeypatch):
     from tokenreduce.bench import load
     from tokenreduce.study import execute
-    from tokenreduce.study.runner import Runner, layout_for
+    from tokenreduce.study.runner import Runner
 
     monkeypatch.setattr(load.os, "getloadavg", lambda: (load_1min, 0.0, 0.0))
     monkeypatch.setitem(execute.EXECUTORS, execute.BenchRequest,  # the timing itself is not under test
@@ -869,7 +871,7 @@ def test_a_run_made_again_inside_a_timing_runs_under_the_timings_hold(tmp_path, 
     """A measure whose reference checkpoint is gone trains it again (Runner._checkpoint) while it holds the output
     alone: that run must not be refused by its own process's hold."""
     from tokenreduce.study import execute
-    from tokenreduce.study.runner import Runner, layout_for
+    from tokenreduce.study.runner import Runner
 
     study = get_study("eet")(smoke=True)
     runner = Runner(study, layout_for(study, str(tmp_path / "s")), threads=1, log=lambda msg: None)

@@ -216,6 +216,20 @@ def test_precision_sits_below_bench_and_train():
         "models/precision.py:2 (models, layer 3) imports tokenreduce.train.dist (train, layer 4)"]
 
 
+def test_the_study_engine_never_imports_the_declarations():
+    """study/ (the engine) runs what studies/ (the declarations) declares and learns it from the Study it is
+    handed; only the registry loads the declarations, by ``importlib`` (no import statement), so the engine never
+    depends on one paper's module, at its top or inside a function."""
+    bad = [f"{path.relative_to(SRC)}:{line} imports {target}"
+           for name, path, tree in MODULES if part(name) == "study"
+           for line, target in imported(name, path, tree) if part(target) == "studies"]
+    assert not bad, "\n".join(bad)
+    # the check sees a function-level import
+    study = next((name, path) for name, path, _ in MODULES if name == "tokenreduce.study.page")
+    assert imported(*study, ast.parse("def f():\n    from ..studies.beds import LENGTH\n")) == [
+        (2, "tokenreduce.studies.beds")]
+
+
 def test_core_imports_no_timm():
     bad = [f"{path.relative_to(SRC)}:{line} imports {target}"
            for name, path, tree in MODULES if part(name) == "core"

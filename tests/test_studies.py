@@ -34,7 +34,9 @@ from tokenreduce.study import (
 )
 from tokenreduce.study.figures import colours, pyplot, set_title
 from tokenreduce.study.page import build_report
-from tokenreduce.study.runner import Layout, Runner, layout_for, load_runs
+from tokenreduce.study.plan import Layout, layout_for
+from tokenreduce.study.records import load_runs
+from tokenreduce.study.runner import Runner
 from tokenreduce.study.tables import summary, verdicts
 from tokenreduce.study.testbed import Testbed as Where
 from tokenreduce.tasks.items import decode  # not Test*: pytest would collect it

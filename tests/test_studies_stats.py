@@ -301,7 +301,8 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
     from tokenreduce.studies.beds import at_longer
     from tokenreduce.study import Expect
     from tokenreduce.study.declare import get_study
-    from tokenreduce.study.runner import Layout, load_runs
+    from tokenreduce.study.plan import Layout
+    from tokenreduce.study.records import load_runs
     from tokenreduce.study.tables import judge, paired, verdicts
 
     study = get_study("bspf")("scenes")
@@ -448,11 +449,12 @@ def test_the_length_section_says_what_else_differs_between_lengths_and_the_front
         tmp_path):
     from pathlib import Path
 
-    from tokenreduce.studies.beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
+    from tokenreduce.studies.beds import EPOCH_STEPS, TEN_EPOCHS
+    from tokenreduce.study.declare import get_study
     from tokenreduce.study.lengths import section
     from tokenreduce.study.page import judged_results, methods
 
-    studies, judgement = judged_results(Path(__file__).resolve().parents[1] / "results", ["baselines"])
+    studies, judgement = judged_results(Path(__file__).resolve().parents[1] / "results", ["baselines", "eet"])
     study, runs = next((s, r) for s, r in studies if s.bed_name == "scenes")
     (tmp_path / "figures").mkdir()
     lines = section(study, runs, judgement.judged[study.key], tmp_path, "baselines-scenes")
@@ -460,5 +462,6 @@ def test_the_length_section_says_what_else_differs_between_lengths_and_the_front
             f"training scenes, scored on 2000 test scenes; {EPOCH_STEPS} steps: all training scenes, scored on "
             "10000 test scenes.") in lines
     front = methods(studies)
-    assert f"against the papers' {PAPER_EPOCHS[0]}-{PAPER_EPOCHS[1]} epochs" in front
+    short, long = get_study("baselines").paper_epochs, get_study("eet").paper_epochs  # 30-epoch fine-tunes; 300
+    assert f"against the papers' {short}-{long} epochs" in front
     assert f"--where steps={TEN_EPOCHS} --device cuda" in front

@@ -11,7 +11,9 @@ import pytest
 
 from tokenreduce.core.method import build_reducer
 from tokenreduce.study import get_study, list_studies
-from tokenreduce.study.runner import Layout, Runner, load_runs, plan
+from tokenreduce.study.plan import Layout, plan
+from tokenreduce.study.records import load_runs
+from tokenreduce.study.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[1]
 _SCHEDULE = ("epochs", "subset", "lr", "batch_size", "eval_subset", "seed", "spec")

@@ -20,7 +20,9 @@ from tokenreduce.cli import main
 from tokenreduce.core.errors import TokenReduceError
 from tokenreduce.models.references import file_sha256
 from tokenreduce.study import Arm, Axis, Bed, Expect, Study, execute, get_study, register_study
-from tokenreduce.study.runner import Layout, Runner, layout_for, load_runs
+from tokenreduce.study.plan import Layout, layout_for
+from tokenreduce.study.records import load_runs
+from tokenreduce.study.runner import Runner
 from tokenreduce.train.config import TrainConfig
 
 EET_FMNIST = get_study("eet").beds["fmnist"]

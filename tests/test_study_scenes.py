@@ -13,7 +13,9 @@ from conftest import TEST_STUDIES
 from tokenreduce.core.errors import SpecError
 from tokenreduce.studies.beds import SMOKE_MEASURE, SPEED_COLUMNS, scene_smoke
 from tokenreduce.study import Arm, Measure, Study, get_study, register_study
-from tokenreduce.study.runner import Runner, layout_for, load_runs
+from tokenreduce.study.plan import layout_for
+from tokenreduce.study.records import load_runs
+from tokenreduce.study.runner import Runner
 from tokenreduce.study.tables import machines_text, paired, paired_items, summary
 from tokenreduce.study.testbed import Testbed as Where
 from tokenreduce.tasks.items import decode

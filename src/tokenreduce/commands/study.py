@@ -119,7 +119,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..core.errors import TokenReduceError
-    from ..study.runner import Runner, layout_for, load_runs
+    from ..study.plan import layout_for
+    from ..study.records import load_runs
+    from ..study.runner import Runner
     from ..study.tables import summary
     from . import checks
 

@@ -154,6 +154,7 @@ LONGER = ("dynamicvit-1.5x", "random~dynamicvit-1.5x", "topk-1.5x", "random~topk
 @register_study("baselines")
 class Baselines(Study):
     title = "The baselines: top-1 at ~1.5x and ~2x measured speed-up, training-free and fine-tuned"
+    paper_epochs = 30
     claim = ("an informed token score or merge keeps more accuracy than random selection at the same token "
              "counts and at the same measured speed-up, before and after fine-tuning")
     source = _SOURCE

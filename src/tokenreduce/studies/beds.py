@@ -48,9 +48,6 @@ EPOCH_STEPS = SIZES["train"] // BATCH
 
 #: ten epochs: the length a GPU adds to the curve (``tokenreduce study NAME --device cuda``)
 TEN_EPOCHS = 10 * EPOCH_STEPS
-#: the papers' schedules in epochs, shortest and longest (the 30-epoch fine-tunes of EViT, DynamicViT and
-#: Cropr; DeiT's 300 epochs from scratch, as EET and BSPF train): what the report sets the lengths run against
-PAPER_EPOCHS = (30, 300)
 #: what a longer length trains on and is scored on: every item
 _WHOLE_SETS = {"subset": None, "eval_subset": None}
 #: the fine-tune length, a grid axis of the studies whose arms have learned parts: the shortened schedule

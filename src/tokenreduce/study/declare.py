@@ -348,6 +348,8 @@ class Study:
     #: the claims, each declared once; every bed tests those whose arms it has (:func:`tests_claim`)
     expect: ClassVar[tuple[Expect, ...]] = ()
     beds: ClassVar[dict[str, Bed]] = {}
+    #: the paper's own schedule in epochs (the report sets the fine-tune lengths run here against the papers')
+    paper_epochs: ClassVar[int | None] = None
 
     def __init__(self, bed: str | None = None, *, testbed: Testbed | None = None, smoke: bool = False) -> None:
         cls = type(self)

@@ -1,11 +1,10 @@
 """A study's kinds of run as requests of the library, and one executor per kind: request -> record body.
 
-Training is ``train.config.TrainConfig`` (what ``tokenreduce train`` builds from its flags); a measure carries
-``bench.evaluation.EvalRequest`` (``tokenreduce eval``'s) with the fine-tuned runs' recorded evaluations
-(``bench.evaluation.Recorded``); the rest are the small frozen requests below. A request names everything its run
-reads (checkpoints, records' numbers), so :func:`execute` runs it in any process: the runner's own or a worker of its
-pool. The context (``probes.base.RunContext``: threads, device, precision, a folder for files, a log) is where it
-runs, not what it computes; a training's ``TrainConfig`` carries its own threads and device.
+Training is ``TrainConfig`` (what ``tokenreduce train`` builds from its flags); a measure carries ``tokenreduce
+eval``'s ``EvalRequest`` with the fine-tuned runs' recorded evaluations; the rest are the frozen requests below.
+A request names everything its run reads (checkpoints, records' numbers), so :func:`execute` runs it in any
+process, the runner's or a worker's; the ``RunContext`` (threads, device, precision, a folder, a log) is where it
+runs, not what it computes.
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ from ..train.config import TrainConfig
 
 @dataclass(frozen=True)
 class FoldRequest:
-    """``tokenreduce eval --checkpoint CHECKPOINT --spec SPEC`` on one fold of the test items, per item: ``spec``
-    applied off the shelf and scored on items i, i + k, i + 2k, ... of the ``subset`` (``fold`` = (i, k)) of the
-    data (read from ``data_dir`` when given)."""
+    """``spec`` off the shelf on ``checkpoint``, scored per item on items i, i + k, ... (``fold`` = (i, k)) of the
+    test ``subset`` (read from ``data_dir`` when given)."""
 
     spec: str
     checkpoint: str
@@ -36,16 +34,15 @@ class FoldRequest:
 
 @dataclass(frozen=True)
 class ProbeRequest:
-    """``tokenreduce experiment SPEC``: the registered experiment ``spec`` (probes/), its checkpoint among its
-    parameters."""
+    """``tokenreduce experiment SPEC`` (probes/), its checkpoint among its parameters."""
 
     spec: str
 
 
 @dataclass(frozen=True)
 class MeasureRequest:
-    """``tokenreduce eval`` (``eval``: the reference, the training-free specs, the seeds, speed settings, data) with
-    the ``recorded`` fine-tuned runs beside it, each scored by the evaluation it made of itself on the same items."""
+    """``tokenreduce eval`` with the ``recorded`` fine-tuned runs beside it, each scored by the evaluation it made
+    of itself on the same items."""
 
     eval: ev.EvalRequest
     recorded: tuple[ev.Recorded, ...] = ()
@@ -53,11 +50,9 @@ class MeasureRequest:
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """``tokenreduce bench --model NAME --spec S ...``: ``specs`` against the unpatched model and the ``control``
-    in one interleaved run, on the timm model ``model`` (``{"name", "kwargs"}``, random weights from
-    ``speed['seed']``) or, with ``checkpoint`` (a trained recipe's name), on its trained weights; ``speed``: the
-    command's timing flags (batch, warmup, repeats, min_run_s; the rest as eval's ``SPEED``), backend,
-    compile_mode, dtype, seed; ``argv``: the command line its document names."""
+    """``tokenreduce bench``: ``specs`` against the unpatched model and the ``control`` in one interleaved run, on
+    the timm ``model`` (random weights from ``speed['seed']``) or the trained weights of the recipe ``checkpoint``;
+    ``speed``: the timing flags (the rest as eval's ``SPEED``), backend, compile_mode, dtype, seed."""
 
     model: dict[str, Any]
     specs: tuple[str, ...]
@@ -70,7 +65,7 @@ class BenchRequest:
 
 
 def train(cfg: TrainConfig, ctx: RunContext) -> dict[str, Any]:
-    """Train (or resume, or reuse) the run ``cfg``: its config, final metrics and the checkpoint's SHA-256."""
+    """Train (or resume, or reuse) ``cfg``: its config, final metrics and the checkpoint's SHA-256."""
     from ..train.loop import train as run
 
     metrics = run(cfg)
@@ -100,20 +95,13 @@ def fold(req: FoldRequest, ctx: RunContext) -> dict[str, Any]:
 
 
 def probe(req: ProbeRequest, ctx: RunContext) -> dict[str, Any]:
-    """The experiment's spec and results."""
     exp = build_experiment(req.spec)
     return {"experiment": exp.spec(), "result": exp.run(ctx)}
 
 
-def report_probe(spec: str, result: dict[str, Any]) -> str:
-    """The experiment's own report of ``result``."""
-    return build_experiment(spec).report(result)
-
-
 def measure(req: MeasureRequest, ctx: RunContext) -> dict[str, Any]:
-    """The reference unpatched and with each training-free spec evaluated, and the recorded runs grouped by model
-    and spec: the task's metric, MACs, throughput and latency in one interleaved run; writes the eval command's
-    files to the context's folder."""
+    """The reference unpatched, each training-free spec and the recorded runs: the task's metric, MACs and speed in
+    one interleaved run; the eval command's files go to the context's folder."""
     import torch
 
     from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
@@ -166,11 +154,10 @@ def bench(req: BenchRequest, ctx: RunContext) -> dict[str, Any]:
                                      compile_mode=compile_mode, progress=ctx.log)}
 
 
-#: The executor of each kind of request.
 EXECUTORS: dict[type, Callable[[Any, RunContext], dict[str, Any]]] = {
     TrainConfig: train, FoldRequest: fold, ProbeRequest: probe, MeasureRequest: measure, BenchRequest: bench}
 
 
 def execute(request: Any, ctx: RunContext) -> dict[str, Any]:
-    """The record body of ``request`` run in ``ctx`` (its kind's executor, :data:`EXECUTORS`)."""
+    """The record body of ``request`` run in ``ctx``."""
     return EXECUTORS[type(request)](request, ctx)

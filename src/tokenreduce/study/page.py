@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
-from ..studies.beds import EPOCH_STEPS, PAPER_EPOCHS, TEN_EPOCHS
 from . import lengths, tables
 from .declare import Study, get_study, list_studies
 from .figures import colours, pyplot, set_title, write_png
-from .runner import Layout, load_runs, plan
+from .plan import Layout, plan
+from .records import load_runs
 from .stats import summarize
 from .tables import NOT_RUN, Judgement, judge, measured, summary, word
 
@@ -157,12 +157,18 @@ def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
               "the claim is decided at, its level over the tests of its Holm family, beside the n run): "
               f"the longer fine-tunes of {', '.join(dict.fromkeys(planned))}. Elsewhere no plan was declared: "
               if planned else "No study here declared a power plan before its runs: ")
-    short, long = PAPER_EPOCHS
-    return (f"{METHODS} {before}where a claim gives a published effect, the power its n had for it at the observed "
-            f"sd is stated, labelled post hoc. Fine-tune length: the longest run here is one epoch ({EPOCH_STEPS} "
-            f"steps), against the papers' {short}-{long} epochs, so every verdict is of a short fine-tune; the "
-            f"ten-epoch level ({TEN_EPOCHS} steps) runs on a GPU (`tokenreduce study NAME --where "
-            f"steps={TEN_EPOCHS} --device cuda`).")
+    text = (f"{METHODS} {before}where a claim gives a published effect, the power its n had for it at the observed "
+            "sd is stated, labelled post hoc.")
+    # the fine-tune length: the grid axis whose longer values set training fields (one epoch, ten)
+    length = next((a for s, _ in studies for a in s.grid if a.sets), None)
+    papers = [s.paper_epochs for s, _ in studies if s.paper_epochs]
+    if length is None or not papers:
+        return text
+    one, ten = min(length.sets), max(length.sets)
+    schedules = "-".join(map(str, sorted({min(papers), max(papers)})))
+    return (f"{text} Fine-tune length: the longest run here is one epoch ({one} steps), against the papers' "
+            f"{schedules} epochs, so every verdict is of a short fine-tune; the ten-epoch level ({ten} steps) runs "
+            f"on a GPU (`tokenreduce study NAME --where steps={ten} --device cuda`).")
 
 
 #: the README's generated part lies between these two lines

@@ -1,8 +1,5 @@
-"""A study's plan: its runs in execution order, each ``Unit(id, step, needs)``, and where they go.
-
-The plan is pure declaration (nothing runs here): the runner (runner.py) turns each unit into its request
-when its needs are done, and the record reader (records.py) checks each record against its unit.
-"""
+"""A study's plan: its runs in execution order, each ``Unit(id, step, needs)``, and where they go. Nothing runs
+here: the runner makes each unit's request, the record reader checks each record against its unit."""
 
 from __future__ import annotations
 
@@ -50,7 +47,6 @@ class Unit:
     point: Point | None = None
     step: Measure | Probe | Bench | None = None
     needs: tuple[str, ...] = ()
-
     evaluated: bool = False
 
     @property
@@ -93,9 +89,6 @@ def select(study: Study, units: Sequence[Unit], where: Mapping[str, Collection[s
         if unknown:
             raise TokenReduceError(f"study {study.name}: {name}={','.join(unknown)} is not on its grid; valid: "
                                    f"{name}={','.join(map(str, axes[name]))}")
-
-    def at(p: Point) -> bool:
-        return all(str(p.values[name]) in values for name, values in where.items())
-
-    inside = {u.id for u in units if u.point is not None and at(u.point)}
+    inside = {u.id for u in units
+              if u.point is not None and all(str(u.point.values[n]) in v for n, v in where.items())}
     return [u for u in units if u.id in inside or (u.point is None and u.needs and set(u.needs) <= inside)]

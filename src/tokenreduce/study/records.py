@@ -1,24 +1,14 @@
 """Run records: the one reader of a study's run JSONs, and the paths they hold.
 
-A run record (``<results>/runs/<id>.json``) is the only home of a number, so it is checked whole when it
-is read (:func:`read_record`), by the runner, ``tokenreduce study --summarize`` and ``tokenreduce report``
-alike: it must be a JSON object (not truncated, empty or conflicted), of this study (``study``, ``bed``,
-``id``, ``run`` and ``testbed`` match the folder it is in and the file's name), of a known ``kind`` (the
-plan's, for a run of the plan), a run of the study's plan, and, for a training or evaluated run, hold
-``metrics``: an object whose declared metrics (those the study's tables and claims read) are finite
-numbers (never a string, null or a boolean). Every metric with a declared range (bench/report.py ``RANGES``:
-a percentage in [0, 100], a speed or MACs above 0, a count a non-negative integer) lies in it, in ``metrics``
-and in a measure's or bench's result rows. Per-item results (tasks/items.py) decode, and reproduce the metric
-they decompose (:data:`ITEM_TOLERANCE`). A run of the grid is the run its id names: its ``point`` is the plan's,
-a training run's ``config.seed`` its seed, an evaluated run ``evaluates`` the run the plan says. A record that
-fails is refused with a :class:`RecordError` naming the file and the field; nothing is dropped or counted
-silently.
+A run record (``<results>/runs/<id>.json``) is the only home of a number, so :func:`read_record` checks it whole
+for the runner, ``tokenreduce study --summarize`` and ``tokenreduce report`` alike: of this study, bed, run, test bed,
+kind and grid point; the metrics the tables and claims read finite; every value with a declared range
+(bench/report.py ``RANGES``) in it; per-item results reproducing their metric. A record that fails is refused with a
+:class:`RecordError` naming the file and the field; nothing is dropped or counted silently.
 
-Paths: a record holds no machine paths. A path under the study's checkpoint folder is written
-``{checkpoints}/<id>/...``, one under the cache ``{cache}/...``, one of a shipped reference
-``{references}/...`` (:func:`relative`); a reader resolves them where the study is now
-(:func:`resolve`), so a copied study folder reads its own checkpoints. Paths of older records
-(absolute, or relative to the working directory) are read as they are.
+A record holds no machine paths: one under an anchor (the study's checkpoints, the cache, the shipped references)
+is written from its token, ``{checkpoints}/<id>/...`` (:func:`relative`), and resolved where the study is now
+(:func:`resolve`), so a copied study folder reads its own checkpoints; older records' paths are read as they are.
 """
 
 from __future__ import annotations
@@ -38,9 +28,7 @@ from .plan import Layout, plan
 
 #: The kinds of run a plan holds (plan.Unit.kind).
 KINDS = ("train", "evaluate", "measure", "probe", "bench")
-#: Kinds whose record holds the run's ``metrics`` (the arm tables and claims read them).
-WITH_METRICS = ("train", "evaluate")
-
+_AGAIN = "restore the record, or delete it to run that run again"
 
 #: How far (in points) a metric may lie from 100 x the mean of its per-item results. Metrics are stored
 #: unrounded but summed in float32, and the items are stored as float32 (or bits): in the committed records the
@@ -71,12 +59,6 @@ def _load(path: Path) -> Any:
                           "restore it, or delete it to run that run again") from None
     except ValueError as e:
         raise RecordError(f"{path} is not a valid run record: {e}") from None
-
-
-def declared_metrics(study: Study) -> list[str]:
-    """The metric names the study's tables and claims read from a run's ``metrics``."""
-    names = [c.metric for c in study.columns] + [e.metric for e in study.expect]
-    return list(dict.fromkeys(names))
 
 
 def _number(v: Any) -> bool:
@@ -111,19 +93,18 @@ def read_record(path: str | os.PathLike, study: Study | None = None, *, units: d
     if units[run].kind != kind:
         raise RecordError(f"{path}: field 'kind' is {kind!r}, but {run} is a {units[run].kind} run of {study.key}")
     _check_coordinates(path, doc, units[run], {a.name: a.implicit for a in study.axes() if a.implicit is not None})
-    if kind in WITH_METRICS:
+    if kind in ("train", "evaluate"):  # the arm tables and claims read their metrics
         metrics = doc.get("metrics")
         if not isinstance(metrics, dict):
             raise RecordError(f"{path}: field 'metrics' must be an object of the run's metrics, it is "
                               f"{'missing' if metrics is None else type(metrics).__name__}")
         claimed = [e.metric for e in study.expect if doc.get("arm") in (e.arm, e.baseline)]
-        for name in declared_metrics(study):
+        for name in dict.fromkeys([c.metric for c in study.columns] + [e.metric for e in study.expect]):
             if name in metrics and not _number(metrics[name]):
-                raise RecordError(f"{path}: field 'metrics.{name}' is {metrics[name]!r}, not a finite number; "
-                                  "restore the record, or delete it to run that run again")
+                raise RecordError(f"{path}: field 'metrics.{name}' is {metrics[name]!r}, not a finite number; {_AGAIN}")
             if name in claimed and name not in metrics:
                 raise RecordError(f"{path}: field 'metrics.{name}' is missing; a claim of {study.key} reads it from "
-                                  f"arm {doc.get('arm')!r}; restore the record, or delete it to run that run again")
+                                  f"arm {doc.get('arm')!r}; {_AGAIN}")
         _check_ranges(path, "metrics", metrics)
         _check_items(path, metrics)
     elif not isinstance(doc.get("result"), dict):
@@ -135,9 +116,6 @@ def read_record(path: str | os.PathLike, study: Study | None = None, *, units: d
             if isinstance(row, dict):
                 _check_ranges(path, f"result.results[{i}]", row)
     return doc
-
-
-_AGAIN = "restore the record, or delete it to run that run again"
 
 
 def _check_coordinates(path: Path, doc: dict[str, Any], unit: Any, implicit: dict[str, Any]) -> None:
@@ -195,8 +173,9 @@ def _check_items(path: Path, metrics: dict[str, Any]) -> None:
                               f"tolerance {ITEM_TOLERANCE:g}): per-item results edited or of another run; {_AGAIN}")
 
 
-def load_records(folder: Path, study: Study | None = None) -> dict[str, dict[str, Any]]:
-    """Run id -> the checked record (:func:`read_record`) of every ``*.json`` in ``folder`` (none: {})."""
+def load_runs(layout: Layout, study: Study | None = None) -> dict[str, dict[str, Any]]:
+    """Run id -> the checked record (:func:`read_record`) of every run JSON in ``layout`` (none: {})."""
+    folder = layout.results / "runs"
     if not folder.is_dir():
         return {}
     units = {u.id: u for u in plan(study)} if study is not None else None
@@ -225,10 +204,6 @@ def _under(path: str, folder: Path) -> str | None:
     return "" if str(rel) == "." else rel.as_posix()
 
 
-#: Fields of a record that are compared as they are, never rewritten (the test bed's description).
-_AS_IS = ("testbed",)
-
-
 def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
     """``doc`` (a record) with every path under an anchor (:func:`anchors`) written from its token: a string
     that is such a path, and an absolute one inside a longer string (a command line)."""
@@ -251,7 +226,7 @@ def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
             v = pattern.sub(token, v)
         return v
 
-    return {k: v if k in _AS_IS else one(v) for k, v in doc.items()}
+    return {k: v if k == "testbed" else one(v) for k, v in doc.items()}  # the bed's description is compared as it is
 
 
 def resolve(path: str, layout: Layout) -> str:
@@ -259,7 +234,7 @@ def resolve(path: str, layout: Layout) -> str:
     checkpoints as they are now); an older record's absolute or relative path unchanged."""
     for token, folder in anchors(layout).items():
         if path == token or path.startswith(token + "/"):
-            return str(Path(folder) / path[len(token) + 1:]) if path != token else str(folder)
+            return str(Path(folder) / path[len(token) + 1:])
     return path
 
 
@@ -271,7 +246,3 @@ def resolved(doc: Any, layout: Layout) -> Any:
     if isinstance(doc, list):
         return [resolved(v, layout) for v in doc]
     return resolve(doc, layout) if isinstance(doc, str) and doc.startswith("{") else doc
-
-
-__all__ = ["KINDS", "RecordError", "anchors", "declared_metrics", "load_records", "read_record", "relative", "resolve",
-           "resolved"]

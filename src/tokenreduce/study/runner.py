@@ -1,30 +1,14 @@
-"""Executing a study: its plan (plan.py) of idempotent runs, each writing one JSON.
+"""Executing a study's plan (plan.py): once its needs are done, a run becomes one request (execute.py), its kind's
+executor turns it into the body of its record, and :meth:`Runner._record`, the one place records are built, writes
+``<results>/runs/<id>.json`` atomically; a run is done when that file exists. A training run resumes what an
+interrupted one left under ``<checkpoints>/<id>/``, so a killed study continues where it stopped. ``--jobs N``:
+a pool of N spawned worker processes (threads // N torch threads each, logs in ``<checkpoints>/<id>.log``), a run
+as soon as its needs are done; measures and benches, which time, run last, alone, in this process.
 
-A study's plan is its training runs (arm x grid point, id ``d_eet-b16-s0``) followed by its measures
-(id = their name), which read the training runs' records, its probes (id = their name), which read
-their checkpoints, and its benches (id = their name), which read nothing and run last, alone. A run
-is done when its JSON exists (``<results>/runs/<id>.json``, written atomically at the end). When its needs are
-done, a run becomes one request of the library (execute.py: a ``TrainConfig``, an evaluation, an experiment, a
-bench), which names what it reads; its kind's executor turns it into the record's body and :meth:`Runner._record`
-(the one place that builds records) writes it. Checkpoints go under ``<checkpoints>/<id>/``, and a training run
-always resumes what an interrupted one left there (train()'s resume). So a killed study continues where it
-stopped; ``--jobs N`` runs the requests in a pool of N worker processes (spawned, threads // N torch threads each),
-each run as soon as its needs are done, its log in ``<checkpoints>/<id>.log``; measures and benches, which time,
-run after the rest, one at a time in this process with every thread; and ``commands()`` gives one shell command per
-run for any scheduler. ``where`` (:func:`select`) narrows the plan to a slice of the grid, e.g. the one-epoch runs
-on a CPU and the ten-epoch ones on a GPU.
-
-The records are what a study keeps (results/ is committed; checkpoints are not): a measure takes each
-fine-tuned run's own final evaluation, made on the same test items, from its record, and counts and
-times its model and spec afresh (weights do not change the cost), so a study spread over machines or
-checkouts measures runs whose checkpoints are long gone. A run that needs a checkpoint that is gone (a
-probe, a second training phase) runs its source again first (:meth:`Runner._checkpoint`).
-
-Digests: a training run's record names the SHA-256 of the checkpoint it wrote (``checkpoint_sha256``); a
-run that reads a run's checkpoint (an evaluated arm, a probe, a measure, a second phase) refuses one whose
-digest differs from its record's (a file swapped or changed in the checkpoints folder), and names the digest of
-each checkpoint it read under ``read``. Records made before digests were kept hold none: their checkpoints are
-read unchecked.
+Records are what a study keeps (checkpoints are not committed): a measure reads each fine-tuned run's evaluation
+from its record and times its model afresh, and a run that needs a gone checkpoint runs its source again first
+(:meth:`Runner._checkpoint`). A training record names its checkpoint's SHA-256; a run that reads a checkpoint
+refuses one whose digest differs (records made before digests hold none) and names each one it read under ``read``.
 """
 
 from __future__ import annotations
@@ -54,18 +38,14 @@ from ..train import lock
 from ..train.config import TrainConfig
 from .declare import OFF_THE_SHELF, REFERENCE, Study
 from .execute import BenchRequest, FoldRequest, MeasureRequest, ProbeRequest, execute
-from .plan import TIMED, Layout, Unit, layout_for, plan, select
-from .records import load_records, read_record, relative, resolved
-from .tables import item_pair
-
-__all__ = ["TIMED", "Layout", "Runner", "Unit", "layout_for", "load_runs", "plan", "select"]
+from .plan import TIMED, Layout, Unit, plan, select
+from .records import read_record, relative, resolved
+from .tables import item_pair, planned_seeds
 
 
 class Runner:
-    """Runs a study's plan (module docstring). ``device``, ``amp``: where every run and measure runs its
-    model and the forward's autocast (bf16, fp16, off); ``flags``: the test bed, device and output flags that
-    the commands of :meth:`commands` repeat; ``where``: only this slice of the grid is run and listed
-    (:func:`select`; :meth:`unit` still finds any run); ``log``: progress lines (stderr)."""
+    """Runs a study's plan. ``device``, ``amp``: where every run's model runs and its autocast; ``flags``: what
+    :meth:`commands` repeat; ``where``: the grid slice run and listed (:meth:`unit` still finds any run)."""
 
     def __init__(self, study: Study, layout: Layout, *, threads: int, device: str = "cpu", amp: str = "off",
                  flags: Sequence[str] = (), where: Mapping[str, Collection[str]] | None = None,
@@ -79,8 +59,6 @@ class Runner:
         self.where = " ".join(f"{k}={','.join(sorted(v))}" for k, v in (where or {}).items())
         self._read: list[dict[str, str]] = []  # the checkpoints the request being made reads, with their digests
         self._holding = False  # whether this process holds the study's output (train/lock.py)
-
-    # -- state
 
     def unit(self, run_id: str) -> Unit:
         if run_id not in self.by_id:
@@ -107,7 +85,6 @@ class Runner:
         return ["tokenreduce", "study", self.study.name, *bed, "--run", unit.id, *self.flags, "--threads", str(t)]
 
     def commands(self) -> list[str]:
-        """One shell command per run, in plan order (runs that read others come after them)."""
         return [shlex.join(self.command(u)) for u in self.units]
 
     # -- requests: what each run computes, named in full once its needs are done
@@ -120,53 +97,38 @@ class Runner:
             raise TokenReduceError(f"run {unit.id} reads the runs {missing}, which are not done; run them first")
         outer, self._read = self._read, []  # a gone checkpoint is made again inside this one: its own list
         try:
-            made = self._request(unit, self.threads if threads is None else threads)
+            return self._request(unit, self.threads if threads is None else threads), self._read
         finally:
-            read, self._read = self._read, outer
-        return made, read
+            self._read = outer
 
     def _request(self, unit: Unit, threads: int) -> Any:
-        if unit.kind == "train":
-            return self._train(unit, threads)
-        if self._off_shelf(unit):
-            return self._off_the_shelf(unit)
+        study, p, where = self.study, unit.point, self.layout.checkpoints
+        if unit.kind == "train":  # resumed where an interrupted one stopped; a second phase starts from the first
+            fields = study.train_fields(p, where)
+            if unit.needs:
+                fields["init"] = self._checkpoint(unit.needs[0])
+            fields.update(out=str(where / unit.id), resume=True, threads=threads, device=self.device)
+            if self.amp != "off":  # off leaves a study's own amp (none of them sets one today) standing
+                fields["amp"] = self.amp
+            return TrainConfig.from_dict(fields)
+        if self._off_shelf(unit):  # its spec on the fold of the test items its seed's place among the seeds names
+            seeds = list(planned_seeds(study))
+            data_dir, subset = study.eval_items(where)
+            return FoldRequest(spec=study.arms[p.arm].spec.format(**p.values), checkpoint=self._reference(),
+                               fold=(seeds.index(p.values["seed"]), len(seeds)), data_dir=data_dir, subset=subset)
         if unit.kind == "evaluate":
             # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
-            spec = self.study.arms[unit.point.arm].spec.format(
-                **self.study.train_fields(unit.point, self.layout.checkpoints))
+            spec = study.arms[p.arm].spec.format(**study.train_fields(p, where))
             return self._experiment(spec, self._checkpoint(unit.needs[0]))
         if unit.kind == "measure":
             return self._measure(unit)
         if unit.kind == "bench":
-            b = self.study.bench_run(unit.step)
+            b = study.bench_run(unit.step)
             return BenchRequest(model=b.model, specs=tuple(b.specs), control=b.control, match_random=b.match_random,
                                 speed=b.speed, argv=tuple(self.command(unit, threads)), checkpoint=b.checkpoint,
                                 stem=b.stem)
-        checkpoint = self._checkpoint(unit.needs[0]) if unit.needs else self.study.bed.checkpoint()
+        checkpoint = self._checkpoint(unit.needs[0]) if unit.needs else study.bed.checkpoint()
         return self._experiment(unit.step.experiment, checkpoint)
-
-    def _off_shelf(self, unit: Unit) -> bool:
-        """Whether ``unit`` is an arm evaluated off the shelf on the test bed's reference."""
-        return unit.evaluated and self.study.arms[unit.point.arm].kind == OFF_THE_SHELF
-
-    def _train(self, unit: Unit, threads: int) -> TrainConfig:
-        """The training run ``unit`` (resumed where an interrupted one stopped)."""
-        fields = self.study.train_fields(unit.point, self.layout.checkpoints)
-        if unit.needs:  # a second phase: it starts from the first phase's checkpoint
-            fields["init"] = self._checkpoint(unit.needs[0])
-        fields.update(out=str(self.layout.checkpoints / unit.id), resume=True, threads=threads, device=self.device)
-        if self.amp != "off":  # off leaves a study's own amp (none of them sets one today) standing
-            fields["amp"] = self.amp
-        return TrainConfig.from_dict(fields)
-
-    def _off_the_shelf(self, unit: Unit) -> FoldRequest:
-        """An arm evaluated on the test bed's reference (``Arm.kind`` off_the_shelf): its spec off the shelf on the fold
-        of the test items its seed names (the seed's place among the planned seeds)."""
-        p = unit.point
-        seeds = list(next(a.values for a in self.study.axes() if a.name == "seed"))
-        data_dir, subset = self.study.eval_items(self.layout.checkpoints)
-        return FoldRequest(spec=self.study.arms[p.arm].spec.format(**p.values), checkpoint=self._reference(),
-                           fold=(seeds.index(p.values["seed"]), len(seeds)), data_dir=data_dir, subset=subset)
 
     def _measure(self, unit: Unit) -> MeasureRequest:
         """The measure ``unit``: the reference's specs beside the fine-tuned runs' recorded evaluations."""
@@ -186,12 +148,17 @@ class Runner:
         return MeasureRequest(EvalRequest(reference, specs=tuple(m.specs), speed=speed, data_dir=data_dir,
                                           subset=subset, device=self.device, amp=self.amp), tuple(recorded))
 
+    def _off_shelf(self, unit: Unit) -> bool:
+        """Whether ``unit`` is an arm evaluated off the shelf on the test bed's reference."""
+        return unit.evaluated and self.study.arms[unit.point.arm].kind == OFF_THE_SHELF
+
     def _experiment(self, spec: str, checkpoint: str | None) -> ProbeRequest:
         """The experiment ``spec`` on ``checkpoint``, with the test bed's data where it takes one."""
         name, params = parse_spec(spec)
         params["checkpoint"] = checkpoint
         bed = self.study.bed.train_fields(self.layout.checkpoints)
-        takes = _fields(name)
+        cfg = get_experiment(name).Config
+        takes = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
         if bed.get("data") and bed["data"] != "fashion_mnist" and "data" in takes:  # others read the checkpoint's
             params["data"] = bed["data"]
         if bed.get("data_dir") and "data_dir" in takes:
@@ -200,8 +167,7 @@ class Runner:
         return ProbeRequest(format_spec(name, params))
 
     def _reference(self) -> str:
-        """The test bed's reference checkpoint; on a bed without one (a smoke's), its model at the seed-0
-        initialisation, saved once under the checkpoints folder (what off-the-shelf arms and measures read)."""
+        """The test bed's reference checkpoint; without one (a smoke's), its model at the seed-0 initialisation."""
         shipped = self.study.bed.checkpoint()
         if shipped:
             return shipped
@@ -223,12 +189,10 @@ class Runner:
         return resolved(read_record(self.layout.json(run_id), self.study, units=self.by_id), self.layout)
 
     def _checkpoint(self, run_id: str) -> str:
-        """The checkpoint of the done training run ``run_id``. One that is gone (the results are kept,
-        the checkpoints are not: a new checkout, another machine) is made again by running the run
-        again. Where that does not reproduce the recorded metric (another machine's arithmetic), the
-        new run replaces the record, which keeps the old one's metric and provenance under
-        ``replaces`` (:meth:`_record`): a record describes the checkpoint later runs read. Where a done run
-        read the old run, the error names it (its result no longer matches the record)."""
+        """The checkpoint of the done training run ``run_id``. One that is gone (checkpoints are not kept) is
+        made again by running the run again; where that does not reproduce the recorded metric, the new run
+        replaces the record (:meth:`_record`), so a record describes the checkpoint later runs read, and a done run
+        that read the old one is named in an error."""
         doc = self._doc(run_id)
         path = doc["metrics"]["checkpoint"]  # resolved (_doc)
         if Path(path).is_file():
@@ -238,22 +202,22 @@ class Runner:
                                        f"{digest[:12]}..., its record {self.layout.json(run_id)} names "
                                        f"{recorded[:12]}... (the file was replaced or changed); restore it, or "
                                        f"delete it to make it again by running {run_id} again")
-            self._read.append({"path": path, "sha256": digest})
-            return path
-        unit = self.unit(run_id)
-        if unit.kind != "train":
-            raise TokenReduceError(f"run {run_id} has no checkpoint of its own to read ({unit.kind})")
-        readers = [u.id for u in self.by_id.values() if run_id in u.needs and self.done(u)]
-        self.log(f"{self.study.key}/{run_id}: its checkpoint {path} is gone; running it again to make it")
-        again = self.run_one(unit, replacing=doc)
-        if "replaces" in again and readers:
-            metric = doc["metrics"]["metric"]
-            raise TokenReduceError(f"{run_id} made again gave {metric} {again['metrics'][metric]}, not the "
-                                   f"recorded {doc['metrics'][metric]} (its record now holds the new run), and "
-                                   f"the done runs {readers} read the old run: delete their records to make "
-                                   "them again from the new one")
-        self._read.append({"path": again["metrics"]["checkpoint"], "sha256": again["checkpoint_sha256"]})
-        return again["metrics"]["checkpoint"]
+        else:
+            unit = self.unit(run_id)
+            if unit.kind != "train":
+                raise TokenReduceError(f"run {run_id} has no checkpoint of its own to read ({unit.kind})")
+            readers = [u.id for u in self.by_id.values() if run_id in u.needs and self.done(u)]
+            self.log(f"{self.study.key}/{run_id}: its checkpoint {path} is gone; running it again to make it")
+            again = self.run_one(unit, replacing=doc)
+            if "replaces" in again and readers:
+                metric = doc["metrics"]["metric"]
+                raise TokenReduceError(f"{run_id} made again gave {metric} {again['metrics'][metric]}, not the "
+                                       f"recorded {doc['metrics'][metric]} (its record now holds the new run), and "
+                                       f"the done runs {readers} read the old run: delete their records to make "
+                                       "them again from the new one")
+            path, digest = again["metrics"]["checkpoint"], again["checkpoint_sha256"]
+        self._read.append({"path": path, "sha256": digest})
+        return path
 
     def _model(self, run_id: str) -> dict[str, Any]:
         """The model config the training run ``run_id`` trained: its own, else that of the run it started
@@ -277,12 +241,9 @@ class Runner:
 
     def run_one(self, unit: Unit, replacing: dict[str, Any] | None = None) -> dict[str, Any]:
         """Execute ``unit`` in this process (its needs must be done) and write its record; returns it.
-        ``replacing``: the record of a run made again (:meth:`_checkpoint`).
-
-        Meanwhile the study's output is held (train/lock.py): shared by a run that trains or evaluates, alone
-        by a timing (a measure, a bench), which so shares its cores with no other run writing there, another
-        study's into the same ``--out`` included; the machine's load around it goes into its record
-        (bench/load.py)."""
+        ``replacing``: the record of a run made again (:meth:`_checkpoint`). Meanwhile the study's output is held
+        (train/lock.py): shared by a run that trains or evaluates, alone by a timing, which so shares its cores with
+        no other run writing there; the machine's load around a timing goes into its record (bench/load.py)."""
         timing = unit.kind in TIMED
         with nullcontext() if self._holding else self._hold(unit.id, timing):
             t0 = time.perf_counter()
@@ -332,23 +293,18 @@ class Runner:
             doc["read"] = read
         doc["provenance"] = provenance(argv=argv, threads=threads, device=self.device, amp=self.amp,
                                        wall_s=round(time.perf_counter() - t0, 1), **extra)
-        if replacing is not None:
-            metric = replacing["metrics"]["metric"]
-            if doc["metrics"][metric] != replacing["metrics"][metric]:
-                self.log(f"{self.study.key}/{unit.id}: made again, {metric} {doc['metrics'][metric]} (recorded "
-                         f"{replacing['metrics'][metric]}, {replacing['metrics']['provenance'].get('cpu')}); the new "
-                         "run replaces its record")
-                doc["replaces"] = {"why": "its checkpoint was gone and running it again did not reproduce its "
-                                   "metric", "metrics": {metric: replacing["metrics"][metric]},
-                                   "provenance": replacing["provenance"],
-                                   "cpu": replacing["metrics"]["provenance"].get("cpu")}
+        old = replacing["metrics"] if replacing is not None else None
+        if old is not None and doc["metrics"][old["metric"]] != old[old["metric"]]:
+            metric, cpu = old["metric"], old["provenance"].get("cpu")
+            self.log(f"{self.study.key}/{unit.id}: made again, {metric} {doc['metrics'][metric]} (recorded "
+                     f"{old[metric]}, {cpu}); the new run replaces its record")
+            doc["replaces"] = {"why": "its checkpoint was gone and running it again did not reproduce its metric",
+                               "metrics": {metric: old[metric]}, "provenance": replacing["provenance"], "cpu": cpu}
         write_json(self.layout.json(unit.id), relative(doc, self.layout))
         return doc
 
     def run(self, jobs: int = 1) -> list[str]:
-        """Run every run not done yet (``jobs`` at a time in worker processes when > 1, each as soon as its
-        needs are done; measures and benches, which time, last, one at a time in this process with every thread:
-        a timing shares its cores with nothing); returns the ids run."""
+        """Run every run not done yet (``jobs`` > 1: in the pool; timings last, alone, here); returns the ids run."""
         pending = [u for u in self.units if not self.done(u)]
         total, ran, times = len(self.units), [], []
         self.log(f"study {self.study.key}: {len(pending)} of {total} runs{f' at {self.where}' if self.where else ''} "
@@ -381,9 +337,8 @@ class Runner:
         return ran
 
     def _pool(self, units: list[Unit], jobs: int, finished: Callable[[Unit, float, int], None]) -> None:
-        """Run ``units`` (none of them a timing) in a pool of ``jobs`` spawned worker processes, threads // jobs
-        torch threads each, a run as soon as the runs it needs are done; the requests are made and the records
-        written here. A failed run ends the pool once the running ones finish, with one line naming it."""
+        """Run ``units`` (no timing) in a pool of ``jobs`` workers; the requests are made and the records written
+        here. A failed run ends the pool once the running ones finish, with one line naming it."""
         lane = max(1, self.threads // jobs)
         waiting, running, failed = list(units), {}, []
         with self._hold("pool", timing=False), ProcessPoolExecutor(
@@ -400,8 +355,7 @@ class Runner:
                     except TokenReduceError as e:
                         failed.append(f"run {u.id} failed: {e}")
                         continue
-                    future = pool.submit(_work, request, self._context(u, lane, print), log)
-                    running[future] = (u, read, t0, log)
+                    running[pool.submit(_work, request, self._context(u, lane, print), log)] = (u, read, t0, log)
                 if not running:
                     break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -442,15 +396,4 @@ def _work(request: Any, ctx: RunContext, log: Path) -> dict[str, Any]:
         except BaseException as e:
             traceback.print_exc(file=f)
             raise TokenReduceError(f"{type(e).__name__}: {e}".splitlines()[0]) from None
-
-
-def _fields(experiment: str) -> set[str]:
-    cfg = get_experiment(experiment).Config
-    return {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
-
-
-def load_runs(layout: Layout, study: Study | None = None) -> dict[str, dict[str, Any]]:
-    """Run id -> the record of every run JSON in ``layout``, each checked against ``study`` (records.py: a
-    record that fails is refused, naming the file and the field, never dropped or read as it is)."""
-    return load_records(layout.results / "runs", study)
 

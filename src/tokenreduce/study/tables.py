@@ -168,13 +168,13 @@ def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[st
 
 
 def probe_text(decl: Probe, doc: dict[str, Any]) -> list[str]:
-    from .execute import report_probe
+    from ..probes.base import build_experiment
 
     result = dict(doc["result"])
     if result.get("checkpoint"):  # where it was on the machine that ran it: its last two parts say which
         p = Path(result["checkpoint"])
         result["checkpoint"] = f"{p.parent.name}/{p.name}"
-    return [report_probe(doc["experiment"], result)]
+    return [build_experiment(doc["experiment"]).report(result)]
 
 
 # ----------------------------------------------------------------------------- verdicts
