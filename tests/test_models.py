@@ -309,7 +309,7 @@ def test_atomic_write(tmp_path: Path) -> None:
     assert path.read_bytes() == b"defg" and [p.name for p in path.parent.iterdir()] == ["f.bin"]
 
 
-# ----------------------------------------------------------------------------- variants (issue 48 item 5)
+# ----------------------------------------------------------------------------- variants
 
 
 def test_without_class_token_keeps_every_weight_but_the_class_tokens(tmp_path: Path) -> None:

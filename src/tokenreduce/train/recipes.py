@@ -221,7 +221,7 @@ for _name, _recipe in RECIPES.items():
     check_recipe(_name, _recipe)
 
 
-# ----------------------------------------------------------------------------- scenes-vit-free (issue 48)
+# ----------------------------------------------------------------------------- scenes-vit-free
 def _free_init() -> str:
     """The shipped scenes-vit converted to its class-token-free, average-pooled variant (written once to the cache)."""
     from ..models.variants import without_class_token
