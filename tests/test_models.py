@@ -307,3 +307,32 @@ def test_atomic_write(tmp_path: Path) -> None:
     assert path.read_bytes() == b"abc"
     atomic_write(path, b"defg")
     assert path.read_bytes() == b"defg" and [p.name for p in path.parent.iterdir()] == ["f.bin"]
+
+
+# ----------------------------------------------------------------------------- variants
+
+
+def test_without_class_token_keeps_every_weight_but_the_class_tokens(tmp_path: Path) -> None:
+    from tokenreduce.models.variants import FREE_KWARGS, without_class_token
+
+    torch.manual_seed(0)
+    src = build_model(CFG).eval()
+    save_checkpoint(tmp_path / "cls.safetensors", src, meta={"model": CFG, "spec": None, "classes": list("abcdefghij")})
+    out = without_class_token(tmp_path / "cls.safetensors", tmp_path / "free.safetensors")
+    model, meta = load_model(out)
+    assert meta["model"]["kwargs"] == {**CFG["kwargs"], **FREE_KWARGS} and meta["classes"] == list("abcdefghij")
+    assert model.cls_token is None and model.num_prefix_tokens == 0 and isinstance(model.norm, nn.LayerNorm)
+    old, new = src.state_dict(), model.state_dict()
+    assert set(old) - set(new) == {"cls_token"} and set(new) <= set(old)
+    assert new["pos_embed"].shape == (1, 64, 32) and torch.equal(new["pos_embed"], old["pos_embed"][:, 1:])
+    assert all(torch.equal(new[k], old[k]) for k in new if k != "pos_embed")
+    with torch.no_grad():
+        dense = model(X1)
+        tokens = model.norm(model.blocks(model.patch_embed(X1) + model.pos_embed))
+        assert torch.allclose(dense, model.head(tokens.mean(1)), atol=1e-6)  # the head reads the mean of normed tokens
+        for spec in ("tome(r=0)", "topk(keep=1.0, locs=(0,), score='shift')"):
+            tokenreduce.apply(model, spec)
+            assert torch.equal(model(X1), dense), spec
+            tokenreduce.remove(model)
+    with pytest.raises(CheckpointError, match="no class token already"):
+        without_class_token(out, tmp_path / "again.safetensors")

@@ -9,6 +9,7 @@ import pytest
 from tokenreduce.models import load_model
 from tokenreduce.models.checkpoint import CheckpointError
 from tokenreduce.models.references import list_shipped, ship, shipped, shipped_provenance
+from tokenreduce.models.variants import FREE_KWARGS
 from tokenreduce.train.config import TrainConfig
 from tokenreduce.train.loop import train
 from tokenreduce.train.recipes import get_recipe
@@ -72,8 +73,9 @@ def test_scene_recipes_run_the_papers_schedules_unchanged():
 # ----------------------------------------------------------------------------- the shipped scene reference
 
 SCENES = "scenes-vit"
-#: the scene references: classification, and the dense task's (scenes-vit with a segmentation head)
-SCENE_REFS = (SCENES, "scenes-vit-seg")
+#: the scene references: classification, the dense task's (scenes-vit with a segmentation head) and the
+#: class-token-free variant (scenes-vit without its class token, a pooled head, fine-tuned)
+SCENE_REFS = (SCENES, "scenes-vit-seg", "scenes-vit-free")
 
 
 def _needs_fmnist():
@@ -102,3 +104,10 @@ def test_the_scene_references_reach_their_recorded_metric(name, n):
     _needs_fmnist()
     recorded = shipped_provenance(name)["checks"][str(n)]
     assert abs(reference_metric(shipped(name), subset=n) - recorded) <= 1.0
+
+
+def test_the_class_token_free_reference_is_the_scene_reference_without_its_class_token():
+    model, meta = load_model(shipped("scenes-vit-free"))
+    scenes = shipped_provenance(SCENES)["model"]
+    assert meta["model"] == {**scenes, "kwargs": {**scenes["kwargs"], **FREE_KWARGS}}
+    assert model.cls_token is None and model.pos_embed.shape[1] == model.patch_embed.num_patches

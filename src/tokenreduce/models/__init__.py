@@ -8,6 +8,8 @@
 - ``transforms``: structural changes recorded in the config, e.g. ``tie_qk`` (W_q = W_k, BSPF);
 - ``hf``: transformers vision encoders by config (the ``hf_config`` route of the builder);
 - ``deploy``: a patched model without its reducer's training-only parts, and its checkpoint.
+- ``variants``: a checkpoint rebuilt as another architecture with its weights carried over (a class-token ViT
+  without its class token, pooled: :func:`~.variants.without_class_token`).
 """
 
 from .build import (
