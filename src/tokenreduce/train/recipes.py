@@ -184,15 +184,10 @@ def _free_init() -> str:
 
 
 RECIPES["scenes-vit-free"] = {
-    "description": "class-token-free variant of the scene reference (the study saint's bed scenes_free): the trained "
-                   "scenes-vit without its class token, the head on the mean of the normed tokens "
-                   "(models.variants.without_class_token), fine-tuned one pass over a fixed 19 200 of the 60 000 "
-                   "training scenes (300 steps of batch 64: what fit the sitting's CPU time, not a full epoch) at the "
-                   "scene recipe's schedule scaled for a fine-tune (lr 3e-4, warm-up 0.1 of the pass, cosine to "
-                   "1e-5); its checkpoint ships with the package",
-    "init": _free_init,
-    "data": "fmnist_scenes", "augment": "crop_flip", "epochs": 1, "batch_size": 64, "lr": 3e-4, "min_lr": 1e-5,
-    "weight_decay": 0.05, "warmup_epochs": 0.1, "label_smoothing": 0.1, "grad_clip": 1.0, "subset": 19200,
-    "eval_subset": 2000, "threads": 2, "ckpt_every": 25,
+    "description": "the class-token-free variant of the scene reference (study saint, bed scenes_free): scenes-vit "
+                   "without its class token, the head on the mean of the normed tokens "
+                   "(models.variants.without_class_token), fine-tuned one pass over a fixed part of the training "
+                   "scenes (what fit the sitting's CPU time, not a full epoch); its checkpoint ships with the package",
+    **_SCENES, "init": _free_init, "epochs": 1, "lr": 3e-4, "warmup_epochs": 0.1, "subset": 19200, "ckpt_every": 25,
 }
 check_recipe("scenes-vit-free", RECIPES["scenes-vit-free"])
