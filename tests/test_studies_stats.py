@@ -547,3 +547,15 @@ def test_an_edited_or_malformed_history_is_refused_in_one_line(tmp_path, damage)
         history.load(path)
     assert "\n" not in str(e.value)
     assert {"edited": "digest", "malformed": "malformed entry", "truncated": "JSON"}[damage] in str(e.value)
+
+
+def test_a_broken_history_stops_the_report_before_it_writes_anything(tmp_path):
+    from tokenreduce.study.page import HEADLINE, build_report
+    from tokenreduce.study.records import RecordError
+
+    (tmp_path / "verdicts.json").write_text('{"update": 1')
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{HEADLINE[0]}\nold\n{HEADLINE[1]}\n")
+    with pytest.raises(RecordError, match="verdicts.json: not a readable JSON file"):
+        build_report(tmp_path, names=["eet"], readme=readme)
+    assert readme.read_text() == f"{HEADLINE[0]}\nold\n{HEADLINE[1]}\n" and not (tmp_path / "REPORT.md").exists()

@@ -286,11 +286,14 @@ def judged_results(root: Path, names: list[str] | None = None
 def build_report(root: str | Path = "results", names: list[str] | None = None,
                  readme: str | Path | None = None) -> Path:
     """Write ``root``/REPORT.md, ``root``/figures/ and each study bed's summary.md from every study's stored
-    runs, and with ``readme`` its generated tables (:func:`headline`); returns REPORT.md's path."""
+    runs, and with ``readme`` its generated tables (:func:`headline`), after appending what moved to the verdict
+    history ``root``/verdicts.json (study/history.py; a broken history stops it before anything is written);
+    returns REPORT.md's path."""
     from ..bench.report import write_text
 
     root = Path(root)
     studies, judgement = judged_results(root, names)
+    changed = history.what_changed(*history.record(root / history.FILE, studies, judgement), studies, judgement)
     for study, runs in studies:
         if runs or (root / study.key / "summary.md").exists():  # a bed whose records were all deleted: not run
             write_text(root / study.key / "summary.md", summary(study, runs, judgement))
@@ -300,8 +303,7 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
              "Built by `tokenreduce report` from the run JSONs stored under `results/<study>/<test bed>/runs/`: every "
              "number below is read from them; a verdict comes only from the test each study declares, at its "
              "level, with n stated.", "", methods(studies), "", "## Claims", "", *claims_table(studies, judgement), "",
-             "## What changed", "", *history.what_changed(*history.record(root / history.FILE, studies, judgement),
-                                                         studies, judgement), ""]
+             "## What changed", "", *changed, ""]
     for study, runs in studies:
         lines += study_section(study, runs, root, judgement)
     return write_text(root / "REPORT.md", "\n".join(lines).rstrip() + "\n")
