@@ -140,28 +140,29 @@ def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dic
         return ["No verdict published yet."]
     moved, new = table_head(["study", "test bed", "claim", "where", "before", "now", "why"]), []
     for study, _ in studies:
-        for e in (j.expect for j in judgement.judged[study.key]):
-            entries = claims.get(key := claim_key(study, e), [])
+        for j in judgement.judged[study.key]:
+            e, entries = j.expect, claims.get(claim_key(study, j.expect), [])
             if not entries or entries[-1]["update"] != update_no:
                 continue
             if len(entries) == 1:
-                new.append((study, e, key))
+                new.append((study, j))
                 continue
             b, n = entries[-2:]
-            moved.append(f"| {study.name} | {study.bed_name} | {e.claim} | {where_text(e.at) or '-'} | "
+            moved.append(f"| {study.name} | {study.bed_name} | {j.claim} | {where_text(e.at) or '-'} | "
                          f"{b['verdict']} (adjusted p {b['p']}) | **{n['verdict']}** (adjusted p {n['p']}) | "
                          f"{_why(b, n)} |")
+    since = "the history starts here" if update_no == 1 else f"against update {update_no - 1}"
     lines = [f"Update {update_no} of the verdict history (`{name}` beside this page: every verdict the report "
-             "has published, appended by `tokenreduce report` when a claim's verdict word changes), against the "
-             "update before it: a verdict moved because of new runs (the records its test reads changed), because the "
-             "statistics changed (their version), or, with neither, because of the other tests of its "
-             "multiplicity family.", ""]
+             "has published, appended by `tokenreduce report` when a claim's verdict word changes; its git "
+             f"log names the commit of each update), {since}: a verdict moves because of new runs (the records "
+             "its test reads changed), because the statistics changed (their version), or, with neither, because "
+             "of the other tests of its multiplicity family.", ""]
     lines += moved if len(moved) > 2 else ["No published verdict moved."]
     if len(new) <= LIST_NEW:
-        lines += ["", *(f"- new: {s.name} ({s.bed_name}): {e.claim} ({where_text(e.at) or 'all'})"
-                        for s, e, _ in new)] if new else []
+        lines += ["", *(f"- new: {s.name} ({s.bed_name}): {j.claim} ({where_text(j.expect.at) or 'all'})"
+                        for s, j in new)] if new else []
     else:
-        per = Counter(s.name for s, _, _ in new)
+        per = Counter(s.name for s, _ in new)
         lines += ["", f"New in this update: {len(new)} claims published for the first time ("
                   + ", ".join(f"{k} {v}" for k, v in per.items()) + ")."]
     return lines
