@@ -559,3 +559,20 @@ def test_a_broken_history_stops_the_report_before_it_writes_anything(tmp_path):
     with pytest.raises(RecordError, match="verdicts.json: not a readable JSON file"):
         build_report(tmp_path, names=["eet"], readme=readme)
     assert readme.read_text() == f"{HEADLINE[0]}\nold\n{HEADLINE[1]}\n" and not (tmp_path / "REPORT.md").exists()
+
+
+def test_a_verdict_moved_by_its_family_alone_says_so(tmp_path):
+    """Its own records unchanged, a claim turns decided when another claim of its Holm family runs (its p
+    stops counting as 1): neither digest moved, so the cause is the family."""
+    from tokenreduce.study import Expect
+
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
+                    Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1)])
+    before = _published(tmp_path, study, _runs({"a": [0, 0, 0], "b": [3.0, 2.0, 1.5]}))[1]
+    update, claims, text = _published(tmp_path, study, _runs({"a": [0, 0, 0], "b": [3.0, 2.0, 1.5],
+                                                               "c": [4.0, 4.1, 3.9]}))
+    b = claims["synthetic/any | b above a | -"]
+    assert [e["verdict"] for e in b] == ["inconclusive", "reproduced"] and b[0]["records"] == b[1]["records"]
+    assert "synthetic/any | c above a | -" not in before and "- new: synthetic (any): c above a (all)" in text
+    [row] = _rows(text)
+    assert row.endswith("| the other tests of its multiplicity family (its own records unchanged) |")
