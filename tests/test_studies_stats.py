@@ -325,22 +325,6 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
         at_longer((e,), ("a", "b"), plans={"c above a": 1.0})
 
 
-def test_the_previous_rule_is_kept_only_to_list_what_changed():
-    from tokenreduce.study import Expect
-    from tokenreduce.study.tables import judge, previous_verdict, what_changed
-
-    e = Expect("b below a", "s", arm="b", baseline="a", metric="m", direction=-1, effect=-3.0)
-    # neither side significant, the spread small against 3: the old rule's post-hoc "not reproduced" ...
-    assert previous_verdict([0.1, -0.1, 0.05, -0.05], e)[0] == "not reproduced"
-    assert previous_verdict([4.0, -5.0, 1.0], e)[0] == "inconclusive"
-    assert previous_verdict([4.0, 3.9, 1.4], Expect("b above a", "s", arm="b", baseline="a", metric="m",
-                                                    direction=1))[0] == "reproduced"  # one-sided 0.034 at 0.05
-    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)])
-    runs = _runs({"a": [0, 0, 0], "b": [4.0, 3.9, 1.4]})
-    lines = what_changed(judge([(study, runs)]), [(study, runs)])
-    assert len(lines) == 3 and "| reproduced | **inconclusive** |" in lines[2] and "each side at 0.025" in lines[2]
-
-
 def test_the_provenance_note_names_uncommitted_and_unrecorded_code():
     from tokenreduce.study.page import provenance_note
 
@@ -465,3 +449,130 @@ def test_the_length_section_says_what_else_differs_between_lengths_and_the_front
     short, long = get_study("baselines").paper_epochs, get_study("eet").paper_epochs  # 30-epoch fine-tunes; 300
     assert f"against the papers' {short}-{long} epochs" in front
     assert f"--where steps={TEN_EPOCHS} --device cuda" in front
+
+
+# ----------------------------------------------------------------------------- the verdict history
+
+
+def _published(tmp_path, study, runs):
+    """One report build's history step: record what ``runs`` judge to, return (update, claims, What changed)."""
+    from tokenreduce.study import history
+    from tokenreduce.study.tables import judge
+
+    studies = [(study, runs)]
+    judgement = judge(studies)
+    update, claims = history.record(tmp_path / history.FILE, studies, judgement)
+    return update, claims, "\n".join(history.what_changed(update, claims, studies, judgement))
+
+
+def _rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("| synthetic |")]
+
+
+def test_a_rebuild_with_nothing_new_rewrites_the_history_byte_for_byte(tmp_path):
+    from tokenreduce.study import Expect
+
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)])
+    runs = _runs({"a": [0, 0, 0], "b": [4.0, 4.1, 3.9]})
+    update, claims, text = _published(tmp_path, study, runs)
+    first = (tmp_path / "verdicts.json").read_bytes()
+    assert update == 1 and [e["verdict"] for e in claims["synthetic/any | b above a | -"]] == ["reproduced"]
+    assert "- new: synthetic (any): b above a (all)" in text and "No published verdict moved." in text
+    assert _published(tmp_path, study, runs)[0] == 1 and (tmp_path / "verdicts.json").read_bytes() == first
+
+
+def test_a_new_record_that_flips_a_verdict_appends_one_entry_for_new_runs(tmp_path):
+    from tokenreduce.study import Expect
+
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)])
+    _published(tmp_path, study, _runs({"a": [0], "b": [4.0]}))  # one seed: inconclusive
+    update, claims, text = _published(tmp_path, study, _runs({"a": [0, 0, 0], "b": [4.0, 4.1, 3.9]}))
+    assert update == 2 and [e["verdict"] for e in claims["synthetic/any | b above a | -"]] == \
+        ["inconclusive", "reproduced"]
+    [row] = _rows(text)
+    assert "| inconclusive (adjusted p -) | **reproduced** (adjusted p" in row and row.endswith("| new runs |")
+    assert "new:" not in text
+
+
+def test_a_bumped_statistics_version_with_the_same_records_is_said_as_such(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from tokenreduce.study import Expect
+
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)])
+    runs = _runs({"a": [0, 0, 0], "b": [4.0, 4.1, 3.9]})
+    with monkeypatch.context() as m:  # the old statistics: never decided
+        verdict = stats.verdict
+        m.setattr(stats, "verdict", lambda *a, **k: replace(verdict(*a, **k), word="inconclusive"))
+        _published(tmp_path, study, runs)
+    monkeypatch.setattr(stats, "STATS_VERSION", 2)
+    update, claims, text = _published(tmp_path, study, runs)
+    assert update == 2 and [e["statistics"] for e in claims["synthetic/any | b above a | -"]] == [1, 2]
+    [row] = _rows(text)
+    assert row.endswith("| the statistics changed (version 1 -> 2) |") and "new runs" not in row
+
+
+def test_a_claim_first_published_is_listed_as_new(tmp_path):
+    from tokenreduce.study import Expect
+
+    first = Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)
+    runs = _runs({"a": [0, 0, 0], "b": [4.0, 4.1, 3.9], "c": [1.0, -1.0, 0.5]})
+    _published(tmp_path, _study([first]), runs)
+    study = _study([first, Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1)])
+    update, claims, text = _published(tmp_path, study, runs)
+    assert update == 2 and len(claims["synthetic/any | b above a | -"]) == 1
+    assert "- new: synthetic (any): c above a (all)" in text and "b above a (all)" not in text and not _rows(text)
+
+
+@pytest.mark.parametrize("damage", ["edited", "malformed", "truncated"])
+def test_an_edited_or_malformed_history_is_refused_in_one_line(tmp_path, damage):
+    import json
+
+    from tokenreduce.study import Expect, history
+    from tokenreduce.study.records import RecordError
+
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)])
+    runs = _runs({"a": [0, 0, 0], "b": [4.0, 4.1, 3.9]})
+    _published(tmp_path, study, runs)
+    path = tmp_path / history.FILE
+    doc = json.loads(path.read_text())
+    entry = doc["claims"]["synthetic/any | b above a | -"][0]
+    if damage == "edited":
+        entry["verdict"] = "contradicted"
+    elif damage == "malformed":
+        del entry["records"]
+    text = json.dumps(doc) if damage != "truncated" else path.read_text()[:40]
+    path.write_text(text)
+    with pytest.raises(RecordError, match=r"verdicts\.json: .*written only by tokenreduce report") as e:
+        history.load(path)
+    assert "\n" not in str(e.value)
+    assert {"edited": "digest", "malformed": "malformed entry", "truncated": "JSON"}[damage] in str(e.value)
+
+
+def test_a_broken_history_stops_the_report_before_it_writes_anything(tmp_path):
+    from tokenreduce.study.page import HEADLINE, build_report
+    from tokenreduce.study.records import RecordError
+
+    (tmp_path / "verdicts.json").write_text('{"update": 1')
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{HEADLINE[0]}\nold\n{HEADLINE[1]}\n")
+    with pytest.raises(RecordError, match="verdicts.json: not a readable JSON file"):
+        build_report(tmp_path, names=["eet"], readme=readme)
+    assert readme.read_text() == f"{HEADLINE[0]}\nold\n{HEADLINE[1]}\n" and not (tmp_path / "REPORT.md").exists()
+
+
+def test_a_verdict_moved_by_its_family_alone_says_so(tmp_path):
+    """Its own records unchanged, a claim turns decided when another claim of its Holm family runs (its p
+    stops counting as 1): neither digest moved, so the cause is the family."""
+    from tokenreduce.study import Expect
+
+    study = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
+                    Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1)])
+    before = _published(tmp_path, study, _runs({"a": [0, 0, 0], "b": [3.0, 2.0, 1.5]}))[1]
+    update, claims, text = _published(tmp_path, study, _runs({"a": [0, 0, 0], "b": [3.0, 2.0, 1.5],
+                                                               "c": [4.0, 4.1, 3.9]}))
+    b = claims["synthetic/any | b above a | -"]
+    assert [e["verdict"] for e in b] == ["inconclusive", "reproduced"] and b[0]["records"] == b[1]["records"]
+    assert "synthetic/any | c above a | -" not in before and "- new: synthetic (any): c above a (all)" in text
+    [row] = _rows(text)
+    assert row.endswith("| the other tests of its multiplicity family (its own records unchanged) |")

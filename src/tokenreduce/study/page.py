@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TokenReduceError
-from . import lengths, tables
+from . import history, lengths, tables
 from .declare import Study, get_study, list_studies
 from .figures import colours, pyplot, set_title, write_png
 from .plan import Layout, plan
@@ -286,11 +286,14 @@ def judged_results(root: Path, names: list[str] | None = None
 def build_report(root: str | Path = "results", names: list[str] | None = None,
                  readme: str | Path | None = None) -> Path:
     """Write ``root``/REPORT.md, ``root``/figures/ and each study bed's summary.md from every study's stored
-    runs, and with ``readme`` its generated tables (:func:`headline`); returns REPORT.md's path."""
+    runs, and with ``readme`` its generated tables (:func:`headline`), after appending what moved to the verdict
+    history ``root``/verdicts.json (study/history.py; a broken history stops it before anything is written);
+    returns REPORT.md's path."""
     from ..bench.report import write_text
 
     root = Path(root)
     studies, judgement = judged_results(root, names)
+    changed = history.what_changed(*history.record(root / history.FILE, studies, judgement), studies, judgement)
     for study, runs in studies:
         if runs or (root / study.key / "summary.md").exists():  # a bed whose records were all deleted: not run
             write_text(root / study.key / "summary.md", summary(study, runs, judgement))
@@ -300,10 +303,7 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
              "Built by `tokenreduce report` from the run JSONs stored under `results/<study>/<test bed>/runs/`: every "
              "number below is read from them; a verdict comes only from the test each study declares, at its "
              "level, with n stated.", "", methods(studies), "", "## Claims", "", *claims_table(studies, judgement), "",
-             "## What changed", "", "The verdicts that moved from the previous statistics (one-sided t-tests at "
-             "0.05 each way, no multiplicity adjustment, \"not reproduced\" from a post-hoc smallest detectable "
-             "difference, a bootstrap of three values printed as a 95% CI) to these, and why:", "",
-             *tables.what_changed(judgement, studies), ""]
+             "## What changed", "", *changed, ""]
     for study, runs in studies:
         lines += study_section(study, runs, root, judgement)
     return write_text(root / "REPORT.md", "\n".join(lines).rstrip() + "\n")

@@ -5,7 +5,9 @@ run" with the reason, never as a number."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
 import statistics
 from collections import Counter
@@ -185,7 +187,8 @@ class Judged:
     """A claim, its paired differences and the verdict on them (None: not run, ``why``). ``claim``: its text
     as printed; ``items``: the seeds x items interval (low, high, centre), else None and ``items_why``;
     ``members``: a family claim's number of claims (0: its own); ``uncommitted``: the records it reads that
-    name no clean commit (:func:`revision_gap`), which make a decided word provisional."""
+    name no clean commit (:func:`revision_gap`), which make a decided word provisional; ``read``: the digest
+    of the records its test read (:func:`records_digest`), which the verdict history compares (study/history.py)."""
 
     expect: Expect
     diffs: list[float]
@@ -196,6 +199,7 @@ class Judged:
     items_why: str = ""
     members: int = 0
     uncommitted: tuple[str, ...] = ()
+    read: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,17 @@ def _uncommitted(study: Study, runs: dict[str, dict], claims: list[Expect]) -> t
     docs = [d for e in claims for arm in (e.arm, e.baseline) for d in arm_runs(study, runs, arm, e.at).values()]
     docs += [runs[e.speed[0]] for e in claims if e.speed and e.speed[0] in runs]
     return tuple(sorted({str(d.get("id", d.get("run"))) for d in docs if revision_gap(d)}))
+
+
+def records_digest(study: Study, runs: dict[str, dict], claims: list[Expect]) -> str:
+    """SHA-256 (its first 16 hex digits) over what ``claims``' tests read, sorted: per seed paired, each of the
+    two records' id, ``metric`` value, per-item values and :func:`revision_gap`; it changes when a run is added,
+    made again or re-made from committed code, and only then."""
+    read = sorted(json.dumps([str(d.get("id", d.get("run"))), d.get("metrics", {}).get(e.metric),
+                              d.get("metrics", {}).get("items", {}).get(e.metric), revision_gap(d)],
+                             sort_keys=True)
+                  for e in claims for pair in _both(study, runs, e.arm, e.baseline, e.at).values() for d in pair)
+    return hashlib.sha256("\n".join(read).encode()).hexdigest()[:16]
 
 
 def by_item(study: Study, e: Expect) -> bool:
@@ -436,7 +451,8 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         if uncommitted and v.word != "inconclusive":
             why += (f"; provisional: as run it reads {v.label}, but {len(uncommitted)} of the records it reads name "
                     f"no clean commit ({', '.join(uncommitted)}), so it is decided only when re-run from one")
-        judged[study.key].append(Judged(e, diffs, v, why, text, items, items_why, len(members), uncommitted))
+        judged[study.key].append(Judged(e, diffs, v, why, text, items, items_why, len(members), uncommitted,
+                                        records_digest(study, runs, members or [e])))
     return Judgement(judged, holm_sizes, len(ps), scope, dict(waiting))
 
 
@@ -579,80 +595,6 @@ STATISTICS = ("Every claim's test is two-sided at its level (0.05), i.e. each si
               "test of H0 Δ = published effect, one-sided toward no effect, rejects; \"inconclusive\": no test "
               "rejects, which says the data could not tell, not that there is no effect.")
 
-
-# ----------------------------------------------------------------------------- the previous statistics
-
-#: the margins the claims carried before non-inferiority margins were declared with their reasons; every other
-#: claim's margin is unchanged. Read only by :func:`previous_verdict`.
-PREVIOUS_MARGINS = {
-    "the mirrored path trained as such costs nothing (at or above exact)": 0.0,
-    "W_q = W_k costs no accuracy from a fair start": 0.0,
-    "W_q = W_k tied straight from the untied reference costs no accuracy": 0.0,
-    "full EET is at or above the unpruned baseline": 0.0,
-}
-
-
-def previous_verdict(diffs: list[float], e: Expect) -> tuple[str, str]:
-    """The verdict word the previous statistics gave (kept only for the report's "What changed"): a
-    one-sided paired t-test at the level each way (for, then against), no multiplicity adjustment, and
-    "not reproduced" when neither rejected but |effect - margin| reached the post-hoc smallest detectable
-    difference t_{1-level, n-1} sd / sqrt(n). Returns (word, the p or detectable difference it rested on)."""
-    from scipy.stats import t as student
-
-    margin = PREVIOUS_MARGINS.get(e.claim, e.margin)
-    s = stats.summarize(diffs)
-    if s.n < 2:
-        return "inconclusive", "n < 2"
-    if stats.testable(diffs) is not None:
-        return "inconclusive", "no variance"
-    p_for = stats.paired_t_test(diffs, margin, "greater" if e.direction > 0 else "less")
-    p_against = stats.paired_t_test(diffs, margin, "less" if e.direction > 0 else "greater")
-    if p_against < e.level:
-        return "contradicted", f"one-sided p {p_against:.3g} at {e.level:g}"
-    if p_for < e.level:
-        return "reproduced", f"one-sided p {p_for:.3g} at {e.level:g}"
-    detectable = student.ppf(1 - e.level, s.n - 1) * s.std / math.sqrt(s.n) if s.std else None
-    if e.effect is not None and detectable is not None and abs(e.effect - margin) >= detectable:
-        return "not reproduced", f"post-hoc smallest detectable difference {detectable:.2f}"
-    return "inconclusive", f"one-sided p {p_for:.3g}"
-
-
-def what_changed(judgement: Judgement, studies: list[tuple[Study, dict[str, dict]]]) -> list[str]:
-    """Each claim whose verdict the previous statistics (:func:`previous_verdict`) gave differently, and why."""
-    lines = table_head(["study", "test bed", "claim", "where", "before", "now", "why"])
-    for study, _ in studies:
-        for j in judgement.judged[study.key]:
-            if j.verdict is None or j.members:
-                continue
-            old, rested = previous_verdict(j.diffs, j.expect)
-            if old == j.verdict.word:
-                continue
-            lines.append(f"| {study.name} | {study.bed_name} | {j.claim} | {where_text(j.expect.at) or '-'} | {old} | "
-                         f"**{word(j)}** | {_moved_why(j, old, rested)} |")
-    return lines if len(lines) > 2 else ["No verdict moved."]
-
-
-def _moved_why(j: Judged, old: str, rested: str) -> str:
-    e, v = j.expect, j.verdict
-    parts = [f"before: {rested}"]
-    was = PREVIOUS_MARGINS.get(e.claim, e.margin)
-    if was != e.margin:
-        kind = {"noninferior": "non-inferiority", "equivalent": "equivalence"}.get(e.kind, "superiority")
-        parts.append(f"now a {kind} test against the margin {e.margin:g} (before: {was:g}): {e.why}")
-    raw, adj = v.p("claim")
-    if v.word in ("reproduced", "contradicted"):
-        parts.append(f"the declared test rejects (p = {raw:.3g}, adjusted {adj:.3g})")
-    elif raw < e.level:
-        parts.append(f"the declared test's p = {raw:.3g} does not survive multiplicity (adjusted {adj:.3g})")
-    elif old in ("reproduced", "contradicted"):
-        parts.append(f"two-sided at {e.level:g} (each side at {e.level / 2:g}) it gives p = {raw:.3g}")
-    effect = f"{e.effect:+.2f}" if e.effect is not None else ""
-    for role, what in (("equivalence", f"TOST within ±{e.delta:g}" if e.delta else ""),
-                       ("effect", f"the test against the published {effect}")):
-        p = v.p(role)
-        if p and (v.word in ("equivalent", "not reproduced") or old == "not reproduced"):
-            parts.append(f"{what}: p = {p[0]:.3g}, adjusted {p[1]:.3g}")
-    return "; ".join(parts)
 
 # ----------------------------------------------------------------------------- the summary
 
