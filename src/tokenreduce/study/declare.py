@@ -253,12 +253,6 @@ class Bed:
         return tuple(x for x in self.evaluations if isinstance(x, Bench))
 
 
-def _declared(bed: Bed) -> dict[str, Any]:
-    """``bed``'s declarations by name: its fields, and its evaluations by type."""
-    return {**{f.name: getattr(bed, f.name) for f in dataclasses.fields(Bed)},
-            **{k: getattr(bed, k) for k in ("measures", "probes", "benches")}}
-
-
 @dataclass(frozen=True)
 class Point:
     """One run of a study: ``arm`` at grid ``values``; ``id`` e.g. ``d_eet-b16-s0``. The engine's
@@ -283,9 +277,8 @@ def tests_claim(bed: Bed, e: Expect) -> bool:
 
 
 class Study:
-    """Base class of every study (module docstring). A subclass sets ``title``, ``claim``, ``source``, its
-    claims (``expect``) and its ``beds`` (name -> :class:`Bed`, the first the default). An instance is the
-    study on one bed: its attributes are that bed's declarations, its ``expect`` the claims the bed tests."""
+    """Base class of every study (module docstring). An instance is the study on one bed: its attributes are
+    that bed's declarations, its ``expect`` the claims the bed tests."""
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoParams  # the registry's; a study takes its parameters as test bed and flags
@@ -304,9 +297,8 @@ class Study:
         if self.bed_name not in cls.beds:
             raise TokenReduceError(f"study {cls.name} has no test bed {bed!r}; choose from {', '.join(cls.beds)}")
         decl = cls.beds[self.bed_name]
-        for k, v in _declared(decl).items():
-            if k != "testbed":
-                setattr(self, k, v)
+        for k in [*(f.name for f in dataclasses.fields(Bed) if f.name != "testbed"), "measures", "probes", "benches"]:
+            setattr(self, k, getattr(decl, k))  # the bed's declarations, its evaluations by type
         self.title = decl.title or cls.title
         self.expect = tuple(e for e in cls.expect if tests_claim(decl, e))
         self.is_smoke = smoke
@@ -583,7 +575,7 @@ def _check_arms(where: str, arms: dict[str, Arm], axes: dict[str, tuple[Any, ...
 
 
 def _outside(only: dict[str, Any], at: dict[str, Any]) -> bool:
-    """Whether ``at`` fixes a value that one alternative of an arm's ``only`` leaves out."""
+    """Whether ``at`` fixes a value that ``only`` (one alternative of an arm's) leaves out."""
     return any(k in only and v not in only[k] for k, v in at.items())
 
 
