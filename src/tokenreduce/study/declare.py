@@ -13,6 +13,7 @@ study/plan.py and run by study/runner.py. :func:`register_study` refuses declara
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import itertools
 from collections.abc import Callable, Iterator
@@ -419,7 +420,7 @@ class Study:
         for k, v in p.values.items():
             if k in sets:
                 fields.update(sets[k].get(v, {}))
-            elif k in _CONFIG_FIELDS:
+            elif k in _config_fields():
                 fields[k] = v
             else:
                 task = _with_param(task, k, v)
@@ -430,11 +431,11 @@ class Study:
             if fields["teacher"] is None:
                 raise TokenReduceError(f"study {self.name}: its recipe distils from the test bed's reference, and "
                                        f"{self.bed.text()} has none; give a test bed with a reference checkpoint")
-        if (arm.transforms or arm.stem) and not fields.get("model") and self.bed.reference:
-            from ..train.recipes import get_recipe  # the reference's architecture, its stem swapped / transformed
-
-            fields["model"] = get_recipe(self.bed.reference)["model"]
         if arm.stem or arm.transforms:
+            if not fields.get("model") and self.bed.reference:
+                from ..train.recipes import get_recipe  # the reference's architecture, its stem swapped / transformed
+
+                fields["model"] = get_recipe(self.bed.reference)["model"]
             if not fields.get("model"):
                 raise TokenReduceError(f"study {self.name}, arm {p.arm}: a stem or transform needs a test bed "
                                        "that builds its model (not a reference checkpoint)")
@@ -443,15 +444,15 @@ class Study:
         return fields
 
 
-_CONFIG_FIELDS: set[str] = set()
 #: a recipe's ``teacher`` meaning "the test bed's reference checkpoint" (it distils from what it starts from)
 TESTBED_TEACHER = "testbed"
 
 
-def _config_fields() -> set[str]:
+@functools.cache
+def _config_fields() -> frozenset[str]:
     from ..train.config import TrainConfig
 
-    return {f.name for f in dataclasses.fields(TrainConfig)}
+    return frozenset(f.name for f in dataclasses.fields(TrainConfig))
 
 
 def _with_param(spec: str, key: str, value: Any) -> str:
@@ -466,8 +467,6 @@ _BENCH_SETTINGS = {"batch", "warmup", "repeats", "min_run_s", "backend", "compil
 def check_study(cls: type[Study]) -> None:
     """Refuse a study whose declarations do not fit together (a typo here would surface hours later):
     each bed's, and a claim that no bed tests."""
-    if not _CONFIG_FIELDS:
-        _CONFIG_FIELDS.update(_config_fields())
     if not cls.beds:
         raise SpecError(f"study {cls.name} declares no test bed (beds = {{name: Bed(...)}})")
     for name, bed in cls.beds.items():
@@ -513,8 +512,8 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
     overrides = [("recipe", bed.recipe), ("smoke recipe", smoke.get("recipe", {}))] + \
         [(f"axis {a.name} at {v}", f) for a in bed.grid for v, f in a.sets.items()]
     for what, fields in overrides:
-        if _unknown(fields, _CONFIG_FIELDS):
-            raise SpecError(f"{where}: its {what} names unknown training settings {_unknown(fields, _CONFIG_FIELDS)}")
+        if _unknown(fields, _config_fields()):
+            raise SpecError(f"{where}: its {what} names unknown training settings {_unknown(fields, _config_fields())}")
     axes = {a.name: a.values for a in bed.grid}
     if "seed" not in axes:
         raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
