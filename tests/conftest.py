@@ -14,6 +14,7 @@ import torch
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer
 
+from tokenreduce import probes
 from tokenreduce.core.registry import Registry
 from tokenreduce.study import reading
 
@@ -42,11 +43,13 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
 #: The tests' own studies (register_study(name, TEST_STUDIES)): found by name while the tests run, never listed
 #: with the built-in ones (list_studies(), the report)
 TEST_STUDIES: Registry = Registry("study")
+#: The tests' own experiments (register_experiment(name, TEST_EXPERIMENTS)), likewise never listed
+TEST_EXPERIMENTS: Registry = Registry("experiment")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _test_studies() -> Iterator[None]:
-    with reading(TEST_STUDIES):
+def _test_registries() -> Iterator[None]:
+    with reading(TEST_STUDIES), probes.reading(TEST_EXPERIMENTS):
         yield
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from conftest import TEST_EXPERIMENTS
 
 from tokenreduce.cli import main
 from tokenreduce.core.errors import SpecError
@@ -20,7 +21,7 @@ class _SquareConfig:
     scale: float = 1.0
 
 
-@register_experiment("_square_test")
+@register_experiment("square_test", TEST_EXPERIMENTS)
 class _Square(Experiment):
     """A test-only experiment: the sum of the first n squares, closed form vs loop."""
 
@@ -40,28 +41,29 @@ class _Square(Experiment):
 
 
 def test_smoke_overrides_and_spec_parameters():
-    assert build_experiment("_square_test").cfg.n == 1000
-    assert build_experiment("_square_test", smoke=True).cfg.n == 10
-    exp = build_experiment("_square_test(n=5, scale=2.0)", smoke=True)  # given parameters win
+    assert build_experiment("square_test").cfg.n == 1000
+    assert build_experiment("square_test", smoke=True).cfg.n == 10
+    exp = build_experiment("square_test(n=5, scale=2.0)", smoke=True)  # given parameters win
     assert (exp.cfg.n, exp.cfg.scale) == (5, 2.0)
-    assert exp.spec() == "_square_test(n=5, scale=2.0)"
+    assert exp.spec() == "square_test(n=5, scale=2.0)"
 
 
 def test_bad_specs_name_the_choices():
-    with pytest.raises(SpecError, match="valid experiments: .*_square_test"):
+    with pytest.raises(SpecError, match="valid experiments: .*recall_at_kept"):
         build_experiment("no_such_experiment")
     with pytest.raises(SpecError, match="valid parameters: n, scale"):
-        build_experiment("_square_test(m=3)")
+        build_experiment("square_test(m=3)")
 
 
 def test_command_lists_runs_and_writes_results(tmp_path, capsys):
     assert main(["experiment"]) == 0
-    assert "_square_test" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "recall_at_kept" in listed and "square_test" not in listed  # the tests' own are found, never listed
     out = tmp_path / "r.json"
-    assert main(["experiment", "_square_test(n=4)", "--results", str(out), "--threads", "1"]) == 0
+    assert main(["experiment", "square_test(n=4)", "--results", str(out), "--threads", "1"]) == 0
     assert "| 4 | 14.0 | 14.0 |" in capsys.readouterr().out
     doc = json.loads(out.read_text())
-    assert doc["experiment"] == "_square_test(n=4, scale=1.0)" and doc["result"]["closed"] == 14.0
+    assert doc["experiment"] == "square_test(n=4, scale=1.0)" and doc["result"]["closed"] == 14.0
     assert doc["provenance"]["command"].startswith("tokenreduce experiment")
     assert main(["experiment", "nope"]) == 2
 
@@ -126,7 +128,7 @@ CHECKS = {"recall_at_kept": _recall_at_kept, "bspf_symmetry": _bspf_symmetry, "c
           "oracle_at_counts": _oracle_at_counts}
 
 
-@pytest.mark.parametrize("name", [n for n in list_experiments() if not n.startswith("_")])
+@pytest.mark.parametrize("name", [n for n in list_experiments()])
 def test_every_experiment_runs_its_forwards_at_the_precision_asked(name, tmp_path, capsys, monkeypatch):
     """--amp reaches the experiment (and a study's probes through the runner): its forwards run under the
     context's autocast, and the record names the precision."""
@@ -148,10 +150,10 @@ def test_every_experiment_runs_its_forwards_at_the_precision_asked(name, tmp_pat
 
 
 def test_every_experiment_has_a_result_check():
-    assert set(CHECKS) == {n for n in list_experiments() if not n.startswith("_")}
+    assert set(CHECKS) == {n for n in list_experiments()}
 
 
-@pytest.mark.parametrize("name", [n for n in list_experiments() if not n.startswith("_")])
+@pytest.mark.parametrize("name", [n for n in list_experiments()])
 def test_every_experiment_runs_in_smoke_mode(name, tmp_path, capsys):
     out = tmp_path / "result.json"
     assert main(["experiment", name, "--smoke", "--out", str(tmp_path / "files"), "--results", str(out),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TEST_EXPERIMENTS
 
 import tokenreduce
 from tokenreduce import TokenReduceError
@@ -36,7 +37,7 @@ TINY_FLAGS = ["--model", "vit_tiny_patch16_224", "--img-size", "28", "--patch-si
 X = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(0))
 
 
-@register_experiment("_pipeline_noop")
+@register_experiment("pipeline_noop_test", TEST_EXPERIMENTS)
 class _Noop(Experiment):
     """A test-only experiment that finds nothing (its results file is what the provenance test reads)."""
 
@@ -176,7 +177,7 @@ def test_every_writer_records_the_same_provenance_keys(ckpt, data, tmp_path):
                  "--seeds", "0", "--out", str(tmp_path / "eval")]) == 0
     assert main(["bench", "--model", "test_vit", "--img-size", "32", "--quick", "--threads", "1",
                  "--out", str(tmp_path / "bench")]) == 0
-    assert main(["experiment", "_pipeline_noop", "--threads", "1", "--results", str(tmp_path / "exp.json")]) == 0
+    assert main(["experiment", "pipeline_noop_test", "--threads", "1", "--results", str(tmp_path / "exp.json")]) == 0
     docs = {"train --results": json.loads((tmp_path / "train.json").read_text()),
             "train metrics.json": {"provenance": json.loads((runs / "metrics.json").read_text())["provenance"]},
             "checkpoint meta": {"provenance": load_model(runs)[1]["metrics"]["provenance"]},

@@ -26,6 +26,7 @@ from tokenreduce.study import (
     Bench,
     Col,
     Expect,
+    Probe,
     Study,
     execute,
     get_study,
@@ -261,6 +262,13 @@ def test_an_arm_runs_only_where_it_says():
         @register_study("bad_only_source_test", TEST_STUDIES)
         class _Bad2(_Only):
             beds = _only_bed(e=Arm("(e)", "oracle_at_counts", kind="evaluated", reads="c"))
+    with pytest.raises(SpecError, match=r"probe p reads arm c at \{'bits': 8\}, where it has no runs"):
+        @register_study("bad_only_probe_test", TEST_STUDIES)
+        class _Bad4(_Only):
+            beds = {"fmnist": dataclasses.replace(_Only.beds["fmnist"], evaluations=(
+                Probe("p", "recall_at_kept", arm="c", at={"bits": 8}),))}
+    with pytest.raises(SpecError, match="it fixes the seed"):  # a claim pairs by seed: it reads every seed
+        Expect("c below a", "test", arm="c", baseline="a", metric="map_asym", direction=-1, at={"seed": 0})
     with pytest.raises(SpecError, match=r"no test bed has the arms \(at the grid point\) of the claims"):
         @register_study("bad_only_expect_test", TEST_STUDIES)
         class _Bad3(_Only):

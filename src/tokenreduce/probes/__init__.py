@@ -14,8 +14,9 @@ from .base import (
     build_experiment,
     get_experiment,
     list_experiments,
+    reading,
     register_experiment,
 )
 
 __all__ = ["Experiment", "RunContext", "build_experiment", "get_experiment", "list_experiments",
-           "register_experiment"]
+           "reading", "register_experiment"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -79,20 +79,39 @@ def _builtins() -> None:
 
 
 _EXPERIMENTS: Registry[type[Experiment]] = Registry("experiment", load=_builtins)
+#: registries given for a while (:func:`reading`): found by name, never listed
+_GIVEN: list[Registry[type[Experiment]]] = []
 
 
-def register_experiment(name: str) -> Callable[[type[Experiment]], type[Experiment]]:
-    """Class decorator: make an Experiment subclass addressable as ``name(...)``."""
-    return _EXPERIMENTS.register_class(name)
+def register_experiment(name: str, into: Registry[type[Experiment]] | None = None,
+                        ) -> Callable[[type[Experiment]], type[Experiment]]:
+    """Class decorator: make an Experiment subclass addressable as ``name(...)``, in the built-in registry or
+    ``into`` another (the tests' own experiments: :func:`reading`)."""
+    return (into or _EXPERIMENTS).register_class(name)
+
+
+@contextmanager
+def reading(registry: Registry[type[Experiment]]) -> Iterator[None]:
+    """While inside, the experiments of ``registry`` are found by name as well as the built-in ones;
+    :func:`list_experiments` lists the built-in ones only."""
+    _GIVEN.append(registry)
+    try:
+        yield
+    finally:
+        _GIVEN.remove(registry)
 
 
 def list_experiments() -> list[str]:
-    """Names of all registered experiments."""
+    """Names of the built-in experiments."""
     return _EXPERIMENTS.names()
 
 
+def _registry(name: str) -> Registry[type[Experiment]]:
+    return next((r for r in _GIVEN if name in r.names()), _EXPERIMENTS)
+
+
 def get_experiment(name: str) -> type[Experiment]:
-    return _EXPERIMENTS.get(name)
+    return _registry(name).get(name)
 
 
 def build_experiment(spec: str, *, smoke: bool = False) -> Experiment:
@@ -106,5 +125,5 @@ def build_experiment(spec: str, *, smoke: bool = False) -> Experiment:
         if bad:
             raise SpecError(f"experiment {name}: its smoke overrides name unknown parameters {bad}")
         spec = format_spec(name, {**cls.smoke, **params})
-    _, cls, cfg = _EXPERIMENTS.resolve(spec)
+    _, cls, cfg = _registry(name).resolve(spec)
     return cls(cfg)
