@@ -137,6 +137,7 @@ def test_bench_backend_compile_times_every_case_compiled(tmp_path, capsys, monke
     assert data["results"][0]["speedup"] == 1.0 and all(r["speedup"] > 0 for r in data["results"])
 
 
+@pytest.mark.slow
 def test_bench_backend_onnxruntime_runs_exported_files(monkeypatch):
     pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'tokenreduce[export]'")
     pytest.importorskip("onnxscript", reason="onnxscript is not installed: pip install 'tokenreduce[export]'")

@@ -144,6 +144,7 @@ print("ok", len(sys.argv) - 1)
 """
 
 
+@pytest.mark.slow
 def test_torch_save_of_a_patched_model_loads_in_a_fresh_process(tmp_path, images):
     paths = []
     for i, spec in enumerate(PICKLED):

@@ -86,6 +86,7 @@ def test_eager_compiled_and_onnxruntime_agree(spec: str, tmp_path):
     assert tr.get_info(model).tokens_per_block[-1] < 65  # the method reduced tokens: the count check bites
 
 
+@pytest.mark.slow
 def test_tied_scores_keep_the_lower_positions_in_eager_and_onnxruntime_alike(tmp_path):
     """A confident DynamicViT predictor saturates: many keep log-probabilities are exactly 0.0 in float32, and
     which of them top-k kept was the kernel's choice (onnxruntime and eager kept different tokens)."""
@@ -237,6 +238,7 @@ def test_what_cannot_be_exported_is_refused_by_name(tmp_path):
     assert not (tmp_path / "x.onnx").exists()
 
 
+@pytest.mark.slow
 def test_export_command_exports_a_trained_checkpoint(tmp_path, capsys):
     from tokenreduce.models import build_model, save_checkpoint
 

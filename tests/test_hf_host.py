@@ -420,6 +420,7 @@ def test_bad_calls_are_errors_naming_the_problem(images):
         tr.remove(make("clip"))
 
 
+@pytest.mark.slow
 def test_transformers_is_imported_only_for_a_transformers_model():
     code = ("import sys, timm, tokenreduce as tr; m = timm.create_model('vit_tiny_patch16_224', img_size=32, "
             "patch_size=4, depth=2); tr.apply(m, 'tome(r=2)'); tr.get_info(m); tr.remove(m); "

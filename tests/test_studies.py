@@ -128,6 +128,7 @@ def _comparable(doc: Any) -> Any:
     return doc
 
 
+@pytest.mark.slow
 def test_listed_commands_give_the_in_process_results(eet_smoke: Path, tmp_path: Path, capsys):
     out = tmp_path / "by-command"
     assert main(["study", "eet", "--testbed", "fmnist", "--smoke", "--list", "--out", str(out), "--threads", "1"]) == 0
