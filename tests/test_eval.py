@@ -433,6 +433,7 @@ def test_rows_measured_outside_the_band_are_flagged_in_the_table_and_the_plot(tm
 # ----------------------------------------------------------------------------- visualize command
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_visualize_command_writes_a_png_per_image_and_spec(tmp_path, ckpt, capsys):
     out = tmp_path / "vis"

@@ -696,6 +696,7 @@ def test_summarize_of_a_folder_without_records_says_so(tmp_path, capsys):
     assert not (tmp_path / "typo").exists()
 
 
+@pytest.mark.slow
 def test_a_copied_study_folder_reads_its_own_checkpoints(tmp_path):
     from tokenreduce.study.runner import Runner
 

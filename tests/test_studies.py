@@ -345,6 +345,7 @@ def _image_folder(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_study_on_a_timm_model_with_local_weights_and_an_image_folder(tmp_path: Path):
     import timm
     import torch

@@ -212,6 +212,7 @@ def _fine_tuned(doc: dict) -> dict[str, dict]:
     return {r["label"]: r for r in doc["result"]["results"] if r["kind"] == "fine-tuned"}
 
 
+@pytest.mark.slow
 def test_a_measure_reads_the_runs_records_and_needs_no_checkpoint(tmp_path: Path):
     """A measure takes each run's final evaluation from its record (what evaluating its checkpoint on the
     same items gives) and counts its model and spec afresh (the trained model's MACs), so it runs after
@@ -245,6 +246,7 @@ def test_a_measure_reads_the_runs_records_and_needs_no_checkpoint(tmp_path: Path
     assert {s: (r["top1"], r["macs"]) for s, r in again.items()} == {s: (r["top1"], r["macs"]) for s, r in rows.items()}
 
 
+@pytest.mark.slow
 def test_a_lost_checkpoint_is_made_again_and_a_changed_result_replaces_its_record(tmp_path: Path):
     import json
 
@@ -323,4 +325,4 @@ def test_the_length_axis_runs_each_length_and_the_report_shows_them_side_by_side
     row = next(line for line in over.splitlines() if line.startswith("| Cropr beats topk at the same counts | -"))
     assert row.count("**") == 2 and " steps" in row.split("|")[-2]  # the verdict stated at the longest length
     assert f"Δ at {STEPS} steps" in over and f"Δ at {EPOCH_STEPS} steps" in over
-    assert (root / "figures" / "_tiny_lengths_test-scenes-lengths.png").stat().st_size > 0
+    assert (root / "figures" / "tiny_lengths_test-scenes-lengths.png").stat().st_size > 0
