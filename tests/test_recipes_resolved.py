@@ -96,9 +96,9 @@ EXPECTED_RECIPES: dict[str, dict[str, Any]] = {
         'recipe': 'scenes-vit', 'threads': 2, 'warmup_epochs': 0.3, 'weight_decay': 0.05,
     },
     'scenes-vit-free': {
-        'augment': 'crop_flip', 'batch_size': 64, 'ckpt_every': 25, 'data': 'fmnist_scenes', 'epochs': 1,
+        'augment': 'crop_flip', 'batch_size': 64, 'ckpt_every': 100, 'data': 'fmnist_scenes', 'epochs': 1,
         'eval_subset': 2000, 'grad_clip': 1.0, 'init': '<cache>/scenes-vit-free-init/model.safetensors',
-        'label_smoothing': 0.1, 'lr': 0.0003, 'min_lr': 1e-05, 'recipe': 'scenes-vit-free', 'subset': 19200,
+        'label_smoothing': 0.1, 'lr': 0.0003, 'min_lr': 1e-05, 'recipe': 'scenes-vit-free',
         'threads': 2, 'warmup_epochs': 0.1, 'weight_decay': 0.05,
     },
     'scenes-vit-seg': {

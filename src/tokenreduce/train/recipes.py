@@ -186,8 +186,7 @@ def _free_init() -> str:
 RECIPES["scenes-vit-free"] = {
     "description": "the class-token-free variant of the scene reference (study saint, bed scenes_free): scenes-vit "
                    "without its class token, the head on the mean of the normed tokens "
-                   "(models.variants.without_class_token), fine-tuned one pass over a fixed part of the training "
-                   "scenes (what fit the sitting's CPU time, not a full epoch); its checkpoint ships with the package",
-    **_SCENES, "init": _free_init, "epochs": 1, "lr": 3e-4, "warmup_epochs": 0.1, "subset": 19200, "ckpt_every": 25,
+                   "(models.variants.without_class_token), fine-tuned one epoch; its checkpoint ships with the package",
+    **_SCENES, "init": _free_init, "epochs": 1, "lr": 3e-4, "warmup_epochs": 0.1,
 }
 check_recipe("scenes-vit-free", RECIPES["scenes-vit-free"])
