@@ -226,6 +226,84 @@ def test_verdicts_decide_on_holm_within_the_study_and_bh_over_the_report():
     assert mine[0].verdict.word == "reproduced" and mine[0].verdict.p()[0] < 0.05 / 3
 
 
+def _own(claim: str, arm: str, **kw):
+    """An exploratory claim: its source names the contrast as this project's own."""
+    from tokenreduce.study import Expect
+    from tokenreduce.study.declare import OWN
+
+    return Expect(claim, f"synthetic, {OWN} reading", arm=arm, baseline="a", metric="m", **kw)
+
+
+def test_an_exploratory_claim_shows_its_raw_p_and_interval_and_never_a_verdict_word():
+    from tokenreduce.study import Expect
+    from tokenreduce.study.tables import EXPLORATORY, judge, p_text, verdict_table, word
+
+    up, down = _own("b above a", "b", direction=1), _own("c above a", "c", direction=1, effect=5.0)
+    study = _study([up, down, Expect("d above a", "s", arm="b", baseline="a", metric="m", direction=1)])
+    runs = _runs({"a": [0, 0, 0], "b": [4.0, 4.1, 3.9], "c": [-3.0, -3.2, -2.9]}, git="0123abc-dirty")
+    judged = judge([(study, runs)]).judged[study.key]
+    assert not up.confirmatory and judged[2].expect.confirmatory
+    for j in judged[:2]:  # decided by their raw p these would read reproduced / contradicted (and provisional)
+        raw = j.verdict.p()[0]
+        assert raw < 0.001 and word(j) == EXPLORATORY and p_text(j) == f"{raw:.3g} / -"
+        assert j.verdict.interval is not None and not any(w in j.why for w in ("reproduced", "contradicted",
+                                                                               "provisional", "adjusted"))
+    assert word(judged[2]) == "provisional (uncommitted code)"  # the confirmatory one, from the same records
+    table = "\n".join(verdict_table(study, runs))
+    assert table.count(f"**{EXPLORATORY}**") == 2 and "**reproduced**" not in table and "**contradicted**" not in table
+    assert "Claims of study synthetic in this test bed: 1 confirmatory and 2 exploratory." in table
+
+
+def test_adding_or_removing_an_exploratory_claim_leaves_every_confirmatory_adjusted_p_as_it_was():
+    from tokenreduce.study import Expect
+    from tokenreduce.study.tables import judge
+
+    confirmed = [Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
+                 Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=5.0)]
+    other = _study([Expect("c above b", "s", arm="c", baseline="b", metric="m", direction=1)], name="other")
+    runs = _runs({"a": [0, 0, 0], "b": [1.0, 1.1, 0.9], "c": [3.0, 1.0, 2.2]})
+
+    def adjusted(own: list) -> dict:
+        judgement = judge([(_study([*own[:1], *confirmed, *own[1:]]), runs), (other, runs)])
+        return {(key, j.claim): j.verdict.adjusted for key, js in judgement.judged.items() for j in js
+                if j.expect.confirmatory}
+
+    alone = adjusted([])
+    assert len(alone) == 3 and max(a for v in alone.values() for a in v) < 1  # the families adjust something
+    for own in ([_own("b below a", "b", direction=-1)],  # decided alone by its raw p (0.001), before and after
+                [_own("b below a", "b", direction=-1), _own("c above b", "c", direction=1, effect=1.0)]):
+        assert adjusted(own) == alone
+
+
+def test_the_family_sizes_equal_the_confirmatory_tests():
+    from tokenreduce.study import Expect
+    from tokenreduce.study.tables import judge
+
+    one = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
+                  Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=5.0),
+                  _own("c below b", "c", direction=-1), _own("c above a, own", "c", direction=1, effect=1.0)])
+    other = _study([_own("c above b", "c", direction=1)], name="other")  # exploratory only: no family
+    runs = _runs({"a": [0, 0, 0], "b": [1.0, 1.1, 0.9]})  # c not run: its confirmatory tests wait at p = 1
+    judgement = judge([(one, runs), (other, runs)])
+    assert judgement.holm == {"synthetic": 3} and judgement.bh == 3 and judgement.waiting == {"synthetic": 2}
+
+
+def test_the_studies_declare_exploratory_exactly_their_own_contrasts():
+    """The designation, read from each claim's source: this project's readings of ImagePiece and its random
+    floors where the paper has none (PiToMe, SAINT, the representation shift) are exploratory, the rest
+    confirmatory."""
+    from collections import Counter
+
+    from tokenreduce.study.declare import get_study, list_studies
+
+    own = Counter(name for name in list_studies() for e in get_study(name).expect if not e.confirmatory)
+    assert own == {"imagepiece": 3, "pitome": 2, "saint": 7}
+    texts = [e.claim for name in list_studies() for e in get_study(name).expect if not e.confirmatory]
+    assert [t for t in texts if "beats the random pruner" not in t and "than by the random pruner" not in t] == \
+        ["proportional attention helps ImagePiece", "spatial A/B order beats order by score",
+         "spatial A/B order beats a random order"]
+
+
 def test_a_family_claim_pools_its_members_per_seed():
     from tokenreduce.study import Expect
     from tokenreduce.study.tables import verdict_table, verdicts
@@ -576,3 +654,23 @@ def test_a_verdict_moved_by_its_family_alone_says_so(tmp_path):
     assert "synthetic/any | c above a | -" not in before and "- new: synthetic (any): c above a (all)" in text
     [row] = _rows(text)
     assert row.endswith("| the other tests of its multiplicity family (its own records unchanged) |")
+
+
+def test_an_exploratory_claim_never_enters_the_history_as_a_verdict(tmp_path):
+    """A new exploratory claim gets no entry, whatever its data; one published before as confirmatory gets one
+    entry saying it left the families, and none after, though its records change."""
+    from tokenreduce.study import Expect
+
+    mine = Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1)
+    study = _study([mine, _own("c above a", "c", direction=1)])
+    runs = _runs({"a": [0, 0, 0], "b": [4.0, 4.1, 3.9], "c": [4.0, 4.1, 3.9]})
+    claims = _published(tmp_path, study, runs)[1]
+    assert "synthetic/any | c above a | -" not in claims and len(claims["synthetic/any | b above a | -"]) == 1
+    update, claims, text = _published(tmp_path, _study([_own("b above a", "b", direction=1)]), runs)
+    assert [(e["verdict"], e["p"]) for e in claims["synthetic/any | b above a | -"]] == \
+        [("reproduced", claims["synthetic/any | b above a | -"][0]["p"]), ("exploratory", "-")]
+    [row] = _rows(text)
+    assert row.endswith("| declared exploratory (not a claim of the paper, its review or the issue): it left the "
+                        "families |")
+    runs.update(_runs({"b": [-4.0, -4.1, -3.9]}))
+    assert _published(tmp_path, _study([_own("b above a", "b", direction=1)]), runs)[0] == update

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from ..study.declare import (
     EQUAL_SPEED,
+    OWN,
     TESTBED_TEACHER,
     Arm,
     Axis,
@@ -144,13 +145,13 @@ class ImagePiece(Study):
                "conv_tome", _ADD_ON, effect=0.79, published="+0.79 top-1 on average"),
         _claim("re-tokenization in front of DynamicViT beats DynamicViT alone", "imagepiece_dynamicvit",
                "dynamicvit", "Table 3 (the add-on)"),
-        # this project's readings
+        # this project's readings: exploratory
         _claim("proportional attention helps ImagePiece", "imagepiece", "imagepiece_noprop",
-               "this project's reading (on by default)"),
+               f"{OWN} reading (on by default)"),
         _claim("spatial A/B order beats order by score", "imagepiece", "imagepiece_score",
-               "this project's reading (spatial by default)"),
+               f"{OWN} reading (spatial by default)"),
         _claim("spatial A/B order beats a random order", "imagepiece", "imagepiece_random",
-               "this project's reading (spatial by default)"),
+               f"{OWN} reading (spatial by default)"),
         # the stem
         _claim("conv stem + ImagePiece beats the plain ViT (the paper's comparison)", "conv_imagepiece",
                "patch_none", "Table 1 (DeiT-S)", effect=80.22 - 79.83, published="79.83 -> 80.22 top-1"),

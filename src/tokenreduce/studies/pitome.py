@@ -34,7 +34,7 @@ arms within study.EQUAL_SPEED of each other, else "at its own pick" with both sp
 
 from __future__ import annotations
 
-from ..study.declare import EQUAL_SPEED, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, OWN, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "PiToMe, arXiv 2405.16148"
@@ -80,7 +80,7 @@ def _beats_tome(target: str) -> Expect:
 
 def _beats_random(target: str) -> Expect:
     return Expect(f"at ~{target} MACs PiToMe beats the random pruner at equal MACs ({{at_speed}}), off the shelf",
-                  f"{_SOURCE} (the informed merge against this project's random floor; the paper has none)",
+                  f"{_SOURCE} (the informed merge against {OWN} random floor; the paper has none)",
                   arm=f"pitome-{target}", baseline=f"random-{target}", metric="top1", direction=1, speed=_SPEED)
 
 

@@ -100,6 +100,10 @@ POWER = 0.8
 #: timing noise of one interleaved run on 2 CPU threads allows with ten rounds; a tighter one could not be shown.
 EQUAL_SPEED = 0.1
 EXPECT_KINDS = ("superior", "noninferior", "equivalent")
+#: What a claim's ``source`` says when the contrast is this project's own (its reading of a detail the paper leaves
+#: open, a floor the paper has none of), not a claim of the paper, of its review or of the issue that asked for
+#: the study: such a claim is exploratory (:attr:`Expect.confirmatory`)
+OWN = "this project's"
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class Expect:
     both arms' timings on that measure are shown equivalent within the margin (the text's ``{at_speed}``).
     ``power``: the smallest difference toward the claim its test must detect with :data:`POWER`; the report
     gives the seeds needed at the pilot sd of the same contrast where the grid was first run (:meth:`Study.pilot`).
+    ``source``: whose claim it is; one that names the contrast as :data:`OWN` makes it exploratory.
     """
 
     claim: str
@@ -136,6 +141,12 @@ class Expect:
     power: float | None = None
     #: every claim's level, two-sided (not a field: no claim declares another)
     level = 0.05
+
+    @property
+    def confirmatory(self) -> bool:
+        """A claim of the paper, of its review or of the issue that asked for the study (its ``source`` says
+        whose): tested in the multiplicity families and given a verdict; else exploratory: raw p and interval."""
+        return OWN not in self.source
 
     def __post_init__(self) -> None:
         refusals = {

@@ -25,7 +25,7 @@ from typing import Any
 from . import stats
 from .declare import Expect, Study
 from .records import RecordError
-from .tables import Judged, Judgement, table_head, where_text, word
+from .tables import EXPLORATORY, Judged, Judgement, table_head, where_text, word
 
 #: the history's file name under the results folder
 FILE = "verdicts.json"
@@ -84,17 +84,20 @@ def load(path: Path) -> tuple[int, History]:
 
 
 def entry(study: Study, j: Judged) -> dict[str, Any]:
-    """What the report publishes for ``j`` now, as a history entry without its update number."""
-    p = j.verdict.p("claim") if j.verdict else None
-    return {"verdict": word(j), "p": f"{p[1]:.3g}" if p else "-", "records": j.read,
+    """What the report publishes for ``j`` now, as a history entry without its update number (an exploratory
+    claim: the word "exploratory", no p: it has no verdict)."""
+    p = j.verdict.p("claim") if j.verdict and j.expect.confirmatory else None
+    return {"verdict": word(j) if j.expect.confirmatory else EXPLORATORY, "p": f"{p[1]:.3g}" if p else "-",
+            "records": j.read,
             "statistics": stats.STATS_VERSION, "declared": _declared(j.expect)}
 
 
 def update(update_no: int, claims: History, studies: list[tuple[Study, dict[str, dict]]],
            judgement: Judgement) -> tuple[int, History]:
     """``claims`` with an entry appended for each judged claim whose word differs from its last entry, or that
-    has a verdict and no entry yet (a claim never run is not in the history); the update number is one
-    higher only if something was appended."""
+    has a verdict and no entry yet (a claim never run, or exploratory, is not in the history; one with verdicts
+    from before it was declared exploratory gets one entry saying so); the update number is one higher only if
+    something was appended."""
     out = {k: list(v) for k, v in claims.items()}
     now: dict[str, dict[str, Any]] = {}
     for study, _ in studies:
@@ -105,7 +108,7 @@ def update(update_no: int, claims: History, studies: list[tuple[Study, dict[str,
                                   "distinct text")
             now[key] = entry(study, j)
             if (key in out and out[key][-1]["verdict"] != now[key]["verdict"]) or \
-                    (key not in out and j.verdict is not None):
+                    (key not in out and j.verdict is not None and j.expect.confirmatory):
                 out.setdefault(key, []).append({**now[key], "update": update_no + 1})
     return (update_no + 1, out) if out != claims else (update_no, claims)
 
@@ -126,6 +129,8 @@ def record(path: Path, studies: list[tuple[Study, dict[str, dict]]], judgement: 
 
 
 def _why(before: dict[str, Any], now: dict[str, Any]) -> str:
+    if now["verdict"] == EXPLORATORY:  # its one entry after the verdicts it had: no verdict from here on
+        return "declared exploratory (not a claim of the paper, its review or the issue): it left the families"
     causes = [what for key, what in (("records", "new runs"), ("statistics", "the statistics changed"),
                                      ("declared", "its declared test changed")) if before[key] != now[key]]
     if before["statistics"] != now["statistics"]:
@@ -156,7 +161,8 @@ def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dic
              "has published, appended by `tokenreduce report` when a claim's verdict word changes; its git "
              f"log names the commit of each update), {since}: a verdict moves because of new runs (the records "
              "its test reads changed), because the statistics changed (their version), or, with neither, because "
-             "of the other tests of its multiplicity family.", ""]
+             "of the other tests of its multiplicity family; a claim declared exploratory leaves the families and "
+             "is not judged from then on.", ""]
     lines += moved if len(moved) > 2 else ["No published verdict moved."]
     if len(new) <= LIST_NEW:
         lines += ["", *(f"- new: {s.name} ({s.bed_name}): {j.claim} ({where_text(j.expect.at) or 'all'})"

@@ -137,7 +137,8 @@ def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgem
 METHODS = ("How the verdicts are reached: each claim is a paired contrast (arm minus baseline, paired by seed) "
            "tested by the paired t-test its study declares. " + tables.STATISTICS +
            " Multiplicity: p-values are adjusted by Holm within each study (all its test beds' tests together) "
-           "and by Benjamini-Hochberg over the whole report, each over the tests declared, run or not (a test "
+           "and by Benjamini-Hochberg over the whole report, each over the confirmatory tests declared, run or not (a "
+           "test "
            "not yet run counts at p = 1, so a run that arrives never weakens another verdict); the verdict comes "
            "from the larger adjusted p, the raw p is shown beside it. A claim declared for several methods is also "
            "tested as one family "
@@ -302,7 +303,8 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
     lines = ["# tokenreduce: the studies", "",
              "Built by `tokenreduce report` from the run JSONs stored under `results/<study>/<test bed>/runs/`: every "
              "number below is read from them; a verdict comes only from the test each study declares, at its "
-             "level, with n stated.", "", methods(studies), "", "## Claims", "", *claims_table(studies, judgement), "",
+             "level, with n stated.", "", f"{methods(studies)} Claims: {tables.designation_text(judgement)}.", "",
+             "## Claims", "", *claims_table(studies, judgement), "",
              "## What changed", "", *changed, ""]
     for study, runs in studies:
         lines += study_section(study, runs, root, judgement)

@@ -19,9 +19,11 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .declare import OFF_THE_SHELF, POWER, Axis, Bench, Col, Expect, Measure, Probe, Study
+from .declare import OFF_THE_SHELF, OWN, POWER, Axis, Bench, Col, Expect, Measure, Probe, Study
 
 NOT_RUN = "not run"
+#: what an exploratory claim (:attr:`~.declare.Expect.confirmatory` false) shows in place of a verdict word
+EXPLORATORY = "exploratory"
 
 
 def table_head(headers: list[str]) -> list[str]:
@@ -385,7 +387,8 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
                             "kinds or levels")
         per = [paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at) for e in members]
         seeds = [s for s in planned_seeds(study) if all(s in p for p in per)]
-        fam = Expect(first.family, first.source, arm=f"the mean over {len(members)} claims' arms",
+        source = next((e.source for e in members if not e.confirmatory), first.source)  # one exploratory: all
+        fam = Expect(first.family, source, arm=f"the mean over {len(members)} claims' arms",
                      baseline="their baselines", metric=first.metric, direction=first.direction, at=first.at,
                      margin=first.margin, kind=first.kind, delta=first.delta, why=first.why)
         out.append((fam, {s: statistics.fmean(p[s] for p in per) for s in seeds}, members))
@@ -417,7 +420,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
                 paired(study, runs, e.arm, e.baseline, e.metric, e.at)
             rows.append((study, runs, e, diffs, [], claim_text(study, runs, e)))
         rows += [(study, runs, fam, list(d.values()), m, fam.claim) for fam, d, m in _family_claims(study, runs)]
-    tests = [_test(r[2], r[3]) for r in rows]
+    tests = [_test(r[2], r[3]) if r[2].confirmatory else [] for r in rows]  # the families: confirmatory alone
     names = [r[0].name for r, t in zip(rows, tests, strict=True) for _ in t]
     ps = [h.p for t in tests for h in t]
     adjusted = stats.benjamini_hochberg(ps)
@@ -431,14 +434,19 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     k = 0
     for (study, runs, e, diffs, members, text), t in zip(rows, tests, strict=True):
         adj, k = adjusted[k:k + len(t)], k + len(t)
-        family = holm_sizes[study.name]
+        family = holm_sizes.get(study.name, 0)
         if not diffs:
             what = "'s per-item results" if study.per_item(e) else ""
             judged[study.key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}"
-                                            f"{what}" + _power_text(study, runs, e, None, family), text,
-                                            members=len(members)))
+                                            f"{what}" + (_power_text(study, runs, e, None, family)
+                                                         if e.confirmatory else ""), text, members=len(members)))
             continue
-        v = stats.verdict(diffs, **_declared(e), adjusted=adj)
+        v = stats.verdict(diffs, **_declared(e), adjusted=adj if e.confirmatory else None)
+        if not e.confirmatory:
+            said = "; ".join(f"{h.text} (raw p = {h.p:.3g})" for h in v.tests) or v.why
+            v = replace(v, word=EXPLORATORY, why=f"{EXPLORATORY} (a contrast of {OWN} own, not a claim of the paper, "
+                        f"its review or the issue that asked for the study: outside the multiplicity families, no "
+                        f"verdict): n = {v.n}: {said}")
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
             (None, "the test items are the unit") if by_item(study, e) else \
             (None, "the folds are the unit: a random pruner's mask differs between them") if study.per_item(e) else \
@@ -446,9 +454,9 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
                   f"folds' {v.n} items only" if left else ""
-        why = v.why + dropped + _power_text(study, runs, e, v, family)
+        why = v.why + dropped + (_power_text(study, runs, e, v, family) if e.confirmatory else "")
         uncommitted = _uncommitted(study, runs, members or [e])
-        if uncommitted and v.word != "inconclusive":
+        if uncommitted and v.word not in ("inconclusive", EXPLORATORY):
             why += (f"; provisional: as run it reads {v.label}, but {len(uncommitted)} of the records it reads name "
                     f"no clean commit ({', '.join(uncommitted)}), so it is decided only when re-run from one")
         judged[study.key].append(Judged(e, diffs, v, why, text, items, items_why, len(members), uncommitted,
@@ -515,7 +523,7 @@ def ci_text(j: Judged) -> str:
 def p_text(j: Judged) -> str:
     """The claim's test: raw p, then adjusted."""
     p = j.verdict.p("claim") if j.verdict else None
-    return f"{p[0]:.3g} / {p[1]:.3g}" if p else "-"
+    return "-" if not p else f"{p[0]:.3g} / -" if j.verdict.word == EXPLORATORY else f"{p[0]:.3g} / {p[1]:.3g}"
 
 
 PROVISIONAL = "provisional (uncommitted code)"
@@ -525,7 +533,7 @@ def word(j: Judged) -> str:
     """The verdict as printed: a decided word only where every record the claim reads names a clean commit."""
     if j.verdict is None:
         return NOT_RUN
-    return PROVISIONAL if j.uncommitted and j.verdict.word != "inconclusive" else j.verdict.label
+    return PROVISIONAL if j.uncommitted and j.verdict.word not in ("inconclusive", EXPLORATORY) else j.verdict.label
 
 
 def interval_header(judged: list[Judged]) -> str:
@@ -540,10 +548,18 @@ def _contrast(e: Expect) -> str:
     return f"{what}{e.arm} - {e.baseline} {'>' if e.direction > 0 else '<'} {e.margin:g} on {e.metric}"
 
 
+def designation_text(judgement: Judgement, study: str | None = None) -> str:
+    """How many of the judged claims (of ``study``'s beds, or all) are confirmatory and how many exploratory."""
+    claims = [j.expect for key, js in judgement.judged.items() if study in (None, key.split("/")[0]) for j in js]
+    own = sum(not e.confirmatory for e in claims)
+    return f"{len(claims) - own} confirmatory and {own} exploratory"
+
+
 def adjustment_text(judgement: Judgement, study: Study) -> str:
     m, waiting = judgement.holm.get(study.name, 0), judgement.waiting.get(study.name, 0)
     unrun = f", {waiting} of them not yet run and counted at p = 1" if waiting else ""
-    return (f"Multiplicity: each p is adjusted by Holm over the {m} tests study {study.name} declares{unrun}, and "
+    return (f"Claims of study {study.name} in {judgement.scope}: {designation_text(judgement, study.name)}. "
+            f"Multiplicity: each p is adjusted by Holm over the {m} tests study {study.name} declares{unrun}, and "
             f"by Benjamini-Hochberg over the {judgement.bh} declared tests of {judgement.scope} "
             f"({sum(judgement.waiting.values())} not yet run); the families are fixed by the declarations, so a "
             "run that arrives can only lower another claim's adjusted p. A test rejects only when both adjusted "
@@ -593,7 +609,10 @@ STATISTICS = ("Every claim's test is two-sided at its level (0.05), i.e. each si
               "is the 95% paired t-interval over seeds whose side of the margin decides the claim before "
               "multiplicity. \"equivalent within ±δ\": TOST at a declared ±δ rejects; \"not reproduced\": the "
               "test of H0 Δ = published effect, one-sided toward no effect, rejects; \"inconclusive\": no test "
-              "rejects, which says the data could not tell, not that there is no effect.")
+              "rejects, which says the data could not tell, not that there is no effect. A claim is confirmatory "
+              "when it is its paper's, its review's or that of the issue that asked for the study; one whose source "
+              f"names the contrast as {OWN} own is exploratory: its difference, interval and raw p are shown with "
+              "the word \"exploratory\", never a verdict, and it stays outside the multiplicity families.")
 
 
 # ----------------------------------------------------------------------------- the summary
