@@ -9,7 +9,8 @@ and ``...ForImageClassification`` (register tokens), ``CLIPVisionModel`` and the
 (the attention-pooling head, ``head``, pools the reduced tokens as they are), and their SigLIP 2
 counterparts (``Siglip2VisionModel``, ...: patchified ``pixel_values`` (B, N, C * p * p) with
 ``spatial_shapes`` and ``pixel_attention_mask``; a batch whose images share one grid and carry no
-padding, the padding of mixed sizes being an attention mask). Prefix tokens (class,
+padding, the padding of mixed sizes being an attention mask; :func:`feed` patchifies images as its
+processor does, for whatever feeds images to a model). Prefix tokens (class,
 distillation, registers) come first and are never reduced.
 
 The patch is per instance: the *base* model's ``forward`` (the ``ViTModel`` inside a
