@@ -334,16 +334,13 @@ def test_siglip_compiles_as_one_graph(spec_, images):
 
 
 def siglip2(images: torch.Tensor) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """A tiny Siglip2VisionModel and its inputs for ``images``: patchified as its processor does (row-major
-    patches, each C * p * p values), one 8x8 grid per image, no padding."""
+    """A tiny Siglip2VisionModel and its inputs for ``images``: patchified as its processor does
+    (``hosts.feed``, checked against the processor in tests/test_siglip2.py), one 8x8 grid, no padding."""
     torch.manual_seed(0)
     cfg = transformers.Siglip2VisionConfig(patch_size=4, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
                                            num_patches=64, intermediate_size=256)
-    B = images.shape[0]
-    patches = images.reshape(B, 3, 8, 4, 8, 4).permute(0, 2, 4, 3, 5, 1).reshape(B, 64, 48)
-    inputs = dict(pixel_values=patches, spatial_shapes=torch.tensor([[8, 8]] * B),
-                  pixel_attention_mask=torch.ones(B, 64, dtype=torch.long))
-    return transformers.Siglip2VisionModel(cfg).eval(), inputs
+    model = transformers.Siglip2VisionModel(cfg).eval()
+    return model, hosts.feed(model, images).kwargs
 
 
 @pytest.mark.skipif(not hasattr(transformers, "Siglip2VisionModel"), reason="this transformers has no SigLIP 2")

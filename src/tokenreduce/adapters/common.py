@@ -31,7 +31,8 @@ detached on the patch (the model holds no tensor of an autograd graph between ca
 What an adapter stores on a model must pickle (module-level functions bound with functools.partial, no
 bound methods or closures), so pickle, ``torch.save(model)`` and deepcopy give a patched model again;
 the last forward's record (``Patch.last``) and open captures are not copied. :class:`HostParts` names a
-host's sub-modules for what counts their cost (bench/macs.py).
+host's sub-modules for what counts their cost (bench/macs.py); :class:`Feed` is a batch of images as a
+host's forward takes it.
 """
 
 from __future__ import annotations
@@ -193,6 +194,19 @@ class BlockView:
 
     def mlp_branch(self, x: Tensor) -> Tensor:
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Feed:
+    """A batch of images as a host's forward takes it (each adapter's ``feed``): ``feed(model)`` runs
+    ``model(*args, **kwargs)``. Most hosts take the images themselves; SigLIP 2 takes them patchified,
+    with their grid and a mask (adapters/hf_vit.py)."""
+
+    args: tuple[Tensor, ...]
+    kwargs: dict[str, Tensor] = field(default_factory=dict)
+
+    def __call__(self, model: Callable[..., Any]) -> Any:
+        return model(*self.args, **self.kwargs)
 
 
 @dataclass(frozen=True)

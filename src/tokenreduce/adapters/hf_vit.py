@@ -9,7 +9,8 @@ and ``...ForImageClassification`` (register tokens), ``CLIPVisionModel`` and the
 (the attention-pooling head, ``head``, pools the reduced tokens as they are), and their SigLIP 2
 counterparts (``Siglip2VisionModel``, ...: patchified ``pixel_values`` (B, N, C * p * p) with
 ``spatial_shapes`` and ``pixel_attention_mask``; a batch whose images share one grid and carry no
-padding, the padding of mixed sizes being an attention mask). Prefix tokens (class,
+padding, the padding of mixed sizes being an attention mask; :func:`feed` patchifies images as its
+processor does, for whatever feeds images to a model). Prefix tokens (class,
 distillation, registers) come first and are never reduced.
 
 The patch is per instance: the *base* model's ``forward`` (the ``ViTModel`` inside a
@@ -81,6 +82,7 @@ from .common import (
     ATTR,
     AttentionView,
     BlockView,
+    Feed,
     HostParts,
     Patch,
     PoolCost,
@@ -235,9 +237,15 @@ class Family:
         pe = base.embeddings.patch_embeddings
         return pe, pe.projection
 
-    def grid(self, base: nn.Module, pixel_values: Any, kwargs: dict[str, Any]) -> tuple[int, int]:
-        """The patch grid (gh, gw) of this forward's input (checked: :func:`_grid`)."""
+    def grid(self, base: nn.Module, pixel_values: Any, kwargs: dict[str, Any], bound: tuple[int, int]
+             ) -> tuple[int, int]:
+        """The patch grid (gh, gw) of this forward's input (checked: :func:`_grid`); ``bound``: the grid the
+        reducer is bound to (the last input's)."""
         return _grid(base, pixel_values)
+
+    def feed(self, base: nn.Module, images: Tensor) -> Feed:
+        """Images (B, C, H, W) as the forward takes them: ``pixel_values`` themselves."""
+        return Feed((images,))
 
     def config_grid(self, cfg: Any) -> tuple[int, int]:
         """The patch grid of the config's own image size."""
@@ -342,22 +350,48 @@ class SiglipFamily(CLIPFamily):
 class Siglip2Family(SiglipFamily):
     """Siglip2VisionModel: SiglipFamily's layout, on patchified pixel_values (B, N, C * p * p) embedded by
     a Linear with position embeddings resized to ``spatial_shapes`` (B, 2); the config's grid is the
-    square of ``num_patches``. The input's grid is read from ``spatial_shapes`` (a Python number: a
-    compiled forward is specialised to it); images of other grids in one batch, or padding
-    (``pixel_attention_mask`` with zeros), are refused: they need an attention mask."""
+    square of ``num_patches``. Images of other grids in one batch, or padding (``pixel_attention_mask``
+    with zeros), are refused: they need an attention mask.
 
-    def grid(self, base: nn.Module, pixel_values: Any, kwargs: dict[str, Any]) -> tuple[int, int]:
+    The input's grid is in the values of ``spatial_shapes``, which a compiled graph sees only as a tensor
+    (reading them is a graph break): under torch.compile the grid is the one the reducer is bound to
+    (the config's, or that of the last eager forward) when it holds the input's N patches, else the
+    square one of N; a grid it cannot tell is refused naming the way out (one eager forward at that grid
+    first). The values are then checked inside the graph, as the forward runs (``torch._assert_async``:
+    a RuntimeError carrying the same message)."""
+
+    def grid(self, base: nn.Module, pixel_values: Any, kwargs: dict[str, Any], bound: tuple[int, int]
+             ) -> tuple[int, int]:
         shapes, mask = kwargs.get("spatial_shapes"), kwargs.get("pixel_attention_mask")
         if not isinstance(pixel_values, Tensor) or pixel_values.dim() != 3 or not isinstance(shapes, Tensor):
             raise TokenReduceError("SigLIP 2 takes patchified pixel_values (B, N, C * p * p) with spatial_shapes "
-                                   "(B, 2), as its image processor makes them")
+                                   "(B, 2), as its image processor makes them (tokenreduce.adapters.hosts.feed "
+                                   "makes them from images)")
+        if torch.compiler.is_compiling():
+            return _traced_grid(pixel_values.shape[1], shapes, mask, bound)
         if (shapes != shapes[:1]).any() or (mask is not None and not bool(mask.all())):
-            raise TokenReduceError("token reduction on SigLIP 2 takes a batch of images with one patch grid and no "
-                                   "padding (pixel_attention_mask all ones); batch images of one size together")
+            raise TokenReduceError(_ONE_GRID)
         gh, gw = (int(v) for v in shapes[0])
         if gh * gw != pixel_values.shape[1]:
             raise TokenReduceError(f"spatial_shapes say {gh}x{gw} patches; pixel_values hold {pixel_values.shape[1]}")
         return gh, gw
+
+    def feed(self, base: nn.Module, images: Tensor) -> Feed:
+        """Images (B, C, H, W) patchified as transformers' Siglip2ImageProcessor does it
+        (``convert_image_to_patches``: row-major patches, each p x p x C values, channels last), one
+        grid for the batch and no padding: ``pixel_values`` (B, gh * gw, C * p * p), ``spatial_shapes``
+        (B, 2) and ``pixel_attention_mask`` (B, gh * gw) of ones. H and W are multiples of p (the
+        processor resizes to them; here they are checked)."""
+        p, chans = int(base.config.patch_size), int(base.config.num_channels)
+        if images.dim() != 4 or images.shape[1] != chans or images.shape[2] % p or images.shape[3] % p:
+            raise TokenReduceError(f"SigLIP 2 patchifies images (B, {chans}, H, W) with H and W multiples of its "
+                                   f"patch size {p}; got {tuple(images.shape)}")
+        b, _, h, w = images.shape
+        gh, gw = h // p, w // p
+        patches = images.reshape(b, chans, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1).reshape(b, gh * gw, p * p * chans)
+        shapes = torch.tensor([[gh, gw]] * b, device=images.device)
+        mask = torch.ones(b, gh * gw, dtype=torch.int32, device=images.device)
+        return Feed((), {"pixel_values": patches, "spatial_shapes": shapes, "pixel_attention_mask": mask})
 
     def config_grid(self, cfg: Any) -> tuple[int, int]:
         side = int(cfg.num_patches ** 0.5)
@@ -372,6 +406,27 @@ class Siglip2Family(SiglipFamily):
         # the head's own call with no padding: a mask of ones over the tokens left
         pooled = base.head(seq, x.new_ones(x.shape[:2], dtype=torch.long)) if base.use_head else None
         return _output(last_hidden_state=seq, pooler_output=pooled)
+
+
+_ONE_GRID = ("token reduction on SigLIP 2 takes a batch of images with one patch grid and no padding "
+             "(pixel_attention_mask all ones); batch images of one size together")
+
+
+def _traced_grid(n: int, shapes: Tensor, mask: Tensor | None, bound: tuple[int, int]) -> tuple[int, int]:
+    """Siglip2Family.grid under torch.compile: the grid from the static N (the class docstring), the values
+    of ``spatial_shapes`` and ``pixel_attention_mask`` checked in the graph."""
+    side = int(round(n ** 0.5))
+    grid = bound if bound[0] * bound[1] == n else (side, side)
+    if grid[0] * grid[1] != n:
+        raise TokenReduceError(f"a compiled SigLIP 2 forward cannot read its patch grid from spatial_shapes (a graph "
+                               f"sees their shape, not their values), and {n} patches are no square and not the "
+                               f"{bound[0]}x{bound[1]} grid the reducer is bound to: run the patched model once "
+                               "eagerly on an input of this grid before compiling it")
+    ok = (shapes == shapes.new_tensor(grid)).all()
+    if mask is not None:
+        ok = ok & mask.bool().all()
+    torch._assert_async(ok, f"{_ONE_GRID}; this compiled forward was traced for {grid[0]}x{grid[1]} patches")
+    return grid
 
 
 #: base model class -> its family
@@ -524,6 +579,12 @@ def parts(model: nn.Module) -> HostParts:
     )
 
 
+def feed(model: nn.Module, images: Tensor) -> Feed:
+    """Images (B, C, H, W) as ``model``'s forward takes them (its family's ``feed``: SigLIP 2 patchifies them)."""
+    base, family, _ = _resolve(model)
+    return family.feed(base, images)
+
+
 def _img_size(base: nn.Module, family: Family) -> tuple[int, int]:
     """The config's image size (H, W); SigLIP 2's, which has none, is its grid of patches."""
     cfg = base.config
@@ -561,7 +622,7 @@ def _forward(base: nn.Module, family: Family, patch: Patch, pixel_values: Tensor
             )
     # as transformers' own forward reads it: the keyword, else the config
     return_dict = kwargs.pop("return_dict", getattr(base.config, "return_dict", True))
-    grid = family.grid(base, pixel_values, kwargs)
+    grid = family.grid(base, pixel_values, kwargs, patch.host.grid)
     x = family.embed(base, pixel_values, kwargs)  # (B, p + N0, C), N0 = gh * gw
     x, _ = run_blocks([family.view(layer) for layer in family.layers(base)], x, patch, grid)
     out = family.finish(base, x)

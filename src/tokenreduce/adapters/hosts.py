@@ -2,14 +2,14 @@
 library talks to a host through: ``apply``, ``remove``, ``patched`` (apply for a ``with`` block, then
 undo), ``reapply`` (the patch again with an option or the reducer changed), ``is_patched``,
 ``reducer_of``, ``info`` (what the patch is set to do and the last forward's detached record),
-``capture`` (the live record, for a loss), ``check_host`` and ``parts``. Nothing outside adapters/
-reads the patch record itself.
+``capture`` (the live record, for a loss), ``check_host``, ``parts`` and ``feed`` (a batch of images as
+the model's forward takes it). Nothing outside adapters/ reads the patch record itself.
 
 Each host is one module of adapters/ with the same functions: ``accepts(model)`` (cheap, and
 without importing its library unless the model comes from it: transformers is optional),
-``check_host(model) -> Host``, ``apply``, ``remove``, ``parts(model) -> HostParts``, and its
-``DESCRIPTION``. The first host that accepts a model drives it; a model no host accepts is
-refused with every host's description. Adding a host is adding its module to :data:`HOSTS`.
+``check_host(model) -> Host``, ``apply``, ``remove``, ``parts(model) -> HostParts``,
+``feed(model, images) -> Feed`` and its ``DESCRIPTION``. The first host that accepts a model drives it;
+a model no host accepts is refused with every host's description. Adding a host is adding its module to :data:`HOSTS`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from ..core.errors import UnsupportedModelError
 from ..core.method import Host, Reducer
 from ..core.schedule import Schedule
-from .common import ATTR, Capture, Forward, HostParts, get_patch
+from .common import ATTR, Capture, Feed, Forward, HostParts, get_patch
 
 #: host name -> its adapter module, asked in this order.
 HOSTS = {"timm": "tokenreduce.adapters.timm_vit", "transformers": "tokenreduce.adapters.hf_vit"}
@@ -51,6 +51,12 @@ def check_host(model: nn.Module) -> Host:
 def parts(model: nn.Module) -> HostParts:
     """``model``'s sub-modules under host-neutral names (what bench/macs.py counts)."""
     return adapter(model).parts(model)
+
+
+def feed(model: nn.Module, images: Tensor) -> Feed:
+    """Images (B, C, H, W) as ``model``'s forward takes them, patched or not: ``feed(model, x)(model)`` runs
+    it (one home for what a host's input is: every command that feeds images to a model goes through it)."""
+    return adapter(model).feed(model, images)
 
 
 def apply(model: nn.Module, spec: str | Reducer, *, trace: bool = False, dense: bool = False) -> nn.Module:
@@ -202,5 +208,5 @@ def find_info(model: nn.Module) -> Info | None:
     return info(model) if is_patched(model) else None
 
 
-__all__ = ["HOSTS", "Capture", "Info", "adapter", "apply", "capture", "check_host", "find_info", "info", "is_patched",
-           "parts", "patched", "reapply", "reducer_of", "remove"]
+__all__ = ["HOSTS", "Capture", "Feed", "Info", "adapter", "apply", "capture", "check_host", "feed", "find_info",
+           "info", "is_patched", "parts", "patched", "reapply", "reducer_of", "remove"]

@@ -68,6 +68,7 @@ from .common import ATTR as _ATTR
 from .common import (
     AttentionView,
     BlockView,
+    Feed,
     HostParts,
     Patch,
     PoolCost,
@@ -343,6 +344,11 @@ def parts(model: nn.Module) -> HostParts:
         heads=tuple(h for h in (model.head, getattr(model, "head_dist", None)) if h is not None),
         prefix=tuple((kind, n) for kind, n in prefix if n), pool=_pool_cost(model.attn_pool),
     )
+
+
+def feed(model: nn.Module, images: Tensor) -> Feed:
+    """Images (B, C, H, W) as ``model``'s forward takes them: the images themselves."""
+    return Feed((images,))
 
 
 def _pool_cost(pool: nn.Module | None) -> PoolCost | None:

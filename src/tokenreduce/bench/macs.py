@@ -19,7 +19,8 @@ Linear sizes are read from the modules themselves (qkv, proj, every nn.Linear of
 GLU MLPs and non-standard widths are counted as they are; the modules are the host's own, named
 by its adapter (``adapters.hosts.parts``: a fused qkv Linear or separate q, k, v ones). Once per image:
 
-    stem  = patches * in_chans * ph * pw * D   (the patch-embedding convolution)
+    stem  = patches * in_chans * ph * pw * D   (the patch-embedding convolution, or SigLIP 2's Linear on
+                                                patchified images)
     head  = D * num_classes                    (every head the host has: a distillation head, a pooler)
 
 Scoring, only in blocks where the schedule is active: what the reducer declares,
@@ -27,7 +28,9 @@ Scoring, only in blocks where the schedule is active: what the reducer declares,
 (core.method.NEED_MACS) plus its own scoring (a matching, a learned predictor). This module knows
 no method. Norms, softmax, GELU, residual adds, gathers and weighted sums are not MACs and are not
 counted - the convention of torch.utils.flop_counter, which :func:`flop_counter_macs` runs on a real
-forward for cross-checking (FLOPs / 2 = MACs).
+forward for cross-checking (FLOPs / 2 = MACs). One difference: SigLIP 2's resize of its position
+embeddings to the input's grid, which transformers computes as an (N, G) x (G, D) matmul (G: its
+embedding grid), the counter sees and this module does not (an interpolation, the same in every case).
 """
 
 from __future__ import annotations
@@ -118,6 +121,9 @@ def _stem_macs(model: nn.Module, shape: tuple[int, int, int]) -> tuple[int, int]
         ph, pw = proj.stride
         patches = (shape[1] // ph) * (shape[2] // pw)
         return patches * (proj.in_channels // proj.groups) * ph * pw * proj.out_channels, patches
+    if isinstance(proj, nn.Linear) and proj is pe:  # a Linear on patchified images (SigLIP 2): in_features = C p p
+        patches = shape[0] * shape[1] * shape[2] // proj.in_features
+        return patches * proj.in_features * proj.out_features, patches
     # An alternative stem (e.g. the local-coherence conv stem) has no closed form here; its cost
     # does not depend on the reduction, so measuring it once is as good as deriving it.
     ref = next(model.parameters())
@@ -208,7 +214,7 @@ def flop_counter_macs(model: nn.Module, img_size: int | tuple[int, int] | None =
         for p in trainable:
             p.requires_grad_(False)
         with torch.inference_mode(), _flop_mode() as fc:
-            model(x)
+            hosts.feed(model, x)(model)
     finally:
         model.train(was_training)
         for p in trainable:

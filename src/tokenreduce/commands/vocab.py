@@ -176,7 +176,8 @@ def add_model_source(p: argparse.ArgumentParser) -> None:
     _add(p, "--hf-config", metavar="PATH|NAME",
          help="a transformers model instead of --model: a folder holding config.json (as save_pretrained writes "
          "it; --pretrained loads its weights) or a built-in config (vit-tiny, deit-tiny, dinov2-tiny, clip-tiny, "
-         "vit-small); needs the hf extra")
+         "siglip2-tiny, vit-small); a SigLIP 2 tower is fed its images patchified as its processor does it; "
+         "needs the hf extra")
     add_img_size(p)
     add_pretrained(p)
     add_weights(p)

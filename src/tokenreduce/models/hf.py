@@ -26,6 +26,9 @@ BUILTIN: dict[str, tuple[str, dict[str, Any]]] = {
     "deit-tiny": ("DeiTConfig", {**_TINY, "intermediate_size": 256, "num_labels": 10}),
     "dinov2-tiny": ("Dinov2Config", {**_TINY, "mlp_ratio": 4, "num_labels": 10}),
     "clip-tiny": ("CLIPVisionConfig", {**_TINY, "intermediate_size": 256}),
+    # SigLIP 2's tower takes patchified images of any grid; num_patches is its position-embedding grid (8x8)
+    "siglip2-tiny": ("Siglip2VisionConfig", {**{k: v for k, v in _TINY.items() if k != "image_size"},
+                                             "num_patches": 64, "intermediate_size": 256}),
     # timm's deit_small_patch16_224 / vit_small_patch16_224 in transformers' ViT: 12 layers, width 384,
     # 6 heads, 224 px, patch 16, exact GELU, LayerNorm eps 1e-6 (transformers' default is 1e-12)
     "vit-small": ("ViTConfig", {"image_size": 224, "patch_size": 16, "hidden_size": 384, "num_hidden_layers": 12,
@@ -40,6 +43,7 @@ MODEL_CLASSES = {
     "dinov2_with_registers": "Dinov2WithRegistersForImageClassification",
     "clip_vision_model": "CLIPVisionModel",
     "clip": "CLIPForImageClassification",
+    "siglip2_vision_model": "Siglip2VisionModel",
 }
 
 
@@ -86,7 +90,11 @@ def build_hf_model(source: str, *, img_size: int | None = None, pretrained: bool
         raise TokenReduceError(f"config model_type {config.model_type!r} is not one tokenreduce drives; "
                                f"supported: {', '.join(MODEL_CLASSES)}")
     if img_size is not None:
-        getattr(config, "vision_config", config).image_size = img_size
+        vision = getattr(config, "vision_config", config)
+        if not hasattr(vision, "image_size"):  # SigLIP 2: bench and inspect feed it the grid of num_patches
+            raise TokenReduceError(f"--img-size: a {type(vision).__name__} has no image size (its grid is "
+                                   "num_patches); leave --img-size out, or set num_patches in its config.json")
+        vision.image_size = img_size
     cls = getattr(transformers, cls_name)
     if not pretrained:
         return cls(config).eval()
