@@ -83,7 +83,7 @@ def load(path: Path) -> tuple[int, History]:
     return doc["update"], doc["claims"]
 
 
-def entry(study: Study, j: Judged) -> dict[str, Any]:
+def entry(j: Judged) -> dict[str, Any]:
     """What the report publishes for ``j`` now, as a history entry without its update number."""
     p = j.verdict.p("claim") if j.verdict else None
     return {"verdict": word(j), "p": f"{p[1]:.3g}" if p else "-", "records": j.read,
@@ -103,7 +103,7 @@ def update(update_no: int, claims: History, studies: list[tuple[Study, dict[str,
             if key in now:
                 raise RecordError(f"study {study.key}: two claims share the history key {key!r}; give one a "
                                   "distinct text")
-            now[key] = entry(study, j)
+            now[key] = entry(j)
             if (key in out and out[key][-1]["verdict"] != now[key]["verdict"]) or \
                     (key not in out and j.verdict is not None):
                 out.setdefault(key, []).append({**now[key], "update": update_no + 1})
@@ -126,10 +126,10 @@ def record(path: Path, studies: list[tuple[Study, dict[str, dict]]], judgement: 
 
 
 def _why(before: dict[str, Any], now: dict[str, Any]) -> str:
-    causes = [what for key, what in (("records", "new runs"), ("statistics", "the statistics changed"),
-                                     ("declared", "its declared test changed")) if before[key] != now[key]]
-    if before["statistics"] != now["statistics"]:
-        causes[causes.index("the statistics changed")] += f" (version {before['statistics']} -> {now['statistics']})"
+    causes = [what for key, what in (
+        ("records", "new runs"),
+        ("statistics", f"the statistics changed (version {before['statistics']} -> {now['statistics']})"),
+        ("declared", "its declared test changed")) if before[key] != now[key]]
     return " and ".join(causes) or "the other tests of its multiplicity family (its own records unchanged)"
 
 

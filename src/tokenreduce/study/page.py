@@ -22,10 +22,10 @@ from .tables import NOT_RUN, Judgement, judge, measured, summary, word
 
 
 def provenance_text(runs: dict[str, dict]) -> str:
-    """The versions, machines and revisions the runs record (old runs: ``run``; new: ``provenance``)."""
+    """The versions, machines and revisions the runs' ``provenance`` records."""
     seen: dict[str, set[str]] = {"tokenreduce git": set(), "torch": set(), "timm": set(), "machine": set()}
     for doc in runs.values():
-        prov = doc.get("provenance") or doc.get("run") or {}
+        prov = doc.get("provenance") or {}
         seen["tokenreduce git"].add(str(prov.get("git_revision", prov.get("git")) or "not recorded"))
         for lib in ("torch", "timm"):
             seen[lib].add(str(prov.get(lib)))
@@ -122,8 +122,8 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
 
 
 def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> list[str]:
-    lines = ["| study | claim | where | source | published | measured here (Δ) | 95% t-interval | p raw / adjusted | "
-             "verdict | test bed |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", "95% t-interval",
+                               "p raw / adjusted", "verdict", "test bed"])
     for study, _ in studies:
         for j in judgement.judged[study.key]:
             e = j.expect
@@ -242,11 +242,10 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     deit = get_study("deit_bench")()
     bench = _stored(root, deit).get("deit_small")
     if bench is not None:
-        p = bench["provenance"] if "provenance" in bench else bench["result"].get("provenance", {})
-        lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on {p.get('cpu')}, "
-                      f"{bench['result']['settings'].get('batch')} images a batch "
+        lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on "
+                      f"{bench['provenance'].get('cpu')}, {bench['result']['settings'].get('batch')} images a batch "
                       "([`tokenreduce study deit_bench`](results/REPORT.md)):", "",
-                  "| spec | speed-up b32 | speed-up b1 | vs random at its counts b32 |", "|---|---|---|---|"]
+                  *tables.table_head(["spec", "speed-up b32", "speed-up b1", "vs random at its counts b32"])]
         for row in bench["result"]["results"]:
             if row["kind"] == "method":
                 lines.append(f"| `{row['label']}` | {row['speedup']:.2f} | {row['latency_speedup']:.2f} | "

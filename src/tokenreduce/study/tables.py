@@ -237,9 +237,9 @@ def item_pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[A
 
 def revision_gap(doc: dict[str, Any]) -> str:
     """What keeps a record from naming the committed code that made it: "dirty" (a git revision ending
-    ``-dirty``: made from uncommitted changes), "none" (no revision recorded: its ``provenance`` / ``run``
-    and its metrics' provenance name none), or "" (a clean commit)."""
-    prov = doc.get("provenance") or doc.get("run") or {}
+    ``-dirty``: made from uncommitted changes), "none" (no revision recorded: its ``provenance`` and its
+    metrics' provenance name none), or "" (a clean commit)."""
+    prov = doc.get("provenance") or {}
     inner = doc.get("metrics", {}).get("provenance", {}) if isinstance(doc.get("metrics"), dict) else {}
     revs = [str(r) for r in (prov.get("git_revision", prov.get("git")), inner.get("git")) if r]
     return "dirty" if any(r.endswith("-dirty") for r in revs) else "" if revs else "none"
