@@ -25,7 +25,7 @@ from typing import Any
 from . import stats
 from .declare import Expect, Study
 from .records import RecordError
-from .tables import Judged, Judgement, table_head, where_text, word
+from .tables import Judged, Judgement, table_head, test_keywords, where_text, word
 
 #: the history's file name under the results folder
 FILE = "verdicts.json"
@@ -45,9 +45,8 @@ def _digest(text: str) -> str:
 
 
 def _declared(e: Expect) -> str:
-    """The digest of what ``e``'s test is: its contrast, metric, kind, direction, margin, level, effect, δ."""
-    return _digest(json.dumps([e.arm, e.baseline, e.metric, e.kind, e.direction, e.margin, e.level, e.effect,
-                               e.delta], sort_keys=True))
+    """The digest of what ``e``'s test is: its contrast, metric and :func:`~.tables.test_keywords`."""
+    return _digest(json.dumps([e.arm, e.baseline, e.metric, *test_keywords(e).values()], sort_keys=True))
 
 
 def _claims_digest(claims: History) -> str:

@@ -17,10 +17,10 @@ AXIS = "steps"
 
 
 def implicit_length(study: Study) -> Any | None:
-    """The fine-tune length of a claim that names none (the length axis's implicit value, else its first);
-    None for a study without the axis."""
+    """The fine-tune length of a claim that names none (the length axis's implicit value, studies/beds.py
+    ``LENGTH``); None for a study without the axis."""
     a = axis(study, AXIS)
-    return None if a is None else a.implicit if a.implicit is not None else a.values[0]
+    return None if a is None else a.implicit
 
 
 def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]]]:

@@ -93,7 +93,7 @@ def as_run(study: Study, runs: dict[str, dict]) -> str:
     return f"as run: {'; '.join(parts)} of training wall time summed"
 
 
-def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Judgement | None = None) -> list[str]:
+def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Judgement) -> list[str]:
     slug = study.key.replace("/", "-")
     lines = [f"## {study.title or study.name}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
              f"- test bed `{study.bed_name}`: {study.bed.text()}" if study.arms else
@@ -116,8 +116,7 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
         lines += ["", f"![{slug}](figures/{fig.name})"]
     body = "\n" + summary(study, runs, judgement)  # its headings one level down, under the study's
     body = body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ")
-    judged = judgement.judged[study.key] if judgement else tables.verdicts(study, runs)
-    return [*lines, body, *lengths.section(study, runs, judged, root, slug),
+    return [*lines, body, *lengths.section(study, runs, judgement.judged[study.key], root, slug),
             *([f"[^{slug}]: Provenance: {note}", ""] if note else [])]
 
 

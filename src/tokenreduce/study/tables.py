@@ -392,8 +392,8 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
     return out
 
 
-def _declared(e: Expect) -> dict[str, Any]:
-    """The keywords of ``e``'s tests (stats.hypotheses, stats.verdict)."""
+def test_keywords(e: Expect) -> dict[str, Any]:
+    """The keywords of ``e``'s tests (stats.hypotheses, stats.verdict): what its test is, beside its contrast."""
     return {"kind": e.kind, "direction": e.direction, "margin": e.margin, "level": e.level, "effect": e.effect,
             "delta": e.delta}
 
@@ -402,8 +402,8 @@ def _test(e: Expect, diffs: list[float]) -> list[stats.Hypothesis]:
     """The tests ``e`` declares, on ``diffs``; a claim not yet testable keeps its place in the family with each
     test at p = 1, so the family is the declared one: Holm and Benjamini-Hochberg are monotone in every p, so
     a run that arrives later can only lower the other claims' adjusted p-values."""
-    return stats.hypotheses(diffs, **_declared(e)) or \
-        [replace(h, p=1.0) for h in stats.hypotheses([0.0, 1.0], **_declared(e))]
+    return stats.hypotheses(diffs, **test_keywords(e)) or \
+        [replace(h, p=1.0) for h in stats.hypotheses([0.0, 1.0], **test_keywords(e))]
 
 
 def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report") -> Judgement:
@@ -438,7 +438,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
                                             f"{what}" + _power_text(study, runs, e, None, family), text,
                                             members=len(members)))
             continue
-        v = stats.verdict(diffs, **_declared(e), adjusted=adj)
+        v = stats.verdict(diffs, **test_keywords(e), adjusted=adj)
         items, items_why = (None, "a family claim: seeds as the unit") if members else \
             (None, "the test items are the unit") if by_item(study, e) else \
             (None, "the folds are the unit: a random pruner's mask differs between them") if study.per_item(e) else \
@@ -567,25 +567,25 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
             if j.members else ""
         lines.append(f"- {j.claim} ({where_text(e.at) or 'all'}){pooled}: {j.why}.{why}")
     lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
-    per_item = [j for j in judged if j.verdict and by_item(study, j.expect)]
-    per_fold = [j for j in judged if j.verdict and study.per_item(j.expect) and not by_item(study, j.expect)]
-    without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members
-                      and not study.per_item(j.expect)})
-    if per_item:
-        lines += ["", f"Per-item claims ({len(per_item)}): arms evaluated off the shelf, where the seeds are disjoint "
-                      "folds of the test items; their test and t-interval are over the per-item differences of all "
-                      "folds (n = the test items), which is the sampling such a claim has."]
-    if per_fold:
-        lines += ["", f"Per-fold claims ({len(per_fold)}): off the shelf too, but an arm is the random pruner, whose "
-                      "mask differs from fold to fold; the item-level test would leave that variance out, so their "
-                      "test and t-interval are over the folds' paired differences (n = the folds)."]
-    if without:
-        lines += ["", f"Intervals: {'; '.join(without)}, so the t-interval "
-                      "over seeds is the only interval; it leaves out test-item sampling (every seed is scored "
-                      "on the same test items)."]
-    return lines
+    ran = [j for j in judged if j.verdict]
+    per_item = sum(by_item(study, j.expect) for j in ran)
+    said = {"per_item": per_item, "per_fold": sum(study.per_item(j.expect) for j in ran) - per_item,
+            "without": "; ".join(sorted({j.items_why for j in ran if j.items is None and not j.members
+                                         and not study.per_item(j.expect)}))}
+    return lines + [line for key, text in UNITS.items() if said[key] for line in ("", text.format(said[key]))]
 
 
+#: the notes under a verdict table on the unit each claim's test and interval are over, by what they count
+UNITS = {
+    "per_item": "Per-item claims ({}): arms evaluated off the shelf, where the seeds are disjoint folds of the test "
+                "items; their test and t-interval are over the per-item differences of all folds (n = the test "
+                "items), which is the sampling such a claim has.",
+    "per_fold": "Per-fold claims ({}): off the shelf too, but an arm is the random pruner, whose mask differs from "
+                "fold to fold; the item-level test would leave that variance out, so their test and t-interval are "
+                "over the folds' paired differences (n = the folds).",
+    "without": "Intervals: {}, so the t-interval over seeds is the only interval; it leaves out test-item sampling "
+               "(every seed is scored on the same test items).",
+}
 #: how every verdict table's tests were run, in words
 STATISTICS = ("Every claim's test is two-sided at its level (0.05), i.e. each side one-sided at "
               "0.025, so \"reproduced\" and \"contradicted\" together keep 0.05; one-sided p-values (TOST, the "
