@@ -174,12 +174,6 @@ def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
 HEADLINE = ("<!-- report:headline -->", "<!-- /report:headline -->")
 
 
-def _row_arm(row: dict[str, Any]) -> str | None:
-    """The arm a fine-tuned row of a measure stands for (its runs' ids, seed dropped)."""
-    ids = {r["run"].rsplit("-s", 1)[0] for r in row.get("runs", []) if r.get("run")}
-    return ids.pop() if len(ids) == 1 else None
-
-
 def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     """The README's tables, read from the records: each baseline's 1.5x and 2x pick on the scene bed
     (the study ``baselines``, its ``final`` measure and its runs) with each contrast's interval and verdict
@@ -191,11 +185,8 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
     judgement = judgement or judge([(study, runs)], scope="this test bed")
     prov = final["provenance"]
-    speed: dict[str, list[dict[str, Any]]] = {}  # a random pick's seeds are rows of their own: one line, the median
-    for row in final["result"]["results"]:
-        arm = _row_arm(row)
-        if row["kind"] == "fine-tuned" and arm is not None and not arm.startswith("random~"):
-            speed.setdefault(arm, []).append(row)
+    # each pick's rows (a random pick's seeds are rows of their own): one line, the median
+    speed = {arm: rows for arm, rows in tables.arm_rows(study, runs, "final").items() if not arm.startswith("random~")}
     judged = {(j.expect.arm, j.expect.baseline, str(j.expect.at)): j for j in judgement.judged[study.key]
               if not j.members}
 
@@ -217,7 +208,7 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
 
     # the longer fine-tunes with a paired record: a column each, so a verdict that turns with training shows here
     axis = tables.axis(study, lengths.AXIS)
-    longer = [s for s in (axis.values if axis else ()) if s != axis.implicit
+    longer = [s for s in axis.values if s != axis.implicit
               and any(diff(arm, {lengths.AXIS: s}) != "-" for arm in speed)]
     lines = [f"Each method's pick nearest 1.5x and 2x speed-up on the scene test bed: chosen once by a measured "
              f"budget search on an earlier 2-core machine (not recorded; the picks are fixed in the study), so a "

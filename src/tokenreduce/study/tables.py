@@ -306,7 +306,7 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
     return stats.crossed_interval([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
 
 
-def _arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, list[dict]]:
+def arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, list[dict]]:
     """Arm -> its rows in the record of ``measure``: of its fine-tuned runs, or, for an arm evaluated off the
     shelf (``Arm.kind`` off_the_shelf), the training-free row of its spec (at seed 0's pattern)."""
     doc, arm_of = runs.get(measure), {p.id: p.arm for p in study.points()}
@@ -354,7 +354,7 @@ def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
     if e.speed is None:
         return e.claim
     measure, margin = e.speed
-    mine, rows = _arm_rows(study, runs, measure), (runs.get(measure) or {}).get("result", {}).get("results", [])
+    mine, rows = arm_rows(study, runs, measure), (runs.get(measure) or {}).get("result", {}).get("results", [])
     rounds = [[_round_speedups(r, rows) for r in mine.get(arm, [])] for arm in (e.arm, e.baseline)]
     if not all(got and all(g is not None for g in got) for got in rounds):
         return e.claim.format(at_speed=f"at its own pick (no per-round timings of both arms in the {measure} "
