@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..bench.report import write_text
 from . import stats
 from .declare import Expect, Study
 from .records import RecordError
@@ -109,18 +110,12 @@ def update(update_no: int, claims: History, studies: list[tuple[Study, dict[str,
     return (update_no + 1, out) if out != claims else (update_no, claims)
 
 
-def write(path: Path, update_no: int, claims: History) -> Path:
-    """The history, atomically, in a fixed layout (sorted keys), so the same history gives the same bytes."""
-    from ..bench.report import write_text
-
-    doc = {"update": update_no, "digest": _claims_digest(claims), "claims": claims}
-    return write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-
-
 def record(path: Path, studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> tuple[int, History]:
-    """Read the history at ``path``, append what ``judgement`` publishes differently, write it back."""
+    """Read the history at ``path``, append what ``judgement`` publishes differently, write it back (atomically,
+    sorted keys: the same history gives the same bytes)."""
     update_no, claims = update(*load(path), studies, judgement)
-    write(path, update_no, claims)
+    doc = {"update": update_no, "digest": _claims_digest(claims), "claims": claims}
+    write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return update_no, claims
 
 

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..bench.report import write_text
 from ..core.errors import TokenReduceError
 from . import history, lengths, tables
 from .declare import Study, get_study, list_studies
@@ -245,8 +246,6 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
 
 def write_headline(readme: Path, lines: list[str]) -> Path:
     """Put ``lines`` between the README's :data:`HEADLINE` markers (the rest of the file unchanged)."""
-    from ..bench.report import write_text
-
     text = readme.read_text()
     start, end = text.find(HEADLINE[0]), text.find(HEADLINE[1])
     if start < 0 or end < start:
@@ -278,8 +277,6 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
     runs, and with ``readme`` its generated tables (:func:`headline`), after appending what moved to the verdict
     history ``root``/verdicts.json (study/history.py; a broken history stops it before anything is written);
     returns REPORT.md's path."""
-    from ..bench.report import write_text
-
     root = Path(root)
     studies, judgement = judged_results(root, names)
     changed = history.what_changed(*history.record(root / history.FILE, studies, judgement), studies, judgement)
