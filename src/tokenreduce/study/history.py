@@ -128,7 +128,7 @@ def _why(before: dict[str, Any], now: dict[str, Any]) -> str:
 
 
 def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dict[str, dict]]],
-                 judgement: Judgement, name: str = FILE) -> list[str]:
+                 judgement: Judgement) -> list[str]:
     """The report's "What changed": the latest update of the history (see the module docstring)."""
     if not update_no:
         return ["No verdict published yet."]
@@ -146,7 +146,7 @@ def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dic
                          f"{b['verdict']} (adjusted p {b['p']}) | **{n['verdict']}** (adjusted p {n['p']}) | "
                          f"{_why(b, n)} |")
     since = "the history starts here" if update_no == 1 else f"against update {update_no - 1}"
-    lines = [f"Update {update_no} of the verdict history (`{name}` beside this page: every verdict the report "
+    lines = [f"Update {update_no} of the verdict history (`{FILE}` beside this page: every verdict the report "
              "has published, appended by `tokenreduce report` when a claim's verdict word changes; its git "
              f"log names the commit of each update), {since}: a verdict moves because of new runs (the records "
              "its test reads changed), because the statistics changed (their version), or, with neither, because "

@@ -62,7 +62,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
         stds = [s.std or 0.0 for s in done]
         xs = [j + i * width for j in range(len(splits))]
         ax.bar(xs, means, width, yerr=stds, capsize=3, label=arm.label, color=colour)
-    ax.set_xticks([j + width * (len(study.arms) - 1) / 2 for j in range(len(splits))])
+    ax.set_xticks([j + width * (n - 1) / 2 for j in range(len(splits))])
     ax.set_xticklabels([study.split[1].format(v) if study.split else "" for v, _ in splits])
     ax.set_ylabel(header)
     set_title(fig, f"{study.title or study.name}: mean ± std over seeds")

@@ -153,7 +153,8 @@ def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[st
     rows = {n: {r["label"]: r for r in runs[n]["result"]["results"]} for n in benches}
     first = runs[benches[0]]["result"]["results"]
 
-    def pair(r: dict | None, a: str, b: str) -> str:
+    def pair(r: dict | None, paired: bool) -> str:
+        a, b = ("ratio_vs_random", "latency_vs_random") if paired else ("speedup", "latency_speedup")
         return f"{r[a]:.2f} / {r[b]:.2f}" if r and r.get(a) is not None and r.get(b) is not None else ""
 
     lines = table_head([c.header for c in columns])
@@ -161,10 +162,7 @@ def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[st
         if r["kind"] not in ("control", "method"):
             continue
         label = f"control `{r['spec']}`" if r["kind"] == "control" else f"`{r['label']}`"
-        cells = [label]
-        for c in columns[1:]:
-            keys = ("ratio_vs_random", "latency_vs_random") if c.paired else ("speedup", "latency_speedup")
-            cells.append(pair(rows[c.metric].get(r["label"]), *keys))
+        cells = [label, *(pair(rows[c.metric].get(r["label"]), c.paired) for c in columns[1:])]
         lines.append(" ".join(["|", *(f"{c} |" if c else "|" for c in cells)]))
     return lines
 
@@ -291,9 +289,16 @@ def without_items(study: Study, runs: dict[str, dict], e: Expect) -> list[str]:
             if _items(d, e.metric) is None]
 
 
-def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
+def item_interval(study: Study, runs: dict[str, dict], e: Expect,
+                  family: bool = False) -> tuple[tuple[float, float, float] | None, str]:
     """The seeds x items interval of ``e`` (stats.crossed_interval) where every paired seed's two records hold
-    ``e.metric``'s per-item results; else None and why not."""
+    ``e.metric``'s per-item results and its test has the seed as unit; else None and why not."""
+    if family:
+        return None, "a family claim: seeds as the unit"
+    if by_item(study, e):
+        return None, "the test items are the unit"
+    if study.per_item(e):
+        return None, "the folds are the unit: a random pruner's mask differs between them"
     both = _both(study, runs, e.arm, e.baseline, e.at)
     pairs = [item_pair(*both[s], e.metric) for s in paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)]
     if pairs and all(p is None for p in pairs):
@@ -439,10 +444,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
                                             members=len(members)))
             continue
         v = stats.verdict(diffs, **test_keywords(e), adjusted=adj)
-        items, items_why = (None, "a family claim: seeds as the unit") if members else \
-            (None, "the test items are the unit") if by_item(study, e) else \
-            (None, "the folds are the unit: a random pruner's mask differs between them") if study.per_item(e) else \
-            item_interval(study, runs, e)
+        items, items_why = item_interval(study, runs, e, family=bool(members))
         left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
                   f"folds' {v.n} items only" if left else ""
