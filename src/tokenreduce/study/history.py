@@ -26,7 +26,7 @@ from ..bench.report import write_text
 from . import stats
 from .declare import Expect, Study
 from .records import RecordError
-from .tables import Judged, Judgement, table_head, test_keywords, where_text, word
+from .tables import Judged, Judgement, table_head, table_row, test_keywords, where_text, word
 
 #: the history's file name under the results folder
 FILE = "verdicts.json"
@@ -142,9 +142,9 @@ def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dic
                 new.append((study, j))
                 continue
             b, n = entries[-2:]
-            moved.append(f"| {study.name} | {study.bed_name} | {j.claim} | {where_text(e.at) or '-'} | "
-                         f"{b['verdict']} (adjusted p {b['p']}) | **{n['verdict']}** (adjusted p {n['p']}) | "
-                         f"{_why(b, n)} |")
+            moved.append(table_row([study.name, study.bed_name, j.claim, where_text(e.at) or "-",
+                                    f"{b['verdict']} (adjusted p {b['p']})",
+                                    f"**{n['verdict']}** (adjusted p {n['p']})", _why(b, n)]))
     since = "the history starts here" if update_no == 1 else f"against update {update_no - 1}"
     lines = [f"Update {update_no} of the verdict history (`{FILE}` beside this page: every verdict the report "
              "has published, appended by `tokenreduce report` when a claim's verdict word changes; its git "

@@ -127,9 +127,8 @@ def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgem
     for study, _ in studies:
         for j in judgement.judged[study.key]:
             e = j.expect
-            lines.append(f"| {study.name} | {j.claim} | {lengths.point(study, e) or '-'} | {e.source} | "
-                         f"{e.published or '-'} | {measured(j)} | {tables.ci_text(j)} | {tables.p_text(j)} | "
-                         f"**{word(j)}** | {study.bed_name} |")
+            lines.append(tables.table_row([study.name, j.claim, lengths.point(study, e) or "-", e.source,
+                                           e.published or "-", *tables.result_cells(j), study.bed_name]))
     return lines
 
 
@@ -229,7 +228,7 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
         macs, up = (statistics.median(r[k] for r in rows) for k in ("macs_speedup", "speedup"))
         top1 = summarize(tables.values(study, runs, arm, "top1", {})).text()
         cells = [arm, f"{macs:.2f}", f"{up:.2f}", top1, diff(arm, {}), *(diff(arm, {lengths.AXIS: s}) for s in longer)]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(tables.table_row(cells))
     deit = get_study("deit_bench")()
     bench = _stored(root, deit).get("deit_small")
     if bench is not None:
@@ -239,8 +238,8 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
                   *tables.table_head(["spec", "speed-up b32", "speed-up b1", "vs random at its counts b32"])]
         for row in bench["result"]["results"]:
             if row["kind"] == "method":
-                lines.append(f"| `{row['label']}` | {row['speedup']:.2f} | {row['latency_speedup']:.2f} | "
-                             f"{row['ratio_vs_random']:.2f} |")
+                ratios = (row[k] for k in ("speedup", "latency_speedup", "ratio_vs_random"))
+                lines.append(tables.table_row([f"`{row['label']}`", *(f"{r:.2f}" for r in ratios)]))
     return lines
 
 

@@ -11,6 +11,7 @@ import json
 import math
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,11 @@ NOT_RUN = "not run"
 
 def table_head(headers: list[str]) -> list[str]:
     """A markdown table's header and rule lines."""
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return [table_row(headers), "|" + "---|" * len(headers)]
+
+
+def table_row(cells: Iterable[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def _metric(doc: dict[str, Any], metric: str) -> float | None:
@@ -98,7 +103,7 @@ def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[s
 def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dict[str, Any]) -> str:
     docs = arm_runs(study, runs, name, at)
     if not docs:
-        return f"| {label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns)
+        return table_row([label, f"{NOT_RUN}: no run JSON", *[NOT_RUN] * len(study.columns)])
     missing = [s for s in planned_seeds(study) if s not in docs]
     seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
     both = len(docs.keys() & arm_runs(study, runs, study.baseline, at).keys())
@@ -112,14 +117,13 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
     cells = [cell(values(study, runs, name, c.metric, at), len(docs)) if not c.paired else "-"
              if name == study.baseline else cell(paired(study, runs, name, study.baseline, c.metric, at), both)
              for c in study.columns]
-    return f"| {label} | {seeds} | " + " | ".join(cells) + " |"
+    return table_row([label, seeds, *cells])
 
 
 def measure_table(decl: Measure, doc: dict[str, Any]) -> list[str]:
     lines = table_head([c.header for c in decl.columns])
     for r in doc["result"]["results"]:
-        lines.append("| " + " | ".join(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-"
-                                       for c in decl.columns) + " |")
+        lines.append(table_row(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-" for c in decl.columns))
     noise = timing_noise(doc["result"]["results"])
     return [*lines, "", noise] if noise else lines
 
@@ -520,6 +524,11 @@ def p_text(j: Judged) -> str:
     return f"{p[0]:.3g} / {p[1]:.3g}" if p else "-"
 
 
+def result_cells(j: Judged) -> list[str]:
+    """A judged claim's cells in a table of claims: measured, t-interval, p raw / adjusted, the verdict."""
+    return [measured(j), ci_text(j), p_text(j), f"**{word(j)}**"]
+
+
 PROVISIONAL = "provisional (uncommitted code)"
 
 
@@ -559,8 +568,7 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
                         "p raw / adjusted", "verdict"])
     for j in judged:
         e = j.expect
-        lines.append(f"| {j.claim} | {where_text(e.at) or '-'} | {_contrast(e)} | {e.published or '-'} | "
-                     f"{measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** |")
+        lines.append(table_row([j.claim, where_text(e.at) or "-", _contrast(e), e.published or "-", *result_cells(j)]))
     lines.append("")
     for j in judged:
         e = j.expect
