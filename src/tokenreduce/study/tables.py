@@ -539,11 +539,6 @@ def word(j: Judged) -> str:
     return PROVISIONAL if j.uncommitted and j.verdict.word != "inconclusive" else j.verdict.label
 
 
-def interval_header(judged: list[Judged]) -> str:
-    levels = {j.expect.level for j in judged}
-    return f"{100 * (1 - levels.pop()):g}% t-interval" if len(levels) == 1 else "t-interval (1 - level)"
-
-
 def _contrast(e: Expect) -> str:
     if e.kind == "equivalent":
         return f"equivalent: |{e.arm} - {e.baseline}| < {abs(e.margin):g} on {e.metric}"
@@ -564,7 +559,9 @@ def adjustment_text(judgement: Judgement, study: Study) -> str:
 def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> list[str]:
     judgement = judgement or judge([(study, runs)], scope="this test bed")
     judged = judgement.judged[study.key]
-    lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)", interval_header(judged),
+    levels = {j.expect.level for j in judged}
+    interval = f"{100 * (1 - levels.pop()):g}% t-interval" if len(levels) == 1 else "t-interval (1 - level)"
+    lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)", interval,
                         "p raw / adjusted", "verdict"])
     for j in judged:
         e = j.expect
