@@ -22,10 +22,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..bench.report import write_text
 from . import stats
 from .declare import Expect, Study
 from .records import RecordError
-from .tables import EXPLORATORY, Judged, Judgement, table_head, where_text, word
+from .tables import EXPLORATORY, Judged, Judgement, table_head, table_row, test_keywords, where_text, word
 
 #: the history's file name under the results folder
 FILE = "verdicts.json"
@@ -45,9 +46,8 @@ def _digest(text: str) -> str:
 
 
 def _declared(e: Expect) -> str:
-    """The digest of what ``e``'s test is: its contrast, metric, kind, direction, margin, level, effect, δ."""
-    return _digest(json.dumps([e.arm, e.baseline, e.metric, e.kind, e.direction, e.margin, e.level, e.effect,
-                               e.delta], sort_keys=True))
+    """The digest of what ``e``'s test is: its contrast, metric and :func:`~.tables.test_keywords`."""
+    return _digest(json.dumps([e.arm, e.baseline, e.metric, *test_keywords(e).values()], sort_keys=True))
 
 
 def _claims_digest(claims: History) -> str:
@@ -83,7 +83,7 @@ def load(path: Path) -> tuple[int, History]:
     return doc["update"], doc["claims"]
 
 
-def entry(study: Study, j: Judged) -> dict[str, Any]:
+def entry(j: Judged) -> dict[str, Any]:
     """What the report publishes for ``j`` now, as a history entry without its update number (an exploratory
     claim: the word "exploratory", no p: it has no verdict)."""
     p = j.verdict.p("claim") if j.verdict and j.expect.confirmatory else None
@@ -106,40 +106,34 @@ def update(update_no: int, claims: History, studies: list[tuple[Study, dict[str,
             if key in now:
                 raise RecordError(f"study {study.key}: two claims share the history key {key!r}; give one a "
                                   "distinct text")
-            now[key] = entry(study, j)
+            now[key] = entry(j)
             if (key in out and out[key][-1]["verdict"] != now[key]["verdict"]) or \
                     (key not in out and j.verdict is not None and j.expect.confirmatory):
                 out.setdefault(key, []).append({**now[key], "update": update_no + 1})
     return (update_no + 1, out) if out != claims else (update_no, claims)
 
 
-def write(path: Path, update_no: int, claims: History) -> Path:
-    """The history, atomically, in a fixed layout (sorted keys), so the same history gives the same bytes."""
-    from ..bench.report import write_text
-
-    doc = {"update": update_no, "digest": _claims_digest(claims), "claims": claims}
-    return write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-
-
 def record(path: Path, studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> tuple[int, History]:
-    """Read the history at ``path``, append what ``judgement`` publishes differently, write it back."""
+    """Read the history at ``path``, append what ``judgement`` publishes differently, write it back (atomically,
+    sorted keys: the same history gives the same bytes)."""
     update_no, claims = update(*load(path), studies, judgement)
-    write(path, update_no, claims)
+    doc = {"update": update_no, "digest": _claims_digest(claims), "claims": claims}
+    write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return update_no, claims
 
 
 def _why(before: dict[str, Any], now: dict[str, Any]) -> str:
     if now["verdict"] == EXPLORATORY:  # its one entry after the verdicts it had: no verdict from here on
         return "declared exploratory (not a claim of the paper, its review or the issue): it left the families"
-    causes = [what for key, what in (("records", "new runs"), ("statistics", "the statistics changed"),
-                                     ("declared", "its declared test changed")) if before[key] != now[key]]
-    if before["statistics"] != now["statistics"]:
-        causes[causes.index("the statistics changed")] += f" (version {before['statistics']} -> {now['statistics']})"
+    causes = [what for key, what in (
+        ("records", "new runs"),
+        ("statistics", f"the statistics changed (version {before['statistics']} -> {now['statistics']})"),
+        ("declared", "its declared test changed")) if before[key] != now[key]]
     return " and ".join(causes) or "the other tests of its multiplicity family (its own records unchanged)"
 
 
 def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dict[str, dict]]],
-                 judgement: Judgement, name: str = FILE) -> list[str]:
+                 judgement: Judgement) -> list[str]:
     """The report's "What changed": the latest update of the history (see the module docstring)."""
     if not update_no:
         return ["No verdict published yet."]
@@ -153,11 +147,11 @@ def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dic
                 new.append((study, j))
                 continue
             b, n = entries[-2:]
-            moved.append(f"| {study.name} | {study.bed_name} | {j.claim} | {where_text(e.at) or '-'} | "
-                         f"{b['verdict']} (adjusted p {b['p']}) | **{n['verdict']}** (adjusted p {n['p']}) | "
-                         f"{_why(b, n)} |")
+            moved.append(table_row([study.name, study.bed_name, j.claim, where_text(e.at) or "-",
+                                    f"{b['verdict']} (adjusted p {b['p']})",
+                                    f"**{n['verdict']}** (adjusted p {n['p']})", _why(b, n)]))
     since = "the history starts here" if update_no == 1 else f"against update {update_no - 1}"
-    lines = [f"Update {update_no} of the verdict history (`{name}` beside this page: every verdict the report "
+    lines = [f"Update {update_no} of the verdict history (`{FILE}` beside this page: every verdict the report "
              "has published, appended by `tokenreduce report` when a claim's verdict word changes; its git "
              f"log names the commit of each update), {since}: a verdict moves because of new runs (the records "
              "its test reads changed), because the statistics changed (their version), or, with neither, because "

@@ -11,16 +11,16 @@ from typing import Any
 from .declare import Expect, Study
 from .figures import pyplot, set_title, write_png
 from .stats import summarize, welch_change
-from .tables import NOT_RUN, Judged, axis, ci_text, measured, table_head, where_text, word
+from .tables import NOT_RUN, Judged, axis, ci_text, measured, table_head, table_row, where_text, word
 
 AXIS = "steps"
 
 
 def implicit_length(study: Study) -> Any | None:
-    """The fine-tune length of a claim that names none (the length axis's implicit value, else its first);
-    None for a study without the axis."""
+    """The fine-tune length of a claim that names none (the length axis's implicit value, studies/beds.py
+    ``LENGTH``); None for a study without the axis."""
     a = axis(study, AXIS)
-    return None if a is None else a.implicit if a.implicit is not None else a.values[0]
+    return None if a is None else a.implicit
 
 
 def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]]]:
@@ -114,7 +114,7 @@ def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Pat
         where = ", ".join(f"{k} {v}" for k, v in e.at.items() if k != AXIS) or "-"
         cells = [c for s in lengths for c in ((measured(at[s]), ci_text(at[s]), word(at[s])) if s in at
                                               else ("-", "-", "-"))]
-        lines.append(f"| {e.claim} | {where} | " + " | ".join(cells) + f" | {stated(g)} |")
+        lines.append(table_row([e.claim, where, *cells, stated(g)]))
     fig = _figure(study, groups, root / "figures" / f"{slug}-lengths.png")
     if fig is not None:
         lines += ["", f"![{slug} over the fine-tune length](figures/{fig.name})"]

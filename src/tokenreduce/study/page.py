@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..bench.report import write_text
 from ..core.errors import TokenReduceError
 from . import history, lengths, tables
 from .declare import Study, get_study, list_studies
@@ -22,10 +23,10 @@ from .tables import NOT_RUN, Judgement, judge, measured, summary, word
 
 
 def provenance_text(runs: dict[str, dict]) -> str:
-    """The versions, machines and revisions the runs record (old runs: ``run``; new: ``provenance``)."""
+    """The versions, machines and revisions the runs' ``provenance`` records."""
     seen: dict[str, set[str]] = {"tokenreduce git": set(), "torch": set(), "timm": set(), "machine": set()}
     for doc in runs.values():
-        prov = doc.get("provenance") or doc.get("run") or {}
+        prov = doc.get("provenance") or {}
         seen["tokenreduce git"].add(str(prov.get("git_revision", prov.get("git")) or "not recorded"))
         for lib in ("torch", "timm"):
             seen[lib].add(str(prov.get(lib)))
@@ -61,7 +62,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
         stds = [s.std or 0.0 for s in done]
         xs = [j + i * width for j in range(len(splits))]
         ax.bar(xs, means, width, yerr=stds, capsize=3, label=arm.label, color=colour)
-    ax.set_xticks([j + width * (len(study.arms) - 1) / 2 for j in range(len(splits))])
+    ax.set_xticks([j + width * (n - 1) / 2 for j in range(len(splits))])
     ax.set_xticklabels([study.split[1].format(v) if study.split else "" for v, _ in splits])
     ax.set_ylabel(header)
     set_title(fig, f"{study.title or study.name}: mean ± std over seeds")
@@ -93,7 +94,7 @@ def as_run(study: Study, runs: dict[str, dict]) -> str:
     return f"as run: {'; '.join(parts)} of training wall time summed"
 
 
-def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Judgement | None = None) -> list[str]:
+def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Judgement) -> list[str]:
     slug = study.key.replace("/", "-")
     lines = [f"## {study.title or study.name}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
              f"- test bed `{study.bed_name}`: {study.bed.text()}" if study.arms else
@@ -116,20 +117,18 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
         lines += ["", f"![{slug}](figures/{fig.name})"]
     body = "\n" + summary(study, runs, judgement)  # its headings one level down, under the study's
     body = body.replace("\n### ", "\n#### ").replace("\n## ", "\n### ")
-    judged = judgement.judged[study.key] if judgement else tables.verdicts(study, runs)
-    return [*lines, body, *lengths.section(study, runs, judged, root, slug),
+    return [*lines, body, *lengths.section(study, runs, judgement.judged[study.key], root, slug),
             *([f"[^{slug}]: Provenance: {note}", ""] if note else [])]
 
 
 def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> list[str]:
-    lines = ["| study | claim | where | source | published | measured here (Δ) | 95% t-interval | p raw / adjusted | "
-             "verdict | test bed |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", "95% t-interval",
+                               "p raw / adjusted", "verdict", "test bed"])
     for study, _ in studies:
         for j in judgement.judged[study.key]:
             e = j.expect
-            lines.append(f"| {study.name} | {j.claim} | {lengths.point(study, e) or '-'} | {e.source} | "
-                         f"{e.published or '-'} | {measured(j)} | {tables.ci_text(j)} | {tables.p_text(j)} | "
-                         f"**{word(j)}** | {study.bed_name} |")
+            lines.append(tables.table_row([study.name, j.claim, lengths.point(study, e) or "-", e.source,
+                                           e.published or "-", *tables.result_cells(j), study.bed_name]))
     return lines
 
 
@@ -176,12 +175,6 @@ def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
 HEADLINE = ("<!-- report:headline -->", "<!-- /report:headline -->")
 
 
-def _row_arm(row: dict[str, Any]) -> str | None:
-    """The arm a fine-tuned row of a measure stands for (its runs' ids, seed dropped)."""
-    ids = {r["run"].rsplit("-s", 1)[0] for r in row.get("runs", []) if r.get("run")}
-    return ids.pop() if len(ids) == 1 else None
-
-
 def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     """The README's tables, read from the records: each baseline's 1.5x and 2x pick on the scene bed
     (the study ``baselines``, its ``final`` measure and its runs) with each contrast's interval and verdict
@@ -193,11 +186,8 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
     judgement = judgement or judge([(study, runs)], scope="this test bed")
     prov = final["provenance"]
-    speed: dict[str, list[dict[str, Any]]] = {}  # a random pick's seeds are rows of their own: one line, the median
-    for row in final["result"]["results"]:
-        arm = _row_arm(row)
-        if row["kind"] == "fine-tuned" and arm is not None and not arm.startswith("random~"):
-            speed.setdefault(arm, []).append(row)
+    # each pick's rows (a random pick's seeds are rows of their own): one line, the median
+    speed = {arm: rows for arm, rows in tables.arm_rows(study, runs, "final").items() if not arm.startswith("random~")}
     judged = {(j.expect.arm, j.expect.baseline, str(j.expect.at)): j for j in judgement.judged[study.key]
               if not j.members}
 
@@ -219,7 +209,7 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
 
     # the longer fine-tunes with a paired record: a column each, so a verdict that turns with training shows here
     axis = tables.axis(study, lengths.AXIS)
-    longer = [s for s in (axis.values if axis else ()) if s != axis.implicit
+    longer = [s for s in axis.values if s != axis.implicit
               and any(diff(arm, {lengths.AXIS: s}) != "-" for arm in speed)]
     lines = [f"Each method's pick nearest 1.5x and 2x speed-up on the scene test bed: chosen once by a measured "
              f"budget search on an earlier 2-core machine (not recorded; the picks are fixed in the study), so a "
@@ -239,26 +229,23 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
         macs, up = (statistics.median(r[k] for r in rows) for k in ("macs_speedup", "speedup"))
         top1 = summarize(tables.values(study, runs, arm, "top1", {})).text()
         cells = [arm, f"{macs:.2f}", f"{up:.2f}", top1, diff(arm, {}), *(diff(arm, {lengths.AXIS: s}) for s in longer)]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(tables.table_row(cells))
     deit = get_study("deit_bench")()
     bench = _stored(root, deit).get("deit_small")
     if bench is not None:
-        p = bench["provenance"] if "provenance" in bench else bench["result"].get("provenance", {})
-        lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on {p.get('cpu')}, "
-                      f"{bench['result']['settings'].get('batch')} images a batch "
+        lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on "
+                      f"{bench['provenance'].get('cpu')}, {bench['result']['settings'].get('batch')} images a batch "
                       "([`tokenreduce study deit_bench`](results/REPORT.md)):", "",
-                  "| spec | speed-up b32 | speed-up b1 | vs random at its counts b32 |", "|---|---|---|---|"]
+                  *tables.table_head(["spec", "speed-up b32", "speed-up b1", "vs random at its counts b32"])]
         for row in bench["result"]["results"]:
             if row["kind"] == "method":
-                lines.append(f"| `{row['label']}` | {row['speedup']:.2f} | {row['latency_speedup']:.2f} | "
-                             f"{row['ratio_vs_random']:.2f} |")
+                ratios = (row[k] for k in ("speedup", "latency_speedup", "ratio_vs_random"))
+                lines.append(tables.table_row([f"`{row['label']}`", *(f"{r:.2f}" for r in ratios)]))
     return lines
 
 
 def write_headline(readme: Path, lines: list[str]) -> Path:
     """Put ``lines`` between the README's :data:`HEADLINE` markers (the rest of the file unchanged)."""
-    from ..bench.report import write_text
-
     text = readme.read_text()
     start, end = text.find(HEADLINE[0]), text.find(HEADLINE[1])
     if start < 0 or end < start:
@@ -290,8 +277,6 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
     runs, and with ``readme`` its generated tables (:func:`headline`), after appending what moved to the verdict
     history ``root``/verdicts.json (study/history.py; a broken history stops it before anything is written);
     returns REPORT.md's path."""
-    from ..bench.report import write_text
-
     root = Path(root)
     studies, judgement = judged_results(root, names)
     changed = history.what_changed(*history.record(root / history.FILE, studies, judgement), studies, judgement)

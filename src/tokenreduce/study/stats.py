@@ -93,9 +93,8 @@ def paired_t_interval(diffs: Sequence[float], confidence: float = 0.95) -> tuple
     """The two-sided paired t confidence interval of the mean of ``diffs`` (None where :func:`testable` says no)."""
     if testable(diffs) is not None:
         return None
-    s = summarize(diffs)
-    lo, hi = _scipy.t.interval(confidence, s.n - 1, loc=s.mean, scale=s.std / math.sqrt(s.n))
-    return float(lo), float(hi)
+    ci = _scipy.ttest_1samp(list(diffs), 0.0).confidence_interval(confidence)
+    return float(ci.low), float(ci.high)
 
 
 def tost(diffs: Sequence[float], low: float, high: float) -> float | None:
@@ -140,14 +139,10 @@ def crossed_interval(arm: Sequence[np.ndarray], base: Sequence[np.ndarray],
     Items missing (NaN) in any seed of either arm are left out, so the table stays balanced."""
     if len(arm) != len(base) or len(arm) < 2:
         return None
-    rows = []
-    for i, (a, b) in enumerate(zip(arm, base, strict=True)):
-        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        if a.shape != b.shape or (rows and a.shape != rows[0].shape):
-            raise ValueError(f"seed {i}: {a.size} items for the arm, {b.size} for the baseline"
-                             + (f", {rows[0].size} in seed 0" if rows else "") + " (not crossed)")
-        rows.append(100.0 * (a - b))
-    d = np.stack(rows)  # (S, I)
+    shapes = {np.shape(x) for x in (*arm, *base)}
+    if len(shapes) > 1:
+        raise ValueError(f"per-item values of shapes {sorted(shapes)} across the seeds and arms (not crossed)")
+    d = 100.0 * (np.asarray(arm, dtype=np.float64) - np.asarray(base, dtype=np.float64))  # (S, I)
     d = d[:, ~np.isnan(d).any(axis=0)]
     n_s, n_i = d.shape
     if n_i < 2:

@@ -11,6 +11,7 @@ import json
 import math
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,11 @@ EXPLORATORY = "exploratory"
 
 def table_head(headers: list[str]) -> list[str]:
     """A markdown table's header and rule lines."""
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return [table_row(headers), "|" + "---|" * len(headers)]
+
+
+def table_row(cells: Iterable[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def _metric(doc: dict[str, Any], metric: str) -> float | None:
@@ -100,7 +105,7 @@ def arm_table(study: Study, runs: dict[str, dict], at: dict[str, Any]) -> list[s
 def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dict[str, Any]) -> str:
     docs = arm_runs(study, runs, name, at)
     if not docs:
-        return f"| {label} | {NOT_RUN}: no run JSON |" + f" {NOT_RUN} |" * len(study.columns)
+        return table_row([label, f"{NOT_RUN}: no run JSON", *[NOT_RUN] * len(study.columns)])
     missing = [s for s in planned_seeds(study) if s not in docs]
     seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
     both = len(docs.keys() & arm_runs(study, runs, study.baseline, at).keys())
@@ -114,14 +119,13 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
     cells = [cell(values(study, runs, name, c.metric, at), len(docs)) if not c.paired else "-"
              if name == study.baseline else cell(paired(study, runs, name, study.baseline, c.metric, at), both)
              for c in study.columns]
-    return f"| {label} | {seeds} | " + " | ".join(cells) + " |"
+    return table_row([label, seeds, *cells])
 
 
 def measure_table(decl: Measure, doc: dict[str, Any]) -> list[str]:
     lines = table_head([c.header for c in decl.columns])
     for r in doc["result"]["results"]:
-        lines.append("| " + " | ".join(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-"
-                                       for c in decl.columns) + " |")
+        lines.append(table_row(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-" for c in decl.columns))
     noise = timing_noise(doc["result"]["results"])
     return [*lines, "", noise] if noise else lines
 
@@ -155,7 +159,8 @@ def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[st
     rows = {n: {r["label"]: r for r in runs[n]["result"]["results"]} for n in benches}
     first = runs[benches[0]]["result"]["results"]
 
-    def pair(r: dict | None, a: str, b: str) -> str:
+    def pair(r: dict | None, paired: bool) -> str:
+        a, b = ("ratio_vs_random", "latency_vs_random") if paired else ("speedup", "latency_speedup")
         return f"{r[a]:.2f} / {r[b]:.2f}" if r and r.get(a) is not None and r.get(b) is not None else ""
 
     lines = table_head([c.header for c in columns])
@@ -163,10 +168,7 @@ def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[st
         if r["kind"] not in ("control", "method"):
             continue
         label = f"control `{r['spec']}`" if r["kind"] == "control" else f"`{r['label']}`"
-        cells = [label]
-        for c in columns[1:]:
-            keys = ("ratio_vs_random", "latency_vs_random") if c.paired else ("speedup", "latency_speedup")
-            cells.append(pair(rows[c.metric].get(r["label"]), *keys))
+        cells = [label, *(pair(rows[c.metric].get(r["label"]), c.paired) for c in columns[1:])]
         lines.append(" ".join(["|", *(f"{c} |" if c else "|" for c in cells)]))
     return lines
 
@@ -239,9 +241,9 @@ def item_pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[A
 
 def revision_gap(doc: dict[str, Any]) -> str:
     """What keeps a record from naming the committed code that made it: "dirty" (a git revision ending
-    ``-dirty``: made from uncommitted changes), "none" (no revision recorded: its ``provenance`` / ``run``
-    and its metrics' provenance name none), or "" (a clean commit)."""
-    prov = doc.get("provenance") or doc.get("run") or {}
+    ``-dirty``: made from uncommitted changes), "none" (no revision recorded: its ``provenance`` and its
+    metrics' provenance name none), or "" (a clean commit)."""
+    prov = doc.get("provenance") or {}
     inner = doc.get("metrics", {}).get("provenance", {}) if isinstance(doc.get("metrics"), dict) else {}
     revs = [str(r) for r in (prov.get("git_revision", prov.get("git")), inner.get("git")) if r]
     return "dirty" if any(r.endswith("-dirty") for r in revs) else "" if revs else "none"
@@ -293,9 +295,16 @@ def without_items(study: Study, runs: dict[str, dict], e: Expect) -> list[str]:
             if _items(d, e.metric) is None]
 
 
-def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
+def item_interval(study: Study, runs: dict[str, dict], e: Expect,
+                  family: bool = False) -> tuple[tuple[float, float, float] | None, str]:
     """The seeds x items interval of ``e`` (stats.crossed_interval) where every paired seed's two records hold
-    ``e.metric``'s per-item results; else None and why not."""
+    ``e.metric``'s per-item results and its test has the seed as unit; else None and why not."""
+    if family:
+        return None, "a family claim: seeds as the unit"
+    if by_item(study, e):
+        return None, "the test items are the unit"
+    if study.per_item(e):
+        return None, "the folds are the unit: a random pruner's mask differs between them"
     both = _both(study, runs, e.arm, e.baseline, e.at)
     pairs = [item_pair(*both[s], e.metric) for s in paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at)]
     if pairs and all(p is None for p in pairs):
@@ -308,7 +317,7 @@ def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple
     return stats.crossed_interval([a for a, _ in pairs], [b for _, b in pairs], confidence=1.0 - e.level), ""
 
 
-def _arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, list[dict]]:
+def arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, list[dict]]:
     """Arm -> its rows in the record of ``measure``: of its fine-tuned runs, or, for an arm evaluated off the
     shelf (``Arm.kind`` off_the_shelf), the training-free row of its spec (at seed 0's pattern)."""
     doc, arm_of = runs.get(measure), {p.id: p.arm for p in study.points()}
@@ -356,7 +365,7 @@ def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
     if e.speed is None:
         return e.claim
     measure, margin = e.speed
-    mine, rows = _arm_rows(study, runs, measure), (runs.get(measure) or {}).get("result", {}).get("results", [])
+    mine, rows = arm_rows(study, runs, measure), (runs.get(measure) or {}).get("result", {}).get("results", [])
     rounds = [[_round_speedups(r, rows) for r in mine.get(arm, [])] for arm in (e.arm, e.baseline)]
     if not all(got and all(g is not None for g in got) for got in rounds):
         return e.claim.format(at_speed=f"at its own pick (no per-round timings of both arms in the {measure} "
@@ -395,8 +404,8 @@ def _family_claims(study: Study, runs: dict[str, dict]) -> list[tuple[Expect, di
     return out
 
 
-def _declared(e: Expect) -> dict[str, Any]:
-    """The keywords of ``e``'s tests (stats.hypotheses, stats.verdict)."""
+def test_keywords(e: Expect) -> dict[str, Any]:
+    """The keywords of ``e``'s tests (stats.hypotheses, stats.verdict): what its test is, beside its contrast."""
     return {"kind": e.kind, "direction": e.direction, "margin": e.margin, "level": e.level, "effect": e.effect,
             "delta": e.delta}
 
@@ -405,8 +414,8 @@ def _test(e: Expect, diffs: list[float]) -> list[stats.Hypothesis]:
     """The tests ``e`` declares, on ``diffs``; a claim not yet testable keeps its place in the family with each
     test at p = 1, so the family is the declared one: Holm and Benjamini-Hochberg are monotone in every p, so
     a run that arrives later can only lower the other claims' adjusted p-values."""
-    return stats.hypotheses(diffs, **_declared(e)) or \
-        [replace(h, p=1.0) for h in stats.hypotheses([0.0, 1.0], **_declared(e))]
+    return stats.hypotheses(diffs, **test_keywords(e)) or \
+        [replace(h, p=1.0) for h in stats.hypotheses([0.0, 1.0], **test_keywords(e))]
 
 
 def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report") -> Judgement:
@@ -441,16 +450,13 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
                                             f"{what}" + (_power_text(study, runs, e, None, family)
                                                          if e.confirmatory else ""), text, members=len(members)))
             continue
-        v = stats.verdict(diffs, **_declared(e), adjusted=adj if e.confirmatory else None)
+        v = stats.verdict(diffs, **test_keywords(e), adjusted=adj if e.confirmatory else None)
         if not e.confirmatory:
             said = "; ".join(f"{h.text} (raw p = {h.p:.3g})" for h in v.tests) or v.why
             v = replace(v, word=EXPLORATORY, why=f"{EXPLORATORY} (a contrast of {OWN} own, not a claim of the paper, "
                         f"its review or the issue that asked for the study: outside the multiplicity families, no "
                         f"verdict): n = {v.n}: {said}")
-        items, items_why = (None, "a family claim: seeds as the unit") if members else \
-            (None, "the test items are the unit") if by_item(study, e) else \
-            (None, "the folds are the unit: a random pruner's mask differs between them") if study.per_item(e) else \
-            item_interval(study, runs, e)
+        items, items_why = item_interval(study, runs, e, family=bool(members))
         left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
                   f"folds' {v.n} items only" if left else ""
@@ -526,6 +532,11 @@ def p_text(j: Judged) -> str:
     return "-" if not p else f"{p[0]:.3g} / -" if j.verdict.word == EXPLORATORY else f"{p[0]:.3g} / {p[1]:.3g}"
 
 
+def result_cells(j: Judged) -> list[str]:
+    """A judged claim's cells in a table of claims: measured, t-interval, p raw / adjusted, the verdict."""
+    return [measured(j), ci_text(j), p_text(j), f"**{word(j)}**"]
+
+
 PROVISIONAL = "provisional (uncommitted code)"
 
 
@@ -534,11 +545,6 @@ def word(j: Judged) -> str:
     if j.verdict is None:
         return NOT_RUN
     return PROVISIONAL if j.uncommitted and j.verdict.word not in ("inconclusive", EXPLORATORY) else j.verdict.label
-
-
-def interval_header(judged: list[Judged]) -> str:
-    levels = {j.expect.level for j in judged}
-    return f"{100 * (1 - levels.pop()):g}% t-interval" if len(levels) == 1 else "t-interval (1 - level)"
 
 
 def _contrast(e: Expect) -> str:
@@ -569,12 +575,13 @@ def adjustment_text(judgement: Judgement, study: Study) -> str:
 def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> list[str]:
     judgement = judgement or judge([(study, runs)], scope="this test bed")
     judged = judgement.judged[study.key]
-    lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)", interval_header(judged),
+    levels = {j.expect.level for j in judged}
+    interval = f"{100 * (1 - levels.pop()):g}% t-interval" if len(levels) == 1 else "t-interval (1 - level)"
+    lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)", interval,
                         "p raw / adjusted", "verdict"])
     for j in judged:
         e = j.expect
-        lines.append(f"| {j.claim} | {where_text(e.at) or '-'} | {_contrast(e)} | {e.published or '-'} | "
-                     f"{measured(j)} | {ci_text(j)} | {p_text(j)} | **{word(j)}** |")
+        lines.append(table_row([j.claim, where_text(e.at) or "-", _contrast(e), e.published or "-", *result_cells(j)]))
     lines.append("")
     for j in judged:
         e = j.expect
@@ -583,25 +590,25 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
             if j.members else ""
         lines.append(f"- {j.claim} ({where_text(e.at) or 'all'}){pooled}: {j.why}.{why}")
     lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
-    per_item = [j for j in judged if j.verdict and by_item(study, j.expect)]
-    per_fold = [j for j in judged if j.verdict and study.per_item(j.expect) and not by_item(study, j.expect)]
-    without = sorted({j.items_why for j in judged if j.verdict and j.items is None and not j.members
-                      and not study.per_item(j.expect)})
-    if per_item:
-        lines += ["", f"Per-item claims ({len(per_item)}): arms evaluated off the shelf, where the seeds are disjoint "
-                      "folds of the test items; their test and t-interval are over the per-item differences of all "
-                      "folds (n = the test items), which is the sampling such a claim has."]
-    if per_fold:
-        lines += ["", f"Per-fold claims ({len(per_fold)}): off the shelf too, but an arm is the random pruner, whose "
-                      "mask differs from fold to fold; the item-level test would leave that variance out, so their "
-                      "test and t-interval are over the folds' paired differences (n = the folds)."]
-    if without:
-        lines += ["", f"Intervals: {'; '.join(without)}, so the t-interval "
-                      "over seeds is the only interval; it leaves out test-item sampling (every seed is scored "
-                      "on the same test items)."]
-    return lines
+    ran = [j for j in judged if j.verdict]
+    per_item = sum(by_item(study, j.expect) for j in ran)
+    said = {"per_item": per_item, "per_fold": sum(study.per_item(j.expect) for j in ran) - per_item,
+            "without": "; ".join(sorted({j.items_why for j in ran if j.items is None and not j.members
+                                         and not study.per_item(j.expect)}))}
+    return lines + [line for key, text in UNITS.items() if said[key] for line in ("", text.format(said[key]))]
 
 
+#: the notes under a verdict table on the unit each claim's test and interval are over, by what they count
+UNITS = {
+    "per_item": "Per-item claims ({}): arms evaluated off the shelf, where the seeds are disjoint folds of the test "
+                "items; their test and t-interval are over the per-item differences of all folds (n = the test "
+                "items), which is the sampling such a claim has.",
+    "per_fold": "Per-fold claims ({}): off the shelf too, but an arm is the random pruner, whose mask differs from "
+                "fold to fold; the item-level test would leave that variance out, so their test and t-interval are "
+                "over the folds' paired differences (n = the folds).",
+    "without": "Intervals: {}, so the t-interval over seeds is the only interval; it leaves out test-item sampling "
+               "(every seed is scored on the same test items).",
+}
 #: how every verdict table's tests were run, in words
 STATISTICS = ("Every claim's test is two-sided at its level (0.05), i.e. each side one-sided at "
               "0.025, so \"reproduced\" and \"contradicted\" together keep 0.05; one-sided p-values (TOST, the "
