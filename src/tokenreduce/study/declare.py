@@ -7,31 +7,37 @@ grid (:class:`Axis`), the tables' columns (:class:`Col`), its evaluations off th
 :class:`Probe`, :class:`Bench`), a smoke version (run by the test suite) and its compute budget. A bed tests each
 claim whose two arms it has (:func:`tests_claim`); a user's own test bed (``--model``, ``--data``) runs a declared
 bed's plan on it. Every arm x grid point is one run with a stable id (``eet/scenes/d_eet-b16-s0``), planned by
-study/plan.py and run by study/runner.py. :func:`register_study` refuses declarations that do not fit together.
+study/grid.py and study/plan.py and run by study/runner.py. :func:`register_study` refuses declarations that do not
+fit together.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.errors import SpecError, TokenReduceError
-from ..core.registry import NoParams, Registry, format_spec, parse_spec
-from .testbed import Testbed, synthetic_data
+from ..core.registry import NoParams, Registry
+from .grid import (
+    AFTER,
+    ARM_KINDS,
+    EVALUATED,
+    OFF_THE_SHELF,
+    TRAINED,
+    Planned,
+    allows,
+    alternatives,
+    config_fields,
+)
+from .grid import TESTBED_TEACHER as TESTBED_TEACHER  # re-exported: a recipe's value a study writes
+from .testbed import Testbed
 
 # ----------------------------------------------------------------------------- declarations
-
-#: What an arm is (:attr:`Arm.kind`)
-TRAINED, AFTER, EVALUATED, OFF_THE_SHELF = "trained", "after", "evaluated", "off_the_shelf"
-ARM_KINDS = (TRAINED, AFTER, EVALUATED, OFF_THE_SHELF)
-
 
 @dataclass(frozen=True)
 class Arm:
@@ -254,30 +260,17 @@ class Bed:
         return tuple(x for x in self.evaluations if isinstance(x, Bench))
 
 
-@dataclass(frozen=True)
-class Point:
-    """One run of a study: ``arm`` at grid ``values``; ``id`` e.g. ``d_eet-b16-s0``. The engine's
-    (:meth:`Study.points`): no study writes one."""
-
-    arm: str
-    values: dict[str, Any]
-    id: str
-
-    def matches(self, at: dict[str, Any]) -> bool:
-        return all(self.values.get(k) == v for k, v in at.items())
-
-
 def tests_claim(bed: Bed, e: Expect) -> bool:
     """Whether ``bed`` tests the claim ``e``: it has both its arms, and they run where ``e`` reads them."""
     axes = {a.name: a.values for a in bed.grid}
     return (e.arm in bed.arms and e.baseline in bed.arms and all(k in axes and v in axes[k] for k, v in e.at.items())
-            and all(_allows(bed.arms[a].only, e.at) for a in (e.arm, e.baseline)))
+            and all(allows(bed.arms[a].only, e.at) for a in (e.arm, e.baseline)))
 
 
 # ----------------------------------------------------------------------------- the study
 
 
-class Study:
+class Study(Planned):
     """Base class of every study (module docstring). An instance is the study on one bed: its attributes are
     that bed's declarations, its ``expect`` the claims the bed tests."""
 
@@ -321,143 +314,6 @@ class Study:
     def is_default_bed(self) -> bool:
         """Whether the study runs on its first declared bed (its commands need no ``--testbed``)."""
         return self.bed_name == next(iter(type(self).beds))
-
-    # -- the plan
-
-    def axes(self) -> tuple[Axis, ...]:
-        if not self.is_smoke:
-            return self.grid
-        grid = self.smoke_over("grid")
-        return tuple(dataclasses.replace(a, values=tuple(grid.get(a.name, a.values))) for a in self.grid)
-
-    def smoke_over(self, key: str) -> dict[str, Any]:
-        """What the smoke sets for ``key`` (:data:`SMOKE_KEYS`); nothing outside a smoke."""
-        return self.smoke.get(key, {}) if self.is_smoke else {}
-
-    def points(self) -> list[Point]:
-        """Every arm at every grid point it runs at, in a stable order (grid outer, arms inner)."""
-        axes = self.axes()
-        out = []
-        for values in itertools.product(*(a.values for a in axes)):
-            point = dict(zip((a.name for a in axes), values, strict=True))
-            for arm in self.arms:
-                if not self.runs_at(arm, point):
-                    continue
-                parts = [f"{a.short}{v}" for a, v in zip(axes, values, strict=True) if v != a.implicit]
-                out.append(Point(arm, point, "-".join([arm, *parts])))
-        return out
-
-    def runs_at(self, arm: str, at: dict[str, Any]) -> bool:
-        """Whether ``arm`` has runs at ``at`` (its ``only`` allows every value ``at`` fixes)."""
-        at = self.resolve(at)
-        return any(not _outside({k: [self.resolve({k: v})[k] for v in vs] for k, vs in o.items()}, at)
-                   for o in _alternatives(self.arms[arm].only))
-
-    def complete(self, at: dict[str, Any]) -> dict[str, Any]:
-        r"""``at`` (:meth:`resolve`\ d) with every axis but the seed that it leaves out fixed at that axis'
-        ``implicit`` value, else its first: a claim or measure that names no length reads the runs
-        every arm has."""
-        fixed = {a.name: a.implicit if a.implicit is not None else a.values[0] for a in self.axes() if a.name != "seed"}
-        return {**fixed, **self.resolve(at)}
-
-    def resolve(self, at: dict[str, Any]) -> dict[str, Any]:
-        """``at`` with each value the grid lacks (a smoke grid has fewer) replaced by its axis' first."""
-        axes = {a.name: a.values for a in self.axes()}
-        return {k: v if v in axes[k] else axes[k][0] for k, v in at.items()}
-
-    def point(self, arm: str, at: dict[str, Any]) -> Point:
-        """The run of ``arm`` at ``at`` (:meth:`resolve`; an axis not given: its first value)."""
-        at = self.resolve(at)
-        full = {a.name: at.get(a.name, a.values[0]) for a in self.axes()}
-        for p in self.points():
-            if p.arm == arm and p.values == full:
-                return p
-        raise TokenReduceError(f"study {self.name}: no run of arm {arm!r} at {at}")
-
-    def measure_runs(self, m: Measure) -> tuple[str | None, list[str]]:
-        """The run ids measure ``m`` reads: its reference's (None: the test bed's reference checkpoint, or
-        where it has none and the baseline is evaluated off the shelf, the model at its initialisation)
-        and its fine-tuned runs' (every run of each arm at ``m.at``, in plan order)."""
-        off_the_shelf = self.arms[self.baseline].kind == OFF_THE_SHELF
-        ref = m.reference or (None if self.bed.reference or off_the_shelf else self.baseline)
-        at = self.complete(m.at)
-        tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
-        return (self.point(ref, m.at).id if ref else None), tuned
-
-    def pilot(self, e: Expect) -> dict[str, Any]:
-        """The grid point whose records give claim ``e``'s power plan its pilot sd: the same contrast with each
-        axis that has an ``implicit`` value at it (the runs made first: the shortened fine-tune)."""
-        return {**e.at, **{a.name: a.implicit for a in self.grid if a.implicit is not None}}
-
-    def per_item(self, e: Expect) -> bool:
-        """Whether claim ``e`` takes the test item as its unit, not the seed: its arms are evaluated off the
-        shelf, so their seeds are disjoint folds of the test items (a metric kept per item: 100 or 0)."""
-        return all(a in self.arms and self.arms[a].kind == OFF_THE_SHELF for a in (e.arm, e.baseline))
-
-    def bench_run(self, b: Bench) -> Bench:
-        """``b`` as this study runs it: the smoke's timing settings and narrower model, no checkpoint."""
-        if not self.is_smoke:
-            return b
-        over = dict(self.smoke_over("bench"))
-        kwargs = {**b.model.get("kwargs", {}), **over.pop("model_kwargs", {})}
-        return dataclasses.replace(b, model={**b.model, "kwargs": kwargs}, checkpoint=None, speed={**b.speed, **over})
-
-    def eval_items(self, scratch: Path) -> tuple[str | None, int | None]:
-        """(data_dir, eval_subset) of the study's runs: where a measure finds the same test items (a
-        synthetic test bed's folder under ``scratch``, else the checkpoint's own data) and how many."""
-        recipe = {**self.recipe, **self.smoke_over("recipe")}
-        data_dir = str(synthetic_data(scratch)) if self.bed.synthetic and self.bed.data else None
-        return data_dir, recipe.get("eval_subset")
-
-    def train_fields(self, p: Point, scratch: Path) -> dict[str, Any]:
-        """TrainConfig fields of run ``p`` (without ``out``, set by the runner): recipe, test bed, smoke
-        overrides, arm, grid point, in increasing priority; ``scratch``: where a synthetic test bed's
-        data goes."""
-        arm = self.arms[p.arm]
-        fields = {**self.recipe, **self.bed.train_fields(scratch), **self.smoke_over("recipe")}
-        task = arm.task or fields.get("task") or "classify"
-        sets = {a.name: a.sets for a in self.axes() if a.sets}
-        for k, v in p.values.items():
-            if k in sets:
-                fields.update(sets[k].get(v, {}))
-            elif k in _config_fields():
-                fields[k] = v
-            else:
-                task = _with_param(task, k, v)
-        fields["task"] = task
-        fields["spec"] = arm.spec.format(**p.values) if arm.spec and arm.kind != EVALUATED else None
-        if fields.get("teacher") == TESTBED_TEACHER:
-            fields["teacher"] = self.bed.checkpoint()
-            if fields["teacher"] is None:
-                raise TokenReduceError(f"study {self.name}: its recipe distils from the test bed's reference, and "
-                                       f"{self.bed.text()} has none; give a test bed with a reference checkpoint")
-        if arm.stem or arm.transforms:
-            if not fields.get("model") and self.bed.reference:
-                from ..train.recipes import get_recipe  # the reference's architecture, its stem swapped / transformed
-
-                fields["model"] = get_recipe(self.bed.reference)["model"]
-            if not fields.get("model"):
-                raise TokenReduceError(f"study {self.name}, arm {p.arm}: a stem or transform needs a test bed "
-                                       "that builds its model (not a reference checkpoint)")
-            fields["model"] = {**fields["model"], **({"stem": arm.stem} if arm.stem else {}),
-                               **({"transforms": list(arm.transforms)} if arm.transforms else {})}
-        return fields
-
-
-#: a recipe's ``teacher`` meaning "the test bed's reference checkpoint" (it distils from what it starts from)
-TESTBED_TEACHER = "testbed"
-
-
-@functools.cache
-def _config_fields() -> frozenset[str]:
-    from ..train.config import TrainConfig
-
-    return frozenset(f.name for f in dataclasses.fields(TrainConfig))
-
-
-def _with_param(spec: str, key: str, value: Any) -> str:
-    name, params = parse_spec(spec)
-    return format_spec(name, {**params, key: value})
 
 
 #: What a bench's ``speed`` may set: the ``bench`` command's timing flags, backend, dtype and seed.
@@ -512,8 +368,8 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
     overrides = [("recipe", bed.recipe), ("smoke recipe", smoke.get("recipe", {}))] + \
         [(f"axis {a.name} at {v}", f) for a in bed.grid for v, f in a.sets.items()]
     for what, fields in overrides:
-        if _unknown(fields, _config_fields()):
-            raise SpecError(f"{where}: its {what} names unknown training settings {_unknown(fields, _config_fields())}")
+        if _unknown(fields, config_fields()):
+            raise SpecError(f"{where}: its {what} names unknown training settings {_unknown(fields, config_fields())}")
     axes = {a.name: a.values for a in bed.grid}
     if "seed" not in axes:
         raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
@@ -532,7 +388,7 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
     for what, arm, at in reads:
         if arm not in bed.arms:
             raise SpecError(f"{where}: {what} names unknown arm {arm!r}")
-        if not _allows(bed.arms[arm].only, at):
+        if not allows(bed.arms[arm].only, at):
             raise SpecError(f"{where}: {what} reads arm {arm} at {at}, where it has no runs "
                             f"(only {bed.arms[arm].only})")
     for m in bed.measures:
@@ -562,29 +418,15 @@ def _check_arms(where: str, arms: dict[str, Arm], axes: dict[str, tuple[Any, ...
             raise SpecError(f"{where}: arm {name} reads {arm.reads!r}, which is not another of its trained arms "
                             f"{trained}")
     for name, arm in arms.items():  # where it runs, once every arm's reads= is known to be sound
-        bad = {k: v for o in _alternatives(arm.only) for k, v in o.items()
+        bad = {k: v for o in alternatives(arm.only) for k, v in o.items()
                if k not in axes or k == "seed" or set(v) - set(axes[k])}
         if bad:
             raise SpecError(f"{where}: arm {name} runs only at {bad}, which is not a set of values of its grid's "
                             f"axes other than the seed ({ {k: v for k, v in axes.items() if k != 'seed'} })")
         source = arm.reads
-        if source and any(_allows(arm.only, p) and not _allows(arms[source].only, p) for p in grid):
+        if source and any(allows(arm.only, p) and not allows(arms[source].only, p) for p in grid):
             raise SpecError(f"{where}: arm {name} reads arm {source}'s runs where {source} has none (its only= "
                             f"{arm.only} reaches beyond {source}'s {arms[source].only})")
-
-
-def _outside(only: dict[str, Any], at: dict[str, Any]) -> bool:
-    """Whether ``at`` fixes a value that ``only`` (one alternative of an arm's) leaves out."""
-    return any(k in only and v not in only[k] for k, v in at.items())
-
-
-def _alternatives(only: dict[str, Any] | tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
-    return (only,) if isinstance(only, dict) else tuple(only)
-
-
-def _allows(only: dict[str, Any] | tuple[dict[str, Any], ...], at: dict[str, Any]) -> bool:
-    """Whether an arm with ``only`` has runs at ``at`` (one alternative leaves every fixed value in)."""
-    return any(not _outside(o, at) for o in _alternatives(only))
 
 
 # ----------------------------------------------------------------------------- registry

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import TokenReduceError
-from .declare import EVALUATED, OFF_THE_SHELF, Bench, Measure, Point, Probe, Study
+from .declare import EVALUATED, OFF_THE_SHELF, Bench, Measure, Probe, Study
+from .grid import Point
 
 
 @dataclass(frozen=True)
