@@ -23,11 +23,11 @@ from tokenreduce.study import (
     Arm,
     Axis,
     Bed,
-    Bench,
     Col,
     Expect,
     Probe,
     Study,
+    Timing,
     execute,
     get_study,
     list_studies,
@@ -482,9 +482,10 @@ class _TinyBench(Study):
     """A test-only bench on test_vit at 64x64, the model tests/test_cli_bench.py times with the command."""
 
     claim, source = "test", "test"
-    beds = {"cpu": Bed(evaluations=(Bench("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
-                                      specs=("evit(keep=0.7, locs=(1, 3))", "tome(r=2)"), match_random=True,
-                                      speed={"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}),))}
+    beds = {"cpu": Bed(evaluations=(Timing("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
+                                       specs=("evit(keep=0.7, locs=(1, 3))", "tome(r=2)"),
+                                       settings={"match_random": True, "batch": 2, "warmup": 0, "repeats": 1,
+                                                 "min_run_s": 0.0}),))}
 
 
 def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -530,11 +531,12 @@ def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys
         @register_study("bad_names_test", TEST_STUDIES)
         class _Bad3(_TinyBench):
             beds = {"cpu": Bed(evaluations=_TinyBench.beds["cpu"].benches * 2)}
-    with pytest.raises(SpecError, match=r"bench tiny names unknown settings \['batch_size'\]"):
-        @register_study("bad_bench_speed_test", TEST_STUDIES)
-        class _Bad5(_TinyBench):
-            beds = {"cpu": Bed(evaluations=(dataclasses.replace(_TinyBench.beds["cpu"].benches[0],
-                                                            speed={"batch_size": 2}),))}
+    with pytest.raises(SpecError, match=r"timing 'tiny': its settings name unknown keys \['batch_size'\]"):
+        dataclasses.replace(_TinyBench.beds["cpu"].benches[0], settings={"batch_size": 2})
+    with pytest.raises(SpecError, match=r"timing 't': a bench \(a model off the grid\) reads no runs"):
+        Timing("t", model={"name": "test_vit"}, finetuned=("a",))
+    with pytest.raises(SpecError, match=r"timing 't': its settings name unknown keys \['match_random'\]"):
+        Timing("t", settings={"match_random": True})  # a measure times the study's runs: no matched random
     with pytest.raises(SpecError, match=r"bench table 'x' needs its label column, then columns of the benches it "
                                         r"declares \(unknown: \['nope'\]\)"):
         @register_study("bad_bench_table_test", TEST_STUDIES)

@@ -244,12 +244,12 @@ def test_a_family_claim_pools_its_members_per_seed():
 
 
 def test_equal_measured_speed_is_an_equivalence_test_on_the_interleaved_rounds():
-    from tokenreduce.study import Expect, Measure
+    from tokenreduce.study import Expect, Timing
     from tokenreduce.study.tables import claim_text, timing_noise
 
     study = _study([Expect("b beats c {at_speed}", "s", arm="b", baseline="c", metric="m", direction=1,
                            speed=("speed", 0.1))],
-                   measures=(Measure("speed", reference=None, at={"seed": 0}, finetuned=("b", "c")),))
+                   measures=(Timing("speed", at={"seed": 0}, finetuned=("b", "c")),))
     rng = np.random.default_rng(0)
     base = 100.0 + rng.normal(0, 10, 10)  # images/s of the unpatched model, round by round (drift shared)
 

@@ -24,7 +24,7 @@ launch-bound at batch 1. Peak memory per case is in its table.
 
 from __future__ import annotations
 
-from ..study.declare import Bed, Bench, Col, Study, register_study
+from ..study.declare import MATCH_RANDOM, Bed, Col, Study, Timing, register_study
 from ..train.recipes import get_recipe
 from .deit_bench import DEIT_S, SMOKE_BENCH
 
@@ -40,11 +40,11 @@ def _fmnist_vit() -> dict:
     return get_recipe("fmnist-vit")["model"]  # the architecture a smoke narrows; the run loads the trained weights
 
 
-def _benches() -> tuple[Bench, ...]:
-    deit = [Bench(f"deit_small-{b}", model=DEIT_S, specs=_DEIT_SPECS, match_random=True, speed={"backend": b},
+def _benches() -> tuple[Timing, ...]:
+    deit = [Timing(f"deit_small-{b}", model=DEIT_S, specs=_DEIT_SPECS, settings={MATCH_RANDOM: True, "backend": b},
                   title=f"DeiT-S (random weights), {b}") for b in BACKENDS]
-    fmnist = [Bench(f"fmnist-{b}", model=_fmnist_vit(), checkpoint="fmnist-vit", specs=_FMNIST_SPECS,
-                    match_random=True, speed={"backend": b},
+    fmnist = [Timing(f"fmnist-{b}", model={**_fmnist_vit(), "checkpoint": "fmnist-vit"}, specs=_FMNIST_SPECS,
+                     settings={MATCH_RANDOM: True, "backend": b},
                     title=f"The Fashion-MNIST reference at the 1.5x picks, {b}") for b in BACKENDS]
     return (*deit, *fmnist)
 
@@ -57,12 +57,12 @@ GPU_SPECS = (*_DEIT_SPECS, "dynamicvit()", "imagepiece()", "bspf()", "cropr(infe
 GPU_SPEED = {"batch": 256, "dtype": "bfloat16"}
 
 
-def _gpu_benches() -> tuple[Bench, ...]:
-    eager = Bench("deit_small-gpu-eager", model=DEIT_S, specs=GPU_SPECS, match_random=True,
-                  speed={**GPU_SPEED, "backend": "eager"},
+def _gpu_benches() -> tuple[Timing, ...]:
+    eager = Timing("deit_small-gpu-eager", model=DEIT_S, specs=GPU_SPECS,
+                   settings={MATCH_RANDOM: True, **GPU_SPEED, "backend": "eager"},
                   title="DeiT-S (random weights), bfloat16, batch 256 / 1, eager")
-    graphs = Bench("deit_small-gpu-graphs", model=DEIT_S, specs=("tome(r=13)",), match_random=True,
-                   speed={**GPU_SPEED, "backend": "compile", "compile_mode": "reduce-overhead"},
+    graphs = Timing("deit_small-gpu-graphs", model=DEIT_S, specs=("tome(r=13)",),
+                    settings={MATCH_RANDOM: True, **GPU_SPEED, "backend": "compile", "compile_mode": "reduce-overhead"},
                    title="DeiT-S (random weights), bfloat16, batch 256 / 1, torch.compile with CUDA graphs")
     return eager, graphs
 

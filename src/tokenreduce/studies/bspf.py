@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..data.fashion_mnist import SIZES
 from ..data.scenes import EVAL_SUBSET
-from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Probe, Study, Timing, register_study
 from ..train.recipes import get_recipe
 from .beds import (
     FMNIST,
@@ -130,7 +130,7 @@ class BSPF(Study):
             pending=LONGER_PENDING, grid=(LENGTH, *_GRID),
             columns=_COLUMNS,
             # bspf_untied2 carries bspf_mirrored's model and spec (the same cost): one row for both
-            evaluations=(Measure("speed", reference=None, at={"seed": 0},
+            evaluations=(Timing("speed", at={"seed": 0},
                                  finetuned=tuple(a for a in _SCENE_ARMS if a not in ("full", "bspf_untied2")),
                                  columns=SPEED_COLUMNS,
                                  title="MACs and speed: every arm's seed-0 run against the reference, one "
@@ -148,7 +148,7 @@ class BSPF(Study):
                   "bspf_tied": Arm("the same, W_q = W_k", spec=_FM_BSPF, transforms=("tie_qk",))},
             baseline="full", grid=_GRID, columns=_COLUMNS,
             evaluations=(
-                Measure("speed", reference="full", at={"seed": 0}, specs=(_FM_CHUNKED,), finetuned=("chunked", "bspf"),
+                Timing("speed", model="full", at={"seed": 0}, specs=(_FM_CHUNKED,), finetuned=("chunked", "bspf"),
                         title="Speed: the untied arms against full attention, one interleaved run",
                         columns=(Col("label", "label", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("top1", "top-1 %"),
                                  Col("gmacs", "GMACs", fmt="{:.4f}"), Col("macs_speedup", "MACs speed-up"),

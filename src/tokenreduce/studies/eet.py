@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..bench.settings import SPEED
-from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Probe, Study, Timing, register_study
 from ..train.recipes import get_recipe
 from .beds import (
     FMNIST,
@@ -69,8 +69,8 @@ def _arms(db: str = "") -> dict[str, Arm]:
     }
 
 
-def _speed(title: str) -> Measure:
-    return Measure("speed", reference="a_unpruned", at={"bits": 16, "seed": 0}, specs=("ctp()",),
+def _speed(title: str) -> Timing:
+    return Timing("speed", model="a_unpruned", at={"bits": 16, "seed": 0}, specs=("ctp()",),
                    finetuned=("b_ctp",), title=title,
                    columns=(Col("label", "label", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("map", "map"),
                             Col("macs_speedup", "macs_speedup"), Col("img_per_s", "img_per_s", fmt="{:.0f}"),

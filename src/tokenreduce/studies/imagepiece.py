@@ -35,11 +35,10 @@ from ..study.declare import (
     Arm,
     Axis,
     Bed,
-    Bench,
     Col,
     Expect,
-    Measure,
     Study,
+    Timing,
     register_study,
 )
 from ..study.testbed import Testbed
@@ -105,9 +104,9 @@ _FM_SPEED_COLUMNS = (Col("label", "spec", fmt="{}"), Col("kind", "kind", fmt="{}
 DEIT_SPECS = ("imagepiece()", "imagepiece(locs=(1, 2, 3, 4, 5, 6, 7))")
 
 
-def _stem_speed(stem: str) -> Measure:
+def _stem_speed(stem: str) -> Timing:
     specs = tuple(a.spec for a in _FM_ARMS.values() if a.stem == stem and a.spec)
-    return Measure(f"speed_{stem}", reference=f"{stem}_none", at={"seed": 0}, specs=specs, columns=_FM_SPEED_COLUMNS,
+    return Timing(f"speed_{stem}", model=f"{stem}_none", at={"seed": 0}, specs=specs, columns=_FM_SPEED_COLUMNS,
                    title=f"Speed, {stem} stem: every reducer on the unreduced seed-0 checkpoint, one interleaved run")
 
 
@@ -170,7 +169,7 @@ class ImagePiece(Study):
             arms=_SCENE_ARMS, baseline="none", grid=_GRID,
             columns=(Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True),
                      Col("train_time_s", "wall s")),
-            evaluations=(Measure("speed", reference=None, at={"seed": 0},
+            evaluations=(Timing("speed", at={"seed": 0},
                               finetuned=tuple(a for a in _SCENE_ARMS if a != "none"), columns=SPEED_COLUMNS,
                               title="Speed: every arm's seed-0 run against the reference, one interleaved run (each "
                                     "row with its own stem: the conv-stem rows count the conv stem)"),),
@@ -188,7 +187,7 @@ class ImagePiece(Study):
             budget=((33, "training", 4.5), (2, "speed", 5))),
         "deit_s": Bed(
             title="ImagePiece on DeiT-S, the conv stem counted (CPU, random weights)",
-            evaluations=(Bench("deit_small_conv", model=DEIT_S, specs=DEIT_SPECS, stem="conv",
+            evaluations=(Timing("deit_small_conv", model={**DEIT_S, "stem": "conv"}, specs=DEIT_SPECS,
                                title="DeiT-S, 2 CPU threads: ImagePiece with the patch stem and with its conv stem, "
                                      "against the plain model"),),
             smoke={"bench": SMOKE_BENCH},

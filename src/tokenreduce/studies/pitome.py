@@ -34,7 +34,7 @@ arms within study.EQUAL_SPEED of each other, else "at its own pick" with both sp
 
 from __future__ import annotations
 
-from ..study.declare import EQUAL_SPEED, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, Arm, Axis, Bed, Col, Expect, Study, Timing, register_study
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "PiToMe, arXiv 2405.16148"
@@ -99,7 +99,7 @@ class PiToMeStudy(Study):
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs ToMe 1.5x", paired=True)),
             evaluations=(
-                Measure("free", reference=None, at={}, columns=_COLUMNS,
+                Timing("free", columns=_COLUMNS,
                         specs=tuple(spec.format(seed=0) for specs in PICKS.values() for spec in specs),
                         title="Off the shelf, one interleaved timing run: every arm's spec on the reference "
                               "(the random pruner at pattern seed 0)"),

@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..models.variants import FREE_KWARGS
-from ..study.declare import EQUAL_SPEED, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, Arm, Axis, Bed, Col, Expect, Study, Timing, register_study
 from ..study.testbed import Testbed
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
@@ -177,7 +177,7 @@ _FREE_BED = Bed(
     arms=_FREE_ARMS, baseline="saint-1.5x", grid=_GRID,
     columns=(Col("top1", "top-1 % (off the shelf, per fold)"), Col("top1", "Δ top-1 vs SAINT 1.5x", paired=True)),
     evaluations=(
-        Measure("free", reference=None, at={}, columns=_COLUMNS,
+        Timing("free", columns=_COLUMNS,
                 specs=tuple(spec.format(seed=0) for picks in FREE_PICKS.values() for pair in picks.values()
                             for spec in pair),
                 title="Off the shelf, one interleaved timing run: every fixed-count arm's spec on the class-token-free "
@@ -206,7 +206,7 @@ class SaintStudy(Study):
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs SAINT 1.5x", paired=True)),
             evaluations=(
-                Measure("free", reference=None, at={}, columns=_COLUMNS,
+                Timing("free", columns=_COLUMNS,
                         specs=(*(spec.format(seed=0) for picks in PICKS.values() for pair in picks.values()
                                  for spec in pair), CALIBRATED),
                         title="Off the shelf, one interleaved timing run: every fixed-count arm's spec on the "

@@ -3,8 +3,8 @@
 A study declares its claims once (``expect``: :class:`Expect`) and its test beds (``beds``: name -> :class:`Bed`,
 the first the default, ``tokenreduce study NAME --testbed BED`` another). A bed declares what depends on the
 test bed: the :class:`Testbed` its runs start from and are scored on, the recipe, the arms (:class:`Arm`), the
-grid (:class:`Axis`), the tables' columns (:class:`Col`), its evaluations off the grid (:class:`Measure`,
-:class:`Probe`, :class:`Bench`), a smoke version (run by the test suite) and its compute budget. A bed tests each
+grid (:class:`Axis`), the tables' columns (:class:`Col`), its evaluations off the grid (:class:`Timing`,
+:class:`Probe`), a smoke version (run by the test suite) and its compute budget. A bed tests each
 claim whose two arms it has (:func:`tests_claim`); a user's own test bed (``--model``, ``--data``) runs a declared
 bed's plan on it. Every arm x grid point is one run with a stable id (``eet/scenes/d_eet-b16-s0``), planned by
 study/grid.py and study/plan.py and run by study/runner.py. :func:`register_study` refuses declarations that do not
@@ -166,23 +166,6 @@ class Expect:
 
 
 @dataclass(frozen=True)
-class Measure:
-    """An evaluation of trained runs, the ``eval`` command's: the checkpoint of ``reference`` (arm at ``at``;
-    None: the test bed's reference, or without one the baseline arm's run) unpatched and with each training-free
-    ``specs``, and every run of the ``finetuned`` arms at ``at`` (leave the seed out to read every seed), each
-    with its own final evaluation, timed; ``speed``: the eval's speed settings (``backend``)."""
-
-    name: str
-    reference: str | None
-    at: dict[str, Any]
-    specs: tuple[str, ...] = ()
-    finetuned: tuple[str, ...] = ()
-    speed: dict[str, Any] = field(default_factory=dict)
-    columns: tuple[Col, ...] = ()
-    title: str = ""
-
-
-@dataclass(frozen=True)
 class Probe:
     """A registered experiment (probes/base.py), given as a spec, run on the test bed's reference checkpoint
     (without one: the baseline arm's first run) or on ``arm``'s run at ``at``. ``fmnist_only``: it reads
@@ -196,25 +179,52 @@ class Probe:
     at: dict[str, Any] = field(default_factory=dict)
 
 
+#: What a timing's ``settings`` may set: the command's timing flags, backend, dtype and seed (``eval``'s and
+#: ``bench``'s), and a bench's :data:`MATCH_RANDOM`
+SETTINGS = ("batch", "warmup", "repeats", "min_run_s", "backend", "compile_mode", "dtype", "seed")
+#: a bench's setting: each spec beside its matched random pruner (``bench --match-random``)
+MATCH_RANDOM = "match_random"
+#: What a bench's ``model`` names: the timm model, its kwargs, a trained recipe's weights, a stem (``--stem``)
+BENCH_MODEL = ("name", "kwargs", "checkpoint", "stem")
+
+
 @dataclass(frozen=True)
-class Bench:
-    """The ``bench`` command's interleaved timing (bench/compare.py) of ``specs`` against the unpatched model
-    and :attr:`control` (``match_random``: with each spec's matched random pruner) on the timm ``model``
-    (``{"name", "kwargs"}``, random weights) or on the weights of the trained recipe ``checkpoint``. ``speed``:
-    the command's timing flags, backend, dtype and seed; ``stem``: ``--stem``; ``columns``: empty for the
-    command's own."""
+class Timing:
+    """An interleaved timing of ``specs`` against the unpatched model, on its ``model``: an arm's run at ``at``
+    (the arm's name) or the test bed's reference (None; without one, the baseline arm's run), the ``eval``
+    command's, beside every run of the ``finetuned`` arms at ``at`` (leave the seed out to read every seed),
+    each with its own final evaluation; or a model off the grid (a dict: a bench, the ``bench`` command's,
+    bench/compare.py): the timm ``name`` with ``kwargs`` (random weights), ``checkpoint`` the weights of a
+    trained recipe, ``stem`` a stem swapped in. ``settings``: the command's (:data:`SETTINGS`, a bench's also
+    :data:`MATCH_RANDOM`); ``columns``: a bench's empty for the command's own; ``title``: default the name."""
 
     name: str
-    model: dict[str, Any]
+    model: str | dict[str, Any] | None = None
     specs: tuple[str, ...] = ()
-    checkpoint: str | None = None
-    match_random: bool = False
-    stem: str | None = None
-    speed: dict[str, Any] = field(default_factory=dict)
+    at: dict[str, Any] = field(default_factory=dict)
+    finetuned: tuple[str, ...] = ()
+    settings: dict[str, Any] = field(default_factory=dict)
     columns: tuple[Col, ...] = ()
     title: str = ""
-    #: the zero-reduction control every bench times (not a field: no bench declares another)
-    control = "tome(r=0)"
+
+    @property
+    def bench(self) -> bool:
+        """Whether it times a model off the grid (the ``bench`` command's), not the study's runs."""
+        return isinstance(self.model, dict)
+
+    def __post_init__(self) -> None:
+        valid = (*SETTINGS, MATCH_RANDOM) if self.bench else SETTINGS
+        refusals = {
+            "a bench (a model off the grid) reads no runs: no at= or finetuned=": self.bench and bool(
+                self.at or self.finetuned),
+            f"a bench's model names its timm 'name' and only {', '.join(BENCH_MODEL)}":
+                self.bench and ("name" not in self.model or bool(_unknown(self.model, BENCH_MODEL))),
+            f"its settings name unknown keys {_unknown(self.settings, valid)}; choose from {list(valid)}":
+                bool(_unknown(self.settings, valid)),
+        }
+        for refusal, refused in refusals.items():
+            if refused:
+                raise SpecError(f"timing {self.name!r}: {refusal}")
 
 
 #: What a bed's ``smoke`` may set (the one smoke syntax, an experiment's too: what differs, the rest the bed's):
@@ -240,7 +250,7 @@ class Bed:
     grid: tuple[Axis, ...] = ()
     split: tuple[str, str] | None = None
     columns: tuple[Col, ...] = ()
-    evaluations: tuple[Measure | Probe | Bench, ...] = ()
+    evaluations: tuple[Timing | Probe, ...] = ()
     #: several benches side by side (one backend each, say): title -> its columns
     bench_tables: dict[str, tuple[Col, ...]] = field(default_factory=dict)
     smoke: dict[str, Any] | None = None  #: :data:`SMOKE_KEYS`
@@ -248,16 +258,16 @@ class Bed:
     pending: str = ""
 
     @property
-    def measures(self) -> tuple[Measure, ...]:
-        return tuple(x for x in self.evaluations if isinstance(x, Measure))
+    def measures(self) -> tuple[Timing, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Timing) and not x.bench)
 
     @property
     def probes(self) -> tuple[Probe, ...]:
         return tuple(x for x in self.evaluations if isinstance(x, Probe))
 
     @property
-    def benches(self) -> tuple[Bench, ...]:
-        return tuple(x for x in self.evaluations if isinstance(x, Bench))
+    def benches(self) -> tuple[Timing, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Timing) and x.bench)
 
 
 def tests_claim(bed: Bed, e: Expect) -> bool:
@@ -316,10 +326,6 @@ class Study(Planned):
         return self.bed_name == next(iter(type(self).beds))
 
 
-#: What a bench's ``speed`` may set: the ``bench`` command's timing flags, backend, dtype and seed.
-_BENCH_SETTINGS = {"batch", "warmup", "repeats", "min_run_s", "backend", "compile_mode", "dtype", "seed"}
-
-
 def check_study(cls: type[Study]) -> None:
     """Refuse a study whose declarations do not fit together (a typo here would surface hours later):
     each bed's, and a claim that no bed tests."""
@@ -347,11 +353,10 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
     if _unknown(smoke, SMOKE_KEYS):
         raise SpecError(f"{where}: its smoke sets unknown keys {_unknown(smoke, SMOKE_KEYS)}; "
                         f"choose from {list(SMOKE_KEYS)}")
-    for what, speed, valid in [*((f"bench {b.name}", b.speed, _BENCH_SETTINGS) for b in bed.benches),
-                               ("smoke bench", smoke.get("bench", {}), _BENCH_SETTINGS | {"model_kwargs"})]:
-        if _unknown(speed, valid):
-            raise SpecError(f"{where}: its {what} names unknown settings {_unknown(speed, valid)}; "
-                            f"choose from {sorted(valid)}")
+    valid = {*SETTINGS, "model_kwargs"}
+    if _unknown(smoke.get("bench", {}), valid):
+        raise SpecError(f"{where}: its smoke bench names unknown settings {_unknown(smoke['bench'], valid)}; "
+                        f"choose from {sorted(valid)}")
     for title, columns in bed.bench_tables.items():
         unknown = _unknown((c.metric for c in columns[1:]), (b.name for b in bed.benches))
         if unknown or len(columns) < 2:
@@ -383,7 +388,7 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
         if e.power is not None and {**e.at, **first} == e.at:
             raise SpecError(f"{where}: the claim {e.claim!r} declares a power plan, whose pilot is the same contrast "
                             "where the grid was first run (an axis' implicit value); it is there itself")
-    reads = [(f"measure {m.name}", arm, m.at) for m in bed.measures for arm in (m.reference, *m.finetuned) if arm]
+    reads = [(f"measure {m.name}", arm, m.at) for m in bed.measures for arm in (m.model, *m.finetuned) if arm]
     reads += [(f"probe {p.name}", p.arm, p.at) for p in bed.probes if p.arm]
     for what, arm, at in reads:
         if arm not in bed.arms:

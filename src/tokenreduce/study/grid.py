@@ -18,6 +18,8 @@ from .testbed import Testbed, synthetic_data
 #: What an arm is (``Arm.kind``)
 TRAINED, AFTER, EVALUATED, OFF_THE_SHELF = "trained", "after", "evaluated", "off_the_shelf"
 ARM_KINDS = (TRAINED, AFTER, EVALUATED, OFF_THE_SHELF)
+#: the zero-reduction control every bench times
+CONTROL = "tome(r=0)"
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class Planned:
         where it has none and the baseline is evaluated off the shelf, the model at its initialisation)
         and its fine-tuned runs' (every run of each arm at ``m.at``, in plan order)."""
         off_the_shelf = self.arms[self.baseline].kind == OFF_THE_SHELF
-        ref = m.reference or (None if self.bed.reference or off_the_shelf else self.baseline)
+        ref = m.model or (None if self.bed.reference or off_the_shelf else self.baseline)
         at = self.complete(m.at)
         tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
         return (self.point(ref, m.at).id if ref else None), tuned
@@ -128,13 +130,18 @@ class Planned:
         shelf, so their seeds are disjoint folds of the test items (a metric kept per item: 100 or 0)."""
         return all(a in self.arms and self.arms[a].kind == OFF_THE_SHELF for a in (e.arm, e.baseline))
 
-    def bench_run(self, b: Any) -> Any:
-        """``b`` as this study runs it: the smoke's timing settings and narrower model, no checkpoint."""
-        if not self.is_smoke:
-            return b
-        over = dict(self.smoke_over("bench"))
-        kwargs = {**b.model.get("kwargs", {}), **over.pop("model_kwargs", {})}
-        return dataclasses.replace(b, model={**b.model, "kwargs": kwargs}, checkpoint=None, speed={**b.speed, **over})
+    def bench_run(self, b: Any) -> dict[str, Any]:
+        """The ``bench`` command's request of the bench ``b`` (a Timing of a model off the grid) as this study
+        runs it: a smoke's timing settings and narrower model, no checkpoint."""
+        model, settings = dict(b.model), dict(b.settings)
+        if self.is_smoke:
+            over = dict(self.smoke_over("bench"))
+            model = {**model, "kwargs": {**model.get("kwargs", {}), **over.pop("model_kwargs", {})}}
+            model.pop("checkpoint", None)
+            settings.update(over)
+        return {"model": {k: v for k, v in model.items() if k in ("name", "kwargs")}, "specs": tuple(b.specs),
+                "control": CONTROL, "match_random": settings.pop("match_random", False), "speed": settings,
+                "checkpoint": model.get("checkpoint"), "stem": model.get("stem")}
 
     def eval_items(self, scratch: Path) -> tuple[str | None, int | None]:
         """(data_dir, eval_subset) of the study's runs: where a measure finds the same test items (a

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .declare import OFF_THE_SHELF, POWER, Axis, Bench, Col, Expect, Measure, Probe, Study
+from .declare import OFF_THE_SHELF, POWER, Axis, Col, Expect, Probe, Study, Timing
 
 NOT_RUN = "not run"
 
@@ -115,7 +115,7 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
     return f"| {label} | {seeds} | " + " | ".join(cells) + " |"
 
 
-def measure_table(decl: Measure, doc: dict[str, Any]) -> list[str]:
+def measure_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
     lines = table_head([c.header for c in decl.columns])
     for r in doc["result"]["results"]:
         lines.append("| " + " | ".join(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-"
@@ -124,7 +124,7 @@ def measure_table(decl: Measure, doc: dict[str, Any]) -> list[str]:
     return [*lines, "", noise] if noise else lines
 
 
-def bench_table(decl: Bench, doc: dict[str, Any]) -> list[str]:
+def bench_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
     """A bench's table as the ``bench`` command prints it, under the line that says what was timed how."""
     from ..bench.compare import columns_for
     from ..bench.report import format_table
@@ -644,7 +644,7 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
         lines += [*arm_table(study, runs, at), ""]
     lines += machines_text(runs)
 
-    def part(decl: Measure | Probe | Bench, render: Any) -> list[str]:
+    def part(decl: Timing | Probe, render: Any) -> list[str]:
         doc = runs.get(decl.name)
         if isinstance(decl, Probe) and decl.fmnist_only and not study.bed.fmnist():
             body = [f"{NOT_RUN}: it reads Fashion-MNIST's raw images; the test bed is {study.bed.text()}"]
