@@ -56,8 +56,8 @@ EET_FMNIST = get_study("eet").beds["fmnist"]
 def _tiny_bed(**over: Any) -> dict[str, Bed]:
     """A test-only two-arm cut of the EET study's fmnist bed (fast kill-and-continue checks), ``over`` changed."""
     bed = Bed(testbed=EET_FMNIST.testbed, recipe=EET_FMNIST.recipe,
-              arms={"a": Arm("(a)", task="eet(dkt=False, drg=False)"),
-                    "b": Arm("(b)", task="eet(dkt=False, drg=False)", spec="ctp()")},
+              arms={"a": Arm("(a)", options={"task": "eet(dkt=False, drg=False)"}),
+                    "b": Arm("(b)", options={"task": "eet(dkt=False, drg=False)"}, spec="ctp()")},
               baseline="a", grid=(Axis("bits", (8,), "b"), Axis("seed", (0, 1), "s")), columns=EET_FMNIST.columns[:1],
               smoke=EET_FMNIST.smoke)
     return {"fmnist": dataclasses.replace(bed, **over)}
@@ -231,7 +231,7 @@ def test_bad_declarations_are_refused():
 
 
 _ONLY_ARMS = {**_TinyEET.beds["fmnist"].arms,
-              "c": Arm("(c)", task="eet(dkt=False, drg=False, fish_delta=0.01)", only={"bits": (16,)})}
+              "c": Arm("(c)", options={"task": "eet(dkt=False, drg=False, fish_delta=0.01)"}, only={"bits": (16,)})}
 
 
 def _only_bed(**arms: Arm) -> dict[str, Bed]:
@@ -542,7 +542,7 @@ def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys
         @register_study("bad_bench_table_test", TEST_STUDIES)
         class _Bad6(_TinyBench):
             beds = {"cpu": Bed(evaluations=_TinyBench.beds["cpu"].benches,
-                               bench_tables={"x": (Col("label", "spec"), Col("tiny", "b2 / b1"), Col("nope", "b2"))})}
+                               columns={"x": (Col("label", "spec"), Col("tiny", "b2 / b1"), Col("nope", "b2"))})}
     with pytest.raises(SpecError, match="'seed' axis"):  # a study with arms still needs its seeds
         @register_study("bad_seedless_test", TEST_STUDIES)
         class _Bad4(_TinyEET):

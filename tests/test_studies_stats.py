@@ -177,7 +177,8 @@ def test_a_study_with_one_seed_done_renders_its_tables_and_verdicts():
     from tokenreduce.study import Expect
     from tokenreduce.study.tables import summary, verdict_table
 
-    study = _study([Expect("b above a", "synthetic", arm="b", baseline="a", metric="m", direction=1, effect=2.0)])
+    study = _study([Expect("b above a", "synthetic", arm="b", baseline="a", metric="m", direction=1,
+                           reported=(2.0, ""))])
     runs = {"a-s0": {"metrics": {"m": 1.0}}, "b-s0": {"metrics": {"m": 3.5}}}
     lines = verdict_table(study, runs)
     row = next(line for line in lines if line.startswith("| b above a"))
@@ -208,7 +209,7 @@ def test_verdicts_decide_on_holm_within_the_study_and_bh_over_the_report():
     from tokenreduce.study.tables import judge
 
     one = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
-                  Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=5.0)])
+                  Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, reported=(5.0, ""))])
     other = _study([Expect("c above b", "s", arm="c", baseline="b", metric="m", direction=1)], name="other")
     runs = _runs({"a": [0, 0, 0], "b": [1.0, 1.1, 0.9], "c": [3.0, 1.0, 2.2]})
     judgement = judge([(one, runs), (other, runs)])
@@ -286,7 +287,7 @@ def test_margins_and_power_plans_are_declared_with_their_reasons():
         Expect("costs nothing", "s", arm="b", baseline="a", metric="m", direction=1, kind="noninferior", margin=-0.5)
     with pytest.raises(SpecError, match="a power plan's effect is positive"):
         Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1, power=-1.0)
-    study = _study([Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=2.0)])
+    study = _study([Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, reported=(2.0, ""))])
     judged = verdicts(study, _runs({"a": [0, 0, 0], "c": [3.0, 1.0, 2.5]}))
     assert stats.seeds_for_power(1.0, 1.0) == 10 and stats.seeds_for_power(1.0, 1.0, level=0.05 / 3) == 14
     assert "no power plan was declared before the runs; post hoc" in judged[0].why

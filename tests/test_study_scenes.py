@@ -99,7 +99,8 @@ def test_bad_evaluated_arms_are_refused():
              ({"e": Arm("e", oracle, kind="evaluated", reads="nope")}, "not another of its trained arms"),
              ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned"),
                "f": Arm("f", oracle, kind="evaluated", reads="e")}, "not another of its trained arms"),
-             ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned", task="eet()")}, "trains nothing"),
+             ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned", options={"task": "eet()"})},
+              "trains nothing"),
              ({"e": Arm("e", oracle, kind="evaluate")}, "is of kind 'evaluate'; choose from trained, after, ")]
     for i, (arms, match) in enumerate(cases):
         with pytest.raises(SpecError, match=match):

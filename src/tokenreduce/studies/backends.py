@@ -76,13 +76,13 @@ def _side_by_side(label: str, *benches: tuple[str, str, str]) -> tuple[Col, ...]
 
 @register_study("backends")
 class Backends(Study):
-    title = "Backends: every method against the unreduced model and its matched random pruner"
     claim = ("a method's speed-up is its token counts' (about 1x its matched random pruner), and no method is "
              "slower than the unreduced model at batch 1, on each backend")
     source = "the project's speed targets, read against EViT, ToMe, CTP, top-k and ImagePiece at their schedules"
     beds = {"cpu": Bed(
+        title="Backends: every method against the unreduced model and its matched random pruner",
         evaluations=_benches(),
-        bench_tables={f"{what}: speed-ups per backend": _side_by_side(
+        columns={f"{what}: speed-ups per backend": _side_by_side(
             what, (f"{model}-eager", "eager b32 / b1", "vs random b32 / b1"),
             (f"{model}-compile", "compile b32 / b1", "vs random"),
             (f"{model}-onnxruntime", "onnxruntime b32 / b1", "vs random"))
@@ -93,7 +93,7 @@ class Backends(Study):
         "gpu": Bed(
             title="The GPU preset: DeiT-S in bfloat16 on one GPU",
             evaluations=_gpu_benches(),
-            bench_tables={"DeiT-S, bfloat16: speed-ups eager and with CUDA graphs": _side_by_side(
+            columns={"DeiT-S, bfloat16: speed-ups eager and with CUDA graphs": _side_by_side(
                 "DeiT-S (4.6 GMACs)", ("deit_small-gpu-eager", "eager b256 / b1", "vs random b256 / b1"),
                 ("deit_small-gpu-graphs", "CUDA graphs b256 / b1", "vs random"))},
             smoke={"bench": {**SMOKE_BENCH, "backend": "eager", "compile_mode": "default", "dtype": "float32"}},

@@ -99,7 +99,7 @@ FMNIST_PICKS = {
 FMNIST_MATCHED = "random(keep=0.55, locs=(1, 3, 4))"
 _NOTES = {"tome-2x": " (not reached: 1.63x expected)"}  # what the fmnist budget search's record says
 
-_COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
+_COLUMNS = (Col("label", "case"), Col("kind", "kind"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),
             Col("top1", "top-1 %"), Col("top1_std", "± std"))
 _FM_COLUMNS = (*_COLUMNS[:6], Col("top1_drop", "top-1 drop"), _COLUMNS[6])
@@ -153,7 +153,6 @@ LONGER = ("dynamicvit-1.5x", "random~dynamicvit-1.5x", "topk-1.5x", "random~topk
 
 @register_study("baselines")
 class Baselines(Study):
-    title = "The baselines: top-1 at ~1.5x and ~2x measured speed-up, training-free and fine-tuned"
     paper_epochs = 30
     claim = ("an informed token score or merge keeps more accuracy than random selection at the same token "
              "counts and at the same measured speed-up, before and after fine-tuning")

@@ -40,7 +40,7 @@ _ARMS = {
     "prune_only": Arm("prune-only at DiffRate's counts", spec=f"diffrate(prune={COUNTS})", kind="off_the_shelf"),
     "merge_only": Arm("merge-only at DiffRate's counts", spec=f"diffrate(merge={COUNTS})", kind="off_the_shelf"),
 }
-_COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
+_COLUMNS = (Col("label", "case"), Col("kind", "kind"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"), Col("top1", "top-1 %"))
 
 
@@ -51,7 +51,6 @@ def _beats(control: str, words: str) -> Expect:
 
 @register_study("diffrate")
 class DiffRateStudy(Study):
-    title = "DiffRate: prune-then-merge against prune-only and merge-only at the same token counts"
     claim = ("pruning by class-token attention and then merging keeps more accuracy than pruning alone or merging "
              "alone at the same per-block token counts")
     source = _SOURCE

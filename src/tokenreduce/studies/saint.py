@@ -96,7 +96,7 @@ _ARMS = {
     "saint_calibrated": Arm(f"SAINT, the count calibrated on held-out scenes: {CALIBRATED}", spec=CALIBRATED,
                             kind="off_the_shelf"),
 }
-_COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
+_COLUMNS = (Col("label", "case"), Col("kind", "kind"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),
             Col("top1", "top-1 %"), Col("top1_std", "± std"))
 
@@ -190,7 +190,6 @@ _FREE_BED = Bed(
 
 @register_study("saint")
 class SaintStudy(Study):
-    title = "SAINT: dropping against merging (ToMe, PiToMe) at equal MACs, and its official batch-mean count"
     claim = ("dropping redundant tokens by SAINT's similarity graph keeps more top-1 than merging them (ToMe, PiToMe) "
              "at the same MACs; the official count's batch dependence does not change top-1")
     source = f"{_SOURCE}, image classification (ViTs off the shelf)"

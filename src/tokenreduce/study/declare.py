@@ -44,8 +44,9 @@ class Arm:
     """One arm: what differs from the recipe, and what it is, by its ``kind``. ``label``: the name tables print.
 
     ``trained``: ``spec`` is the reducer it trains with (None: none; it may name grid values in braces,
-    ``random(seed={seed})``), ``task`` a task spec (None: the recipe's), ``stem`` and ``transforms`` model
-    options (models/build.py; on a reference checkpoint a stem is swapped in with fresh weights).
+    ``random(seed={seed})``); ``options``: what else differs from the recipe (:data:`ARM_OPTIONS`): ``task`` a
+    task spec, ``stem`` and ``transforms`` model options (models/build.py; on a reference checkpoint a stem is
+    swapped in with fresh weights).
     ``after``: the same, started from the checkpoint of the trained arm ``reads`` at the same grid point (a
     second phase). ``evaluated``: trains nothing; ``spec`` is a registered experiment (probes/base.py) run on
     the checkpoint of the arm ``reads`` at the same grid point, whose result's ``metrics`` are the arm's (the
@@ -61,10 +62,29 @@ class Arm:
     spec: str | None = None
     kind: str = TRAINED
     reads: str | None = None
-    task: str | None = None
-    stem: str | None = None
-    transforms: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
     only: dict[str, tuple[Any, ...]] | tuple[dict[str, tuple[Any, ...]], ...] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if _unknown(self.options, ARM_OPTIONS):
+            raise SpecError(f"arm {self.label!r}: its options name unknown keys {_unknown(self.options, ARM_OPTIONS)}; "
+                            f"choose from {list(ARM_OPTIONS)}")
+
+    @property
+    def task(self) -> str | None:
+        return self.options.get("task")
+
+    @property
+    def stem(self) -> str | None:
+        return self.options.get("stem")
+
+    @property
+    def transforms(self) -> tuple[str, ...]:
+        return tuple(self.options.get("transforms", ()))
+
+
+#: What an arm's ``options`` may change from the recipe: its task spec, and its model's stem and transforms
+ARM_OPTIONS = ("task", "stem", "transforms")
 
 
 #: what an off-the-shelf arm's record says it evaluates: the test bed's reference
@@ -75,28 +95,44 @@ REFERENCE = "@reference"
 class Axis:
     """A grid axis: a TrainConfig field (``seed``) or a parameter of the task spec (``bits``); ``short``
     prefixes its value in run ids (``s0``). With ``sets`` the axis is a named setting: value -> the TrainConfig
-    fields it sets (the fine-tune length). ``implicit``: the value run ids leave out (the runs made before the
-    axis existed keep their ids)."""
+    fields it sets (the fine-tune length); the one value it sets nothing for is the recipe as it was, the runs
+    made before the axis existed, and their ids leave it out (:attr:`implicit`)."""
 
     name: str
     values: tuple[Any, ...]
     short: str
     sets: dict[Any, dict[str, Any]] = field(default_factory=dict)
-    implicit: Any = None
+
+    def __post_init__(self) -> None:
+        if self.sets and len([v for v in self.values if v not in self.sets]) > 1:
+            raise SpecError(f"axis {self.name}: its sets= names every value but one (the one run ids leave out); "
+                            f"it leaves out {[v for v in self.values if v not in self.sets]}")
+
+    @property
+    def implicit(self) -> Any:
+        """The value run ids leave out: with ``sets``, the one it sets nothing for; else none."""
+        return next((v for v in self.values if v not in self.sets), None) if self.sets else None
 
 
 @dataclass(frozen=True)
 class Col:
     """A table column (every table's one column syntax). In an arm table ``metric`` is a run metric (mean ± std
     over seeds; ``paired``: the difference from the baseline, paired by seed); in a measure's, the row's value
-    written with ``fmt``; in a bench's, the ``bench`` command's row key; in a bench table
+    (:meth:`text`); in a bench's, the ``bench`` command's row key; in a bench table
     (:attr:`Bed.bench_tables`) after the label column, a bench whose speed-ups it shows (``paired``: against its
     matched random pruner, else the unpatched model)."""
 
     metric: str
     header: str
     paired: bool = False
-    fmt: str = "{:.2f}"
+
+    def text(self, value: Any) -> str:
+        """``value`` as a measure's table writes it: text as it is, a number as :data:`FORMATS` says."""
+        return value if isinstance(value, str) else FORMATS.get(self.metric, "{:.2f}").format(value)
+
+
+#: how a measure's table writes a metric (every other to 2 decimals)
+FORMATS = {"gmacs": "{:.4f}", "img_per_s": "{:.0f}", "macs": "{:,}"}
 
 
 #: The power a claim's plan (:attr:`Expect.power`) asks of its test
@@ -116,8 +152,9 @@ class Expect:
     seed (by test item for arms evaluated off the shelf), lies beyond ``margin`` in ``direction`` (+1/-1) by
     the paired t-test at :attr:`level` two-sided. ``kind``: "superior"; "noninferior" (the margin is the loss
     allowed, on the losing side); "equivalent" (|Δ| < |margin|, by TOST); these two say ``why`` that
-    margin. ``delta`` (with ``why``): the smallest difference that matters. ``effect``: the
-    difference the source reports. ``family``: claims of one bed sharing this text are also tested as one
+    margin. ``delta`` (with ``why``): the smallest difference that matters. ``reported``: the
+    difference the source reports and its figures as the source writes them (:attr:`effect`, :attr:`published`).
+    ``family``: claims of one bed sharing this text are also tested as one
     (the per-seed mean of their differences). ``speed``: (measure, margin): "at equal measured speed" only when
     both arms' timings on that measure are shown equivalent within the margin (the text's ``{at_speed}``).
     ``power``: the smallest difference toward the claim its test must detect with :data:`POWER`; the report
@@ -132,8 +169,7 @@ class Expect:
     direction: int
     at: dict[str, Any] = field(default_factory=dict)
     margin: float = 0.0
-    effect: float | None = None
-    published: str = ""
+    reported: tuple[float, str] | None = None
     kind: str = "superior"
     delta: float | None = None
     why: str = ""
@@ -142,6 +178,16 @@ class Expect:
     power: float | None = None
     #: every claim's level, two-sided (not a field: no claim declares another)
     level = 0.05
+
+    @property
+    def effect(self) -> float | None:
+        """The difference the source reports (None: it reports none)."""
+        return None if self.reported is None else self.reported[0]
+
+    @property
+    def published(self) -> str:
+        """The source's figures as it writes them ("" where it reports none)."""
+        return "" if self.reported is None else self.reported[1]
 
     def __post_init__(self) -> None:
         refusals = {
@@ -237,9 +283,12 @@ SMOKE_KEYS = ("testbed", "recipe", "grid", "measure", "probe", "bench")
 @dataclass(frozen=True)
 class Bed:
     """What a study declares for one test bed. ``arms`` name per-block counts, which depend on the patch grid;
-    ``split``: the axis the arm tables are split by, and their heading; ``evaluations``: read by type as
+    ``split``: the axis the arm tables are split by, and their heading; ``columns``: the arm tables' (on a bed
+    that trains nothing: title -> the columns of a table of its benches side by side, one backend each, say);
+    ``evaluations``: read by type as
     ``measures``, ``probes``, ``benches``; ``budget``: the compute plan, declared before the runs, as (runs, kind
-    of run, measured minutes a run) per kind; ``pending``: why runs are missing; ``title``: default the study's.
+    of run, measured minutes a run) per kind; ``pending``: why runs are missing; ``title``: its page's
+    heading (none: the study's name).
     A bed with benches only trains nothing: no arms, recipe, baseline, grid, columns, measures or probes."""
 
     testbed: Testbed = Testbed()
@@ -249,13 +298,16 @@ class Bed:
     baseline: str = ""
     grid: tuple[Axis, ...] = ()
     split: tuple[str, str] | None = None
-    columns: tuple[Col, ...] = ()
+    columns: tuple[Col, ...] | dict[str, tuple[Col, ...]] = ()
     evaluations: tuple[Timing | Probe, ...] = ()
-    #: several benches side by side (one backend each, say): title -> its columns
-    bench_tables: dict[str, tuple[Col, ...]] = field(default_factory=dict)
     smoke: dict[str, Any] | None = None  #: :data:`SMOKE_KEYS`
     budget: tuple[tuple[int, str, float], ...] = ()
     pending: str = ""
+
+    @property
+    def bench_tables(self) -> dict[str, tuple[Col, ...]]:
+        """Its tables of benches side by side (``columns`` on a bed that trains nothing): title -> columns."""
+        return self.columns if isinstance(self.columns, dict) else {}
 
     @property
     def measures(self) -> tuple[Timing, ...]:
@@ -285,8 +337,6 @@ class Study(Planned):
     that bed's declarations, its ``expect`` the claims the bed tests."""
 
     name: ClassVar[str] = ""
-    Config: ClassVar[type] = NoParams  # the registry's; a study takes its parameters as test bed and flags
-    title: ClassVar[str] = ""
     claim: ClassVar[str] = ""
     source: ClassVar[str] = ""
     #: the claims, each declared once; every bed tests those whose arms it has (:func:`tests_claim`)
@@ -301,9 +351,10 @@ class Study(Planned):
         if self.bed_name not in cls.beds:
             raise TokenReduceError(f"study {cls.name} has no test bed {bed!r}; choose from {', '.join(cls.beds)}")
         decl = cls.beds[self.bed_name]
-        for k in [*(f.name for f in dataclasses.fields(Bed) if f.name != "testbed"), "measures", "probes", "benches"]:
+        for k in [*(f.name for f in dataclasses.fields(Bed) if f.name != "testbed"), "measures", "probes", "benches",
+                  "bench_tables"]:
             setattr(self, k, getattr(decl, k))  # the bed's declarations, its evaluations by type
-        self.title = decl.title or cls.title
+        self.columns = () if self.bench_tables else decl.columns  # the arm tables' (a bench table is by title)
         self.expect = tuple(e for e in cls.expect if tests_claim(decl, e))
         self.is_smoke = smoke
         if smoke and self.smoke is None:
@@ -363,13 +414,16 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
             raise SpecError(f"{where}: bench table {title!r} needs its label column, then columns of the benches it "
                             f"declares (unknown: {unknown})")
     if not bed.arms:  # it tests no claim: a claim needs two arms
-        extra = [k for k in ("recipe", "baseline", "grid", "split", "columns", "measures", "probes")
-                 if getattr(bed, k)]
+        extra = [k for k in ("recipe", "baseline", "grid", "split", "measures", "probes") if getattr(bed, k)]
+        extra += ["columns"] if bed.columns and not bed.bench_tables else []
         if extra or not bed.benches:
             raise SpecError(f"{where} has no arms: it trains nothing, so it declares benches only and no recipe, "
-                            "baseline, grid, split, columns, measures or probes "
+                            "baseline, grid, split, measures, probes or columns but its bench tables "
                             f"(it has {', '.join(extra) or 'no benches'})")
         return
+    if bed.bench_tables:
+        raise SpecError(f"{where}: its columns are its arm tables' (a tuple of Col); a table of benches side by side "
+                        "(title -> columns) goes on a bed that trains nothing")
     overrides = [("recipe", bed.recipe), ("smoke recipe", smoke.get("recipe", {}))] + \
         [(f"axis {a.name} at {v}", f) for a in bed.grid for v, f in a.sets.items()]
     for what, fields in overrides:
@@ -452,7 +506,8 @@ def register_study(name: str, into: Registry[type[Study]] | None = None) -> Call
     def wrap(cls: type[Study]) -> type[Study]:
         cls.name = name
         check_study(cls)
-        return (into or _STUDIES).register_class(name)(cls)
+        (into or _STUDIES).add(name, cls, NoParams)  # it takes no parameters: its test bed and flags say where it runs
+        return cls
 
     return wrap
 

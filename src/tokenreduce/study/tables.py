@@ -118,7 +118,7 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
 def measure_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
     lines = table_head([c.header for c in decl.columns])
     for r in doc["result"]["results"]:
-        lines.append("| " + " | ".join(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-"
+        lines.append("| " + " | ".join(c.text(r[c.metric]) if r.get(c.metric) is not None else "-"
                                        for c in decl.columns) + " |")
     noise = timing_noise(doc["result"]["results"])
     return [*lines, "", noise] if noise else lines
@@ -143,9 +143,10 @@ def bench_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
 
 
 def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[str]:
-    """A bench table (``Bed.bench_tables``): a row per spec and the control, labelled in the first column; each
-    other column the speed-ups of the bench its ``metric`` names against the unpatched model or (``paired``) the
-    matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is empty."""
+    """A bench table (``Bed.columns`` of a bed that trains nothing): a row per spec and the control, labelled in
+    the first column; each other column the speed-ups of the bench its ``metric`` names against the unpatched
+    model or (``paired``) the matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is
+    empty."""
     benches = list(dict.fromkeys(c.metric for c in columns[1:]))
     missing = [n for n in benches if n not in runs]
     if missing:
