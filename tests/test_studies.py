@@ -517,6 +517,27 @@ def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: p
                                                      "lat", "speedup", "vs", "random", "lat", "vs", "random"]
 
 
+def test_the_folded_fields_read_as_before_and_refuse_what_does_not_fit():
+    e = Expect("b beats a", "s", arm="b", baseline="a", metric="m", direction=1, reported=(0.79, "+0.79 top-1"))
+    assert (e.effect, e.published) == (0.79, "+0.79 top-1")  # the source's effect and its figures, one field
+    assert (dataclasses.replace(e, reported=None).effect, dataclasses.replace(e, reported=None).published) == (None, "")
+    assert Axis("steps", (100, 937, 9370), "t", sets={937: {}, 9370: {}}).implicit == 100  # the value it leaves alone
+    assert Axis("seed", (0, 1), "s").implicit is None
+    with pytest.raises(SpecError, match=r"axis steps: its sets= names every value but one .* \[100, 200\]"):
+        Axis("steps", (100, 200, 937), "t", sets={937: {}})
+    assert [Col(m, "h").text(v) for m, v in [("label", "tome"), ("gmacs", 1.23456), ("img_per_s", 812.6),
+                                              ("macs", 1234567), ("top1", 81.234)]] == \
+        ["tome", "1.2346", "813", "1,234,567", "81.23"]
+    arm = Arm("x", options={"task": "eet", "stem": "conv", "transforms": ("tie_qk",)})
+    assert (arm.task, arm.stem, arm.transforms) == ("eet", "conv", ("tie_qk",))
+    with pytest.raises(SpecError, match=r"arm 'x': its options name unknown keys \['stems'\]; choose from"):
+        Arm("x", options={"stems": "conv"})
+    with pytest.raises(SpecError, match="its columns are its arm tables'"):  # a bench table needs a bed of benches
+        @register_study("bad_bench_table_with_arms_test", TEST_STUDIES)
+        class _Bad(_TinyEET):
+            beds = _tiny_bed(columns={"t": (Col("label", "spec"), Col("tiny", "b2 / b1"))})
+
+
 def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys):
     with pytest.raises(SpecError, match="has no arms: it trains nothing.*grid"):
         @register_study("bad_bench_grid_test", TEST_STUDIES)

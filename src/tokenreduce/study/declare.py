@@ -408,6 +408,9 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
     if _unknown(smoke.get("bench", {}), valid):
         raise SpecError(f"{where}: its smoke bench names unknown settings {_unknown(smoke['bench'], valid)}; "
                         f"choose from {sorted(valid)}")
+    if bed.arms and bed.bench_tables:
+        raise SpecError(f"{where}: its columns are its arm tables' (a tuple of Col); a table of benches side by side "
+                        "(title -> columns) goes on a bed that trains nothing")
     for title, columns in bed.bench_tables.items():
         unknown = _unknown((c.metric for c in columns[1:]), (b.name for b in bed.benches))
         if unknown or len(columns) < 2:
@@ -421,9 +424,6 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
                             "baseline, grid, split, measures, probes or columns but its bench tables "
                             f"(it has {', '.join(extra) or 'no benches'})")
         return
-    if bed.bench_tables:
-        raise SpecError(f"{where}: its columns are its arm tables' (a tuple of Col); a table of benches side by side "
-                        "(title -> columns) goes on a bed that trains nothing")
     overrides = [("recipe", bed.recipe), ("smoke recipe", smoke.get("recipe", {}))] + \
         [(f"axis {a.name} at {v}", f) for a in bed.grid for v, f in a.sets.items()]
     for what, fields in overrides:
