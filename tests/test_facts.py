@@ -84,7 +84,7 @@ def test_no_study_restates_the_default_timing_settings():
     for name in list_studies():
         for bed_name, bed in get_study(name).beds.items():
             for b in bed.benches:
-                same = {k: v for k, v in b.speed.items() if settings.SPEED.get(k) == v}
+                same = {k: v for k, v in b.settings.items() if settings.SPEED.get(k) == v}
                 restated += [f"{name}/{bed_name} bench {b.name}: {same}"] if same else []
     assert not restated, "bench/settings.SPEED is the one home of the default timing:\n" + "\n".join(restated)
 

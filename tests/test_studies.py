@@ -23,11 +23,11 @@ from tokenreduce.study import (
     Arm,
     Axis,
     Bed,
-    Bench,
     Col,
     Expect,
     Probe,
     Study,
+    Timing,
     execute,
     get_study,
     list_studies,
@@ -56,8 +56,8 @@ EET_FMNIST = get_study("eet").beds["fmnist"]
 def _tiny_bed(**over: Any) -> dict[str, Bed]:
     """A test-only two-arm cut of the EET study's fmnist bed (fast kill-and-continue checks), ``over`` changed."""
     bed = Bed(testbed=EET_FMNIST.testbed, recipe=EET_FMNIST.recipe,
-              arms={"a": Arm("(a)", task="eet(dkt=False, drg=False)"),
-                    "b": Arm("(b)", task="eet(dkt=False, drg=False)", spec="ctp()")},
+              arms={"a": Arm("(a)", options={"task": "eet(dkt=False, drg=False)"}),
+                    "b": Arm("(b)", options={"task": "eet(dkt=False, drg=False)"}, spec="ctp()")},
               baseline="a", grid=(Axis("bits", (8,), "b"), Axis("seed", (0, 1), "s")), columns=EET_FMNIST.columns[:1],
               smoke=EET_FMNIST.smoke)
     return {"fmnist": dataclasses.replace(bed, **over)}
@@ -231,7 +231,7 @@ def test_bad_declarations_are_refused():
 
 
 _ONLY_ARMS = {**_TinyEET.beds["fmnist"].arms,
-              "c": Arm("(c)", task="eet(dkt=False, drg=False, fish_delta=0.01)", only={"bits": (16,)})}
+              "c": Arm("(c)", options={"task": "eet(dkt=False, drg=False, fish_delta=0.01)"}, only={"bits": (16,)})}
 
 
 def _only_bed(**arms: Arm) -> dict[str, Bed]:
@@ -482,9 +482,10 @@ class _TinyBench(Study):
     """A test-only bench on test_vit at 64x64, the model tests/test_cli_bench.py times with the command."""
 
     claim, source = "test", "test"
-    beds = {"cpu": Bed(evaluations=(Bench("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
-                                      specs=("evit(keep=0.7, locs=(1, 3))", "tome(r=2)"), match_random=True,
-                                      speed={"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0}),))}
+    beds = {"cpu": Bed(evaluations=(Timing("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}},
+                                       specs=("evit(keep=0.7, locs=(1, 3))", "tome(r=2)"),
+                                       settings={"match_random": True, "batch": 2, "warmup": 0, "repeats": 1,
+                                                 "min_run_s": 0.0}),))}
 
 
 def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -516,6 +517,27 @@ def test_a_bench_runs_the_bench_commands_pipeline(tmp_path: Path, monkeypatch: p
                                                      "lat", "speedup", "vs", "random", "lat", "vs", "random"]
 
 
+def test_the_folded_fields_read_as_before_and_refuse_what_does_not_fit():
+    e = Expect("b beats a", "s", arm="b", baseline="a", metric="m", direction=1, reported=(0.79, "+0.79 top-1"))
+    assert (e.effect, e.published) == (0.79, "+0.79 top-1")  # the source's effect and its figures, one field
+    assert (dataclasses.replace(e, reported=None).effect, dataclasses.replace(e, reported=None).published) == (None, "")
+    assert Axis("steps", (100, 937, 9370), "t", sets={937: {}, 9370: {}}).implicit == 100  # the value it leaves alone
+    assert Axis("seed", (0, 1), "s").implicit is None
+    with pytest.raises(SpecError, match=r"axis steps: its sets= names every value but one .* \[100, 200\]"):
+        Axis("steps", (100, 200, 937), "t", sets={937: {}})
+    assert [Col(m, "h").text(v) for m, v in [("label", "tome"), ("gmacs", 1.23456), ("img_per_s", 812.6),
+                                              ("macs", 1234567), ("top1", 81.234)]] == \
+        ["tome", "1.2346", "813", "1,234,567", "81.23"]
+    arm = Arm("x", options={"task": "eet", "stem": "conv", "transforms": ("tie_qk",)})
+    assert (arm.task, arm.stem, arm.transforms) == ("eet", "conv", ("tie_qk",))
+    with pytest.raises(SpecError, match=r"arm 'x': its options name unknown keys \['stems'\]; choose from"):
+        Arm("x", options={"stems": "conv"})
+    with pytest.raises(SpecError, match="its columns are its arm tables'"):  # a bench table needs a bed of benches
+        @register_study("bad_bench_table_with_arms_test", TEST_STUDIES)
+        class _Bad(_TinyEET):
+            beds = _tiny_bed(columns={"t": (Col("label", "spec"), Col("tiny", "b2 / b1"))})
+
+
 def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys):
     with pytest.raises(SpecError, match="has no arms: it trains nothing.*grid"):
         @register_study("bad_bench_grid_test", TEST_STUDIES)
@@ -530,17 +552,18 @@ def test_a_bench_only_study_is_declared_without_arms_and_strict_otherwise(capsys
         @register_study("bad_names_test", TEST_STUDIES)
         class _Bad3(_TinyBench):
             beds = {"cpu": Bed(evaluations=_TinyBench.beds["cpu"].benches * 2)}
-    with pytest.raises(SpecError, match=r"bench tiny names unknown settings \['batch_size'\]"):
-        @register_study("bad_bench_speed_test", TEST_STUDIES)
-        class _Bad5(_TinyBench):
-            beds = {"cpu": Bed(evaluations=(dataclasses.replace(_TinyBench.beds["cpu"].benches[0],
-                                                            speed={"batch_size": 2}),))}
+    with pytest.raises(SpecError, match=r"timing 'tiny': its settings name unknown keys \['batch_size'\]"):
+        dataclasses.replace(_TinyBench.beds["cpu"].benches[0], settings={"batch_size": 2})
+    with pytest.raises(SpecError, match=r"timing 't': a bench \(a model off the grid\) reads no runs"):
+        Timing("t", model={"name": "test_vit"}, finetuned=("a",))
+    with pytest.raises(SpecError, match=r"timing 't': its settings name unknown keys \['match_random'\]"):
+        Timing("t", settings={"match_random": True})  # a measure times the study's runs: no matched random
     with pytest.raises(SpecError, match=r"bench table 'x' needs its label column, then columns of the benches it "
                                         r"declares \(unknown: \['nope'\]\)"):
         @register_study("bad_bench_table_test", TEST_STUDIES)
         class _Bad6(_TinyBench):
             beds = {"cpu": Bed(evaluations=_TinyBench.beds["cpu"].benches,
-                               bench_tables={"x": (Col("label", "spec"), Col("tiny", "b2 / b1"), Col("nope", "b2"))})}
+                               columns={"x": (Col("label", "spec"), Col("tiny", "b2 / b1"), Col("nope", "b2"))})}
     with pytest.raises(SpecError, match="'seed' axis"):  # a study with arms still needs its seeds
         @register_study("bad_seedless_test", TEST_STUDIES)
         class _Bad4(_TinyEET):

@@ -177,7 +177,8 @@ def test_a_study_with_one_seed_done_renders_its_tables_and_verdicts():
     from tokenreduce.study import Expect
     from tokenreduce.study.tables import summary, verdict_table
 
-    study = _study([Expect("b above a", "synthetic", arm="b", baseline="a", metric="m", direction=1, effect=2.0)])
+    study = _study([Expect("b above a", "synthetic", arm="b", baseline="a", metric="m", direction=1,
+                           reported=(2.0, ""))])
     runs = {"a-s0": {"metrics": {"m": 1.0}}, "b-s0": {"metrics": {"m": 3.5}}}
     lines = verdict_table(study, runs)
     row = next(line for line in lines if line.startswith("| b above a"))
@@ -208,7 +209,7 @@ def test_verdicts_decide_on_holm_within_the_study_and_bh_over_the_report():
     from tokenreduce.study.tables import judge
 
     one = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
-                  Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=5.0)])
+                  Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, reported=(5.0, ""))])
     other = _study([Expect("c above b", "s", arm="c", baseline="b", metric="m", direction=1)], name="other")
     runs = _runs({"a": [0, 0, 0], "b": [1.0, 1.1, 0.9], "c": [3.0, 1.0, 2.2]})
     judgement = judge([(one, runs), (other, runs)])
@@ -238,7 +239,7 @@ def test_an_exploratory_claim_shows_its_raw_p_and_interval_and_never_a_verdict_w
     from tokenreduce.study import Expect
     from tokenreduce.study.tables import EXPLORATORY, judge, p_text, verdict_table, word
 
-    up, down = _own("b above a", "b", direction=1), _own("c above a", "c", direction=1, effect=5.0)
+    up, down = _own("b above a", "b", direction=1), _own("c above a", "c", direction=1, reported=(5.0, ""))
     study = _study([up, down, Expect("d above a", "s", arm="b", baseline="a", metric="m", direction=1)])
     runs = _runs({"a": [0, 0, 0], "b": [4.0, 4.1, 3.9], "c": [-3.0, -3.2, -2.9]}, git="0123abc-dirty")
     judged = judge([(study, runs)]).judged[study.key]
@@ -259,7 +260,7 @@ def test_adding_or_removing_an_exploratory_claim_leaves_every_confirmatory_adjus
     from tokenreduce.study.tables import judge
 
     confirmed = [Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
-                 Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=5.0)]
+                 Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, reported=(5.0, ""))]
     other = _study([Expect("c above b", "s", arm="c", baseline="b", metric="m", direction=1)], name="other")
     runs = _runs({"a": [0, 0, 0], "b": [1.0, 1.1, 0.9], "c": [3.0, 1.0, 2.2]})
 
@@ -271,7 +272,7 @@ def test_adding_or_removing_an_exploratory_claim_leaves_every_confirmatory_adjus
     alone = adjusted([])
     assert len(alone) == 3 and max(a for v in alone.values() for a in v) < 1  # the families adjust something
     for own in ([_own("b below a", "b", direction=-1)],  # decided alone by its raw p (0.001), before and after
-                [_own("b below a", "b", direction=-1), _own("c above b", "c", direction=1, effect=1.0)]):
+                [_own("b below a", "b", direction=-1), _own("c above b", "c", direction=1, reported=(1.0, ""))]):
         assert adjusted(own) == alone
 
 
@@ -280,8 +281,8 @@ def test_the_family_sizes_equal_the_confirmatory_tests():
     from tokenreduce.study.tables import judge
 
     one = _study([Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1),
-                  Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=5.0),
-                  _own("c below b", "c", direction=-1), _own("c above a, own", "c", direction=1, effect=1.0)])
+                  Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, reported=(5.0, "")),
+                  _own("c below b", "c", direction=-1), _own("c above a, own", "c", direction=1, reported=(1.0, ""))])
     other = _study([_own("c above b", "c", direction=1)], name="other")  # exploratory only: no family
     runs = _runs({"a": [0, 0, 0], "b": [1.0, 1.1, 0.9]})  # c not run: its confirmatory tests wait at p = 1
     judgement = judge([(one, runs), (other, runs)])
@@ -322,12 +323,12 @@ def test_a_family_claim_pools_its_members_per_seed():
 
 
 def test_equal_measured_speed_is_an_equivalence_test_on_the_interleaved_rounds():
-    from tokenreduce.study import Expect, Measure
+    from tokenreduce.study import Expect, Timing
     from tokenreduce.study.tables import claim_text, timing_noise
 
     study = _study([Expect("b beats c {at_speed}", "s", arm="b", baseline="c", metric="m", direction=1,
                            speed=("speed", 0.1))],
-                   measures=(Measure("speed", reference=None, at={"seed": 0}, finetuned=("b", "c")),))
+                   measures=(Timing("speed", at={"seed": 0}, finetuned=("b", "c")),))
     rng = np.random.default_rng(0)
     base = 100.0 + rng.normal(0, 10, 10)  # images/s of the unpatched model, round by round (drift shared)
 
@@ -364,7 +365,7 @@ def test_margins_and_power_plans_are_declared_with_their_reasons():
         Expect("costs nothing", "s", arm="b", baseline="a", metric="m", direction=1, kind="noninferior", margin=-0.5)
     with pytest.raises(SpecError, match="a power plan's effect is positive"):
         Expect("b above a", "s", arm="b", baseline="a", metric="m", direction=1, power=-1.0)
-    study = _study([Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, effect=2.0)])
+    study = _study([Expect("c above a", "s", arm="c", baseline="a", metric="m", direction=1, reported=(2.0, ""))])
     judged = verdicts(study, _runs({"a": [0, 0, 0], "c": [3.0, 1.0, 2.5]}))
     assert stats.seeds_for_power(1.0, 1.0) == 10 and stats.seeds_for_power(1.0, 1.0, level=0.05 / 3) == 14
     assert "no power plan was declared before the runs; post hoc" in judged[0].why

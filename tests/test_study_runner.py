@@ -35,8 +35,9 @@ class _Pool(Study):
     claim, source = "test", "test"
     expect = (Expect("b below a", "test", arm="b", baseline="a", metric="map_asym", direction=-1),)
     beds = {"fmnist": Bed(testbed=EET_FMNIST.testbed, recipe=EET_FMNIST.recipe,
-                          arms={"a": Arm("(a)", task="eet(dkt=False, drg=False)"),
-                                "b": Arm("(b)", task="eet(dkt=False, drg=False)", kind="after", reads="a")},
+                          arms={"a": Arm("(a)", options={"task": "eet(dkt=False, drg=False)"}),
+                                "b": Arm("(b)", options={"task": "eet(dkt=False, drg=False)"}, kind="after",
+                                         reads="a")},
                           baseline="a", grid=(Axis("bits", (8,), "b"), Axis("seed", (0, 1), "s")),
                           columns=EET_FMNIST.columns[:1], smoke=EET_FMNIST.smoke)}
 

@@ -12,7 +12,7 @@ from conftest import TEST_STUDIES
 
 from tokenreduce.core.errors import SpecError
 from tokenreduce.studies.beds import SMOKE_MEASURE, SPEED_COLUMNS, scene_smoke
-from tokenreduce.study import Arm, Measure, Study, get_study, register_study
+from tokenreduce.study import Arm, Study, Timing, get_study, register_study
 from tokenreduce.study.plan import layout_for
 from tokenreduce.study.records import load_runs
 from tokenreduce.study.runner import Runner
@@ -99,7 +99,8 @@ def test_bad_evaluated_arms_are_refused():
              ({"e": Arm("e", oracle, kind="evaluated", reads="nope")}, "not another of its trained arms"),
              ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned"),
                "f": Arm("f", oracle, kind="evaluated", reads="e")}, "not another of its trained arms"),
-             ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned", task="eet()")}, "trains nothing"),
+             ({"e": Arm("e", oracle, kind="evaluated", reads="a_unpruned", options={"task": "eet()"})},
+              "trains nothing"),
              ({"e": Arm("e", oracle, kind="evaluate")}, "is of kind 'evaluate'; choose from trained, after, ")]
     for i, (arms, match) in enumerate(cases):
         with pytest.raises(SpecError, match=match):
@@ -196,14 +197,14 @@ def test_an_arm_table_heading_names_the_schedule_a_study_changed():
 
 def test_a_measure_over_two_arms_of_one_model_and_spec_is_refused():
     """The evaluation groups checkpoints by model and spec: two such arms would silently share one row."""
-    both = Measure("speed", reference=None, at={"seed": 0}, finetuned=("bspf_mirrored", "bspf_untied2"))
+    both = Timing("speed", at={"seed": 0}, finetuned=("bspf_mirrored", "bspf_untied2"))
     with pytest.raises(SpecError, match="bspf_mirrored and bspf_untied2, which carry the same model and spec"):
         _scenes("bspf", "bad_measure", evaluations=(both, *get_study("bspf").beds["scenes"].probes))
 
 
 #: two fine-tuned arms, one on its own model (the conv stem), and a measure over both, one seed
 _scenes("imagepiece", "tiny_records_test", ("none", "imagepiece", "conv_imagepiece"),
-        evaluations=(Measure("speed", reference=None, at={"seed": 0}, finetuned=("imagepiece", "conv_imagepiece"),
+        evaluations=(Timing("speed", at={"seed": 0}, finetuned=("imagepiece", "conv_imagepiece"),
                              columns=SPEED_COLUMNS),),
         smoke=scene_smoke(grid={"seed": (0,)}, measure=SMOKE_MEASURE))
 

@@ -24,7 +24,7 @@ launch-bound at batch 1. Peak memory per case is in its table.
 
 from __future__ import annotations
 
-from ..study.declare import Bed, Bench, Col, Study, register_study
+from ..study.declare import MATCH_RANDOM, Bed, Col, Study, Timing, register_study
 from ..train.recipes import get_recipe
 from .deit_bench import DEIT_S, SMOKE_BENCH
 
@@ -40,11 +40,11 @@ def _fmnist_vit() -> dict:
     return get_recipe("fmnist-vit")["model"]  # the architecture a smoke narrows; the run loads the trained weights
 
 
-def _benches() -> tuple[Bench, ...]:
-    deit = [Bench(f"deit_small-{b}", model=DEIT_S, specs=_DEIT_SPECS, match_random=True, speed={"backend": b},
+def _benches() -> tuple[Timing, ...]:
+    deit = [Timing(f"deit_small-{b}", model=DEIT_S, specs=_DEIT_SPECS, settings={MATCH_RANDOM: True, "backend": b},
                   title=f"DeiT-S (random weights), {b}") for b in BACKENDS]
-    fmnist = [Bench(f"fmnist-{b}", model=_fmnist_vit(), checkpoint="fmnist-vit", specs=_FMNIST_SPECS,
-                    match_random=True, speed={"backend": b},
+    fmnist = [Timing(f"fmnist-{b}", model={**_fmnist_vit(), "checkpoint": "fmnist-vit"}, specs=_FMNIST_SPECS,
+                     settings={MATCH_RANDOM: True, "backend": b},
                     title=f"The Fashion-MNIST reference at the 1.5x picks, {b}") for b in BACKENDS]
     return (*deit, *fmnist)
 
@@ -57,12 +57,12 @@ GPU_SPECS = (*_DEIT_SPECS, "dynamicvit()", "imagepiece()", "bspf()", "cropr(infe
 GPU_SPEED = {"batch": 256, "dtype": "bfloat16"}
 
 
-def _gpu_benches() -> tuple[Bench, ...]:
-    eager = Bench("deit_small-gpu-eager", model=DEIT_S, specs=GPU_SPECS, match_random=True,
-                  speed={**GPU_SPEED, "backend": "eager"},
+def _gpu_benches() -> tuple[Timing, ...]:
+    eager = Timing("deit_small-gpu-eager", model=DEIT_S, specs=GPU_SPECS,
+                   settings={MATCH_RANDOM: True, **GPU_SPEED, "backend": "eager"},
                   title="DeiT-S (random weights), bfloat16, batch 256 / 1, eager")
-    graphs = Bench("deit_small-gpu-graphs", model=DEIT_S, specs=("tome(r=13)",), match_random=True,
-                   speed={**GPU_SPEED, "backend": "compile", "compile_mode": "reduce-overhead"},
+    graphs = Timing("deit_small-gpu-graphs", model=DEIT_S, specs=("tome(r=13)",),
+                    settings={MATCH_RANDOM: True, **GPU_SPEED, "backend": "compile", "compile_mode": "reduce-overhead"},
                    title="DeiT-S (random weights), bfloat16, batch 256 / 1, torch.compile with CUDA graphs")
     return eager, graphs
 
@@ -76,13 +76,13 @@ def _side_by_side(label: str, *benches: tuple[str, str, str]) -> tuple[Col, ...]
 
 @register_study("backends")
 class Backends(Study):
-    title = "Backends: every method against the unreduced model and its matched random pruner"
     claim = ("a method's speed-up is its token counts' (about 1x its matched random pruner), and no method is "
              "slower than the unreduced model at batch 1, on each backend")
     source = "the project's speed targets, read against EViT, ToMe, CTP, top-k and ImagePiece at their schedules"
     beds = {"cpu": Bed(
+        title="Backends: every method against the unreduced model and its matched random pruner",
         evaluations=_benches(),
-        bench_tables={f"{what}: speed-ups per backend": _side_by_side(
+        columns={f"{what}: speed-ups per backend": _side_by_side(
             what, (f"{model}-eager", "eager b32 / b1", "vs random b32 / b1"),
             (f"{model}-compile", "compile b32 / b1", "vs random"),
             (f"{model}-onnxruntime", "onnxruntime b32 / b1", "vs random"))
@@ -93,7 +93,7 @@ class Backends(Study):
         "gpu": Bed(
             title="The GPU preset: DeiT-S in bfloat16 on one GPU",
             evaluations=_gpu_benches(),
-            bench_tables={"DeiT-S, bfloat16: speed-ups eager and with CUDA graphs": _side_by_side(
+            columns={"DeiT-S, bfloat16: speed-ups eager and with CUDA graphs": _side_by_side(
                 "DeiT-S (4.6 GMACs)", ("deit_small-gpu-eager", "eager b256 / b1", "vs random b256 / b1"),
                 ("deit_small-gpu-graphs", "CUDA graphs b256 / b1", "vs random"))},
             smoke={"bench": {**SMOKE_BENCH, "backend": "eager", "compile_mode": "default", "dtype": "float32"}},

@@ -25,7 +25,7 @@ comparison again, eagerly and with onnxruntime.
 
 from __future__ import annotations
 
-from ..study.declare import EQUAL_SPEED, TESTBED_TEACHER, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, TESTBED_TEACHER, Arm, Axis, Bed, Col, Expect, Study, Timing, register_study
 from ..train.recipes import get_recipe
 from .beds import (
     FMNIST,
@@ -99,7 +99,7 @@ FMNIST_PICKS = {
 FMNIST_MATCHED = "random(keep=0.55, locs=(1, 3, 4))"
 _NOTES = {"tome-2x": " (not reached: 1.63x expected)"}  # what the fmnist budget search's record says
 
-_COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
+_COLUMNS = (Col("label", "case"), Col("kind", "kind"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),
             Col("top1", "top-1 %"), Col("top1_std", "± std"))
 _FM_COLUMNS = (*_COLUMNS[:6], Col("top1_drop", "top-1 drop"), _COLUMNS[6])
@@ -153,7 +153,6 @@ LONGER = ("dynamicvit-1.5x", "random~dynamicvit-1.5x", "topk-1.5x", "random~topk
 
 @register_study("baselines")
 class Baselines(Study):
-    title = "The baselines: top-1 at ~1.5x and ~2x measured speed-up, training-free and fine-tuned"
     paper_epochs = 30
     claim = ("an informed token score or merge keeps more accuracy than random selection at the same token "
              "counts and at the same measured speed-up, before and after fine-tuning")
@@ -176,13 +175,13 @@ class Baselines(Study):
             columns=(Col("top1", "top-1 % (fine-tuned)"), Col("top1", "Δ top-1 vs random 1.5x", paired=True),
                      Col("train_time_s", "wall s")),
             evaluations=(
-                Measure("free", reference=None, at={}, columns=_COLUMNS,
+                Timing("free", columns=_COLUMNS,
                         specs=(*(_free(s) for pair in SCENE_PICKS.values() for s in pair),
                                *(_free(matched) for _, matched in LEARNED_PICKS.values()),
                                *map(_free, SCENE_RANDOM.values())),
                         title="Training-free: every pick and its matched random pruner on the reference (DynamicViT, "
                               "learned, only its matched pruner)"),
-                Measure("final", reference=None, at={}, finetuned=tuple(_scene_arms()), columns=_COLUMNS,
+                Timing("final", finetuned=tuple(_scene_arms()), columns=_COLUMNS,
                         title="Fine-tuned (3 seeds each), one interleaved timing run"),
             ),
             smoke=scene_smoke(measure=SMOKE_MEASURE),
@@ -196,16 +195,16 @@ class Baselines(Study):
             arms=_fmnist_arms(), baseline="random-1.5x", grid=_GRID,
             columns=(Col("top1", "top-1 % (fine-tuned)"), Col("top1", "Δ top-1 vs random 1.5x", paired=True)),
             evaluations=(
-                Measure("free", reference=None, at={}, specs=tuple(FMNIST_PICKS.values()), columns=_FM_COLUMNS,
+                Timing("free", specs=tuple(FMNIST_PICKS.values()), columns=_FM_COLUMNS,
                         title="Training-free: the picks on the reference (random over 3 pattern seeds)"),
-                Measure("final", reference=None, at={}, specs=tuple(FMNIST_PICKS.values()),
+                Timing("final", specs=tuple(FMNIST_PICKS.values()),
                         finetuned=tuple(FMNIST_PICKS), columns=_FM_COLUMNS,
                         title="The picks training-free and fine-tuned (3 seeds each), one interleaved timing run"),
-                Measure("matched", reference=None, at={}, specs=(FMNIST_MATCHED,), finetuned=_MATCHED_ARMS,
+                Timing("matched", specs=(FMNIST_MATCHED,), finetuned=_MATCHED_ARMS,
                         columns=_FM_COLUMNS, title="Equal token counts: random keep 0.55 against top-k keep 0.55, "
                                                    "eager"),
-                Measure("matched-onnxruntime", reference=None, at={}, specs=(FMNIST_MATCHED,), finetuned=_MATCHED_ARMS,
-                        speed={"backend": "onnxruntime"}, columns=_FM_COLUMNS,
+                Timing("matched-onnxruntime", specs=(FMNIST_MATCHED,), finetuned=_MATCHED_ARMS,
+                        settings={"backend": "onnxruntime"}, columns=_FM_COLUMNS,
                         title="Equal token counts, with onnxruntime (each case exported, metric eager)"),
             ),
             smoke=fmnist_smoke(measure={**SMOKE_MEASURE, "backend": "eager"}),  # exporting takes minutes

@@ -54,7 +54,7 @@ _WHOLE_SETS = {"subset": None, "eval_subset": None}
 #: (the runs made first keep their ids), one epoch and ten, the longer ones scored on all the test scenes;
 #: the recipe is otherwise the same (its schedule is in epochs of the training items: the warm-up stays a
 #: fraction of the run)
-LENGTH = Axis("steps", (STEPS, EPOCH_STEPS, TEN_EPOCHS), "t", implicit=STEPS,
+LENGTH = Axis("steps", (STEPS, EPOCH_STEPS, TEN_EPOCHS), "t",
               sets={EPOCH_STEPS: _WHOLE_SETS, TEN_EPOCHS: {**_WHOLE_SETS, "epochs": TEN_EPOCHS // EPOCH_STEPS}})
 
 
@@ -101,7 +101,7 @@ SHORT: dict[str, Any] = {"subset": STEPS * BATCH, "batch_size": BATCH, "epochs":
                          "data": "fmnist_scenes", "ckpt_every": 25}
 
 #: the columns of a scene study's speed measure: each fine-tuned arm's MACs and measured speed beside its top-1
-SPEED_COLUMNS = (Col("label", "spec", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
+SPEED_COLUMNS = (Col("label", "spec"), Col("kind", "kind"), Col("macs_speedup", "MACs x"),
                  Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),
                  Col("top1", "top-1 %"))
 

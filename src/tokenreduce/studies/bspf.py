@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..data.fashion_mnist import SIZES
 from ..data.scenes import EVAL_SUBSET
-from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Probe, Study, Timing, register_study
 from ..train.recipes import get_recipe
 from .beds import (
     FMNIST,
@@ -59,11 +59,11 @@ _SCENE_ARMS = {
     "bspf": Arm("BSPF, exact path", spec=f"{_BSPF})"),
     "bspf_mirrored": Arm("BSPF, mirrored path (trained as such)", spec=f"{_BSPF}, path='mirrored')"),
     "bspf_nofuse": Arm("BSPF without fusion (prune only)", spec=f"{_BSPF}, fuse=False)"),
-    "tied_full": Arm("phase 1, W_q = W_k: full attention (heals the tie)", transforms=("tie_qk",)),
+    "tied_full": Arm("phase 1, W_q = W_k: full attention (heals the tie)", options={"transforms": ("tie_qk",)}),
     "bspf_untied2": Arm("phase 2, untied: mirrored BSPF after full", spec=f"{_BSPF}, path='mirrored')",
                         kind="after", reads="full"),
     "bspf_tied2": Arm("phase 2, W_q = W_k: mirrored BSPF after tied_full", spec=f"{_BSPF}, path='mirrored')",
-                      transforms=("tie_qk",), kind="after", reads="tied_full"),
+                      options={"transforms": ("tie_qk",)}, kind="after", reads="tied_full"),
 }
 
 #: the arms fine-tuned for one epoch too (studies/beds.py, LENGTH): full attention, BSPF and the top-k
@@ -89,18 +89,20 @@ def _symmetry(name: str, title: str, **params: str) -> Probe:
 
 @register_study("bspf")
 class BSPF(Study):
-    title = "BSPF: chunked attention, pruning + fusion, W_q = W_k"
     paper_epochs = 300
     claim = ("chunked attention + pruning + fusion beats full attention at half the MACs, and with W_q = W_k "
              "mirroring the scores of the upper triangle costs nothing")
     source = f"{_SOURCE}, Table 1 (DeiT-S 79.8 -> 81.8 top-1 at 2.4 of 4.6 GMACs)"
     expect = (
         Expect("chunked attention + pruning + fusion beats full attention", f"{_SOURCE}, Table 1 (DeiT-S)",
-               arm="bspf", baseline="full", metric="top1", direction=1, effect=2.0, published="79.8 -> 81.8 top-1"),
+               arm="bspf", baseline="full", metric="top1", direction=1,
+               reported=(2.0, "79.8 -> 81.8 top-1")),
         Expect("chunked attention alone beats full attention", f"{_SOURCE}, reviewers (chunk attention alone: 81.4)",
-               arm="chunked", baseline="full", metric="top1", direction=1, effect=1.6, published="79.8 -> 81.4 top-1"),
+               arm="chunked", baseline="full", metric="top1", direction=1,
+               reported=(1.6, "79.8 -> 81.4 top-1")),
         Expect("pruning + fusion add accuracy to chunked attention", f"{_SOURCE}, reviewers (+0.4 over chunking)",
-               arm="bspf", baseline="chunked", metric="top1", direction=1, effect=0.4, published="81.4 -> 81.8 top-1"),
+               arm="bspf", baseline="chunked", metric="top1", direction=1,
+               reported=(0.4, "81.4 -> 81.8 top-1")),
         Expect("pruning + fusion beat top-k at the same MACs", f"{_SOURCE}, reviewers (a MAC-matched baseline)",
                arm="bspf", baseline="chunked_topk", metric="top1", direction=1),
         Expect("pruning + fusion beat random pruning at the same MACs", f"{_SOURCE}, reviewers", arm="bspf",
@@ -130,7 +132,7 @@ class BSPF(Study):
             pending=LONGER_PENDING, grid=(LENGTH, *_GRID),
             columns=_COLUMNS,
             # bspf_untied2 carries bspf_mirrored's model and spec (the same cost): one row for both
-            evaluations=(Measure("speed", reference=None, at={"seed": 0},
+            evaluations=(Timing("speed", at={"seed": 0},
                                  finetuned=tuple(a for a in _SCENE_ARMS if a not in ("full", "bspf_untied2")),
                                  columns=SPEED_COLUMNS,
                                  title="MACs and speed: every arm's seed-0 run against the reference, one "
@@ -145,13 +147,13 @@ class BSPF(Study):
             recipe=get_recipe("fmnist-bspf"),  # also `tokenreduce train --recipe fmnist-bspf`
             arms={"full": Arm("full attention"), "chunked": Arm("chunked alone", spec=_FM_CHUNKED),
                   "bspf": Arm("chunked + pruning + fusion", spec=_FM_BSPF),
-                  "bspf_tied": Arm("the same, W_q = W_k", spec=_FM_BSPF, transforms=("tie_qk",))},
+                  "bspf_tied": Arm("the same, W_q = W_k", spec=_FM_BSPF, options={"transforms": ("tie_qk",)})},
             baseline="full", grid=_GRID, columns=_COLUMNS,
             evaluations=(
-                Measure("speed", reference="full", at={"seed": 0}, specs=(_FM_CHUNKED,), finetuned=("chunked", "bspf"),
+                Timing("speed", model="full", at={"seed": 0}, specs=(_FM_CHUNKED,), finetuned=("chunked", "bspf"),
                         title="Speed: the untied arms against full attention, one interleaved run",
-                        columns=(Col("label", "label", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("top1", "top-1 %"),
-                                 Col("gmacs", "GMACs", fmt="{:.4f}"), Col("macs_speedup", "MACs speed-up"),
+                        columns=(Col("label", "label"), Col("kind", "kind"), Col("top1", "top-1 %"),
+                                 Col("gmacs", "GMACs"), Col("macs_speedup", "MACs speed-up"),
                                  Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"))),
                 _symmetry("symmetry_reference_tied", "Symmetry: the reference with W_q = W_k, not fine-tuned",
                           spec=f'"{_FM_BSPF}"'),

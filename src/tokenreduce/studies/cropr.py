@@ -71,7 +71,6 @@ def rivals(at: str, tail: str = "") -> dict[str, Arm]:
 
 @register_study("cropr")
 class Cropr(Study):
-    title = "Token Cropr (classification): the learned router against fixed scorers"
     paper_epochs = 30
     claim = "Cropr's learned router keeps better tokens than a fixed scorer at the same per-block counts"
     source = CLS_SOURCE

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..bench.compare import COLUMNS
 from ..bench.settings import SPEED
-from ..study.declare import Bed, Bench, Col, Study, register_study
+from ..study.declare import MATCH_RANDOM, Bed, Col, Study, Timing, register_study
 
 #: DeiT-S, random weights (timm's config: 224x224, patch 16, dim 384, depth 12, 6 heads)
 DEIT_S = {"name": "deit_small_patch16_224", "kwargs": {}}
@@ -30,12 +30,12 @@ SMOKE_BENCH = {"batch": 2, "warmup": 0, "repeats": 1, "min_run_s": 0.0,
 
 @register_study("deit_bench")
 class DeitBench(Study):
-    title = "Speed and MACs on DeiT-S (CPU, random weights)"
     claim = ("at their published DeiT-S schedules EViT, ToMe and CTP run faster than the unpatched model, "
              "and about as fast as a random pruner with the same token counts")
     source = "EViT (keep 0.7 at blocks 3, 6, 9), ToMe (r = 13), EET's CTP: their DeiT-S settings"
     beds = {"deit_s": Bed(
-        evaluations=(Bench("deit_small", model=DEIT_S, specs=DEIT_SPECS, match_random=True,
+        title="Speed and MACs on DeiT-S (CPU, random weights)",
+        evaluations=(Timing("deit_small", model=DEIT_S, specs=DEIT_SPECS, settings={MATCH_RANDOM: True},
                            columns=tuple(Col(k, h) for k, h in COLUMNS if k != "latency_vs_random"),
                            title=f"DeiT-S, 2 CPU threads: MACs, img/s at batch {SPEED['batch']}, latency at batch 1"),),
         smoke={"bench": SMOKE_BENCH},

@@ -25,7 +25,7 @@ interleaved timing run (MACs, img/s and latency at bench/settings.SPEED's batche
 from __future__ import annotations
 
 from ..methods.diffrate import DEFAULT, kept_counts, published
-from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Study, Timing, register_study
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = ("DiffRate, arXiv 2305.17997 (prune, then merge: Fig. 3); the official README (DeiT-S at 2.9 G MACs: 79.54 "
@@ -40,7 +40,7 @@ _ARMS = {
     "prune_only": Arm("prune-only at DiffRate's counts", spec=f"diffrate(prune={COUNTS})", kind="off_the_shelf"),
     "merge_only": Arm("merge-only at DiffRate's counts", spec=f"diffrate(merge={COUNTS})", kind="off_the_shelf"),
 }
-_COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
+_COLUMNS = (Col("label", "case"), Col("kind", "kind"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"), Col("top1", "top-1 %"))
 
 
@@ -51,7 +51,6 @@ def _beats(control: str, words: str) -> Expect:
 
 @register_study("diffrate")
 class DiffRateStudy(Study):
-    title = "DiffRate: prune-then-merge against prune-only and merge-only at the same token counts"
     claim = ("pruning by class-token attention and then merging keeps more accuracy than pruning alone or merging "
              "alone at the same per-block token counts")
     source = _SOURCE
@@ -65,7 +64,7 @@ class DiffRateStudy(Study):
             arms=_ARMS, baseline="diffrate", grid=_GRID,
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"), Col("top1", "Δ top-1 vs DiffRate", paired=True)),
             evaluations=(
-                Measure("free", reference=None, at={}, columns=_COLUMNS, specs=tuple(a.spec for a in _ARMS.values()),
+                Timing("free", columns=_COLUMNS, specs=tuple(a.spec for a in _ARMS.values()),
                         title="Off the shelf, one interleaved timing run: each arm's spec on the reference"),
             ),
             smoke=scene_smoke(measure=SMOKE_MEASURE),

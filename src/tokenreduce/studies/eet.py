@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..bench.settings import SPEED
-from ..study.declare import Arm, Axis, Bed, Col, Expect, Measure, Probe, Study, register_study
+from ..study.declare import Arm, Axis, Bed, Col, Expect, Probe, Study, Timing, register_study
 from ..train.recipes import get_recipe
 from .beds import (
     FMNIST,
@@ -62,18 +62,19 @@ def _arms(db: str = "") -> dict[str, Arm]:
     more = f", {db}" if db else ""
     plain = f"eet(dkt=False, drg=False{more})"  # 0.1 CE + MSE to the FISH codes: EET without its two parts
     return {
-        "a_unpruned": Arm("(a) unpruned (hash baseline)", task=plain),
-        "b_ctp": Arm("(b) CTP only", task=plain, spec="ctp()"),
-        "c_ctp_dkt": Arm("(c) CTP + DKT", task=f"eet(drg=False{more})", spec="ctp()"),
-        "d_eet": Arm("(d) full EET (CTP + DKT + DRG)", task=f"eet({db})" if db else "eet", spec="ctp()"),
+        "a_unpruned": Arm("(a) unpruned (hash baseline)", options={"task": plain}),
+        "b_ctp": Arm("(b) CTP only", options={"task": plain}, spec="ctp()"),
+        "c_ctp_dkt": Arm("(c) CTP + DKT", options={"task": f"eet(drg=False{more})"}, spec="ctp()"),
+        "d_eet": Arm("(d) full EET (CTP + DKT + DRG)", options={"task": f"eet({db})" if db else "eet"},
+                         spec="ctp()"),
     }
 
 
-def _speed(title: str) -> Measure:
-    return Measure("speed", reference="a_unpruned", at={"bits": 16, "seed": 0}, specs=("ctp()",),
+def _speed(title: str) -> Timing:
+    return Timing("speed", model="a_unpruned", at={"bits": 16, "seed": 0}, specs=("ctp()",),
                    finetuned=("b_ctp",), title=title,
-                   columns=(Col("label", "label", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("map", "map"),
-                            Col("macs_speedup", "macs_speedup"), Col("img_per_s", "img_per_s", fmt="{:.0f}"),
+                   columns=(Col("label", "label"), Col("kind", "kind"), Col("map", "map"),
+                            Col("macs_speedup", "macs_speedup"), Col("img_per_s", "img_per_s"),
                             Col("speedup", "speedup"), Col("latency_ms", "latency_ms"),
                             Col("latency_speedup", "latency_speedup")))
 
@@ -81,11 +82,11 @@ def _speed(title: str) -> Measure:
 #: the claims at 16 bits, the code length the paper's figures are quoted at
 _AT_16 = (
     Expect("CTP alone lowers mAP", f"{_SOURCE}, Table IV (Stanford Cars, 16 bits)", arm="b_ctp",
-           baseline="a_unpruned", metric="map_asym", direction=-1, at={"bits": 16}, effect=79.96 - 82.85,
-           published="82.85 -> 79.96 mAP"),
+           baseline="a_unpruned", metric="map_asym", direction=-1, at={"bits": 16},
+           reported=(79.96 - 82.85, "82.85 -> 79.96 mAP")),
     Expect("full EET is at or above the unpruned baseline", f"{_SOURCE}, Table V (NABirds, 16 bits)",
            arm="d_eet", baseline="a_unpruned", metric="map_asym", direction=1, at={"bits": 16},
-           effect=63.45 - 58.30, published="58.30 -> 63.45 mAP", kind="noninferior", margin=-1.0,
+           reported=(63.45 - 58.30, "58.30 -> 63.45 mAP"), kind="noninferior", margin=-1.0,
            why="1 mAP point: about 1.5 test-query standard errors of an mAP over 2 000 queries (AP's spread "
                "across queries about 0.3), and well inside the published +5.15"),
     Expect("DKT + DRG recover mAP lost to CTP", f"{_SOURCE}, Table IV", arm="d_eet", baseline="b_ctp",
@@ -103,13 +104,12 @@ LONGER = ("a_unpruned", "b_ctp", "d_eet", "e_oracle")
 
 def _at_64(e: Expect) -> Expect:
     """The same claim at 64 bits, where no published figure is quoted."""
-    return dataclasses.replace(e, at={"bits": 64}, effect=None, published="",
+    return dataclasses.replace(e, at={"bits": 64}, reported=None,
                                source=f"{e.source}, re-tested at 64 bits")
 
 
 @register_study("eet")
 class EET(Study):
-    title = "EET: CTP, DKT and DRG"
     paper_epochs = 300
     claim = "CTP lowers retrieval mAP; DKT + DRG bring it back to the unpruned baseline or above"
     source = f"{_SOURCE}, Tables IV-V"
@@ -128,8 +128,10 @@ class EET(Study):
                 "e_oracle": Arm("(e) oracle at CTP's counts, (b)'s weights", kind="evaluated", reads="b_ctp",
                                 spec="oracle_at_counts(subset={eval_subset})"),
                 "a_fish_d1e-2": Arm("(a) with FISH delta = 1e-2",
-                                    task=f"eet(dkt=False, drg=False, fish_delta=0.01, {_DB})", only={"bits": (16,)}),
-                "a_fish_d1": Arm("(a) with FISH delta = 1", task=f"eet(dkt=False, drg=False, fish_delta=1.0, {_DB})",
+                                    options={"task": f"eet(dkt=False, drg=False, fish_delta=0.01, {_DB})"},
+                                    only={"bits": (16,)}),
+                "a_fish_d1": Arm("(a) with FISH delta = 1",
+                                 options={"task": f"eet(dkt=False, drg=False, fish_delta=1.0, {_DB})"},
                                  only={"bits": (16,)}),
             }, LONGER, bits=(16,)),
             baseline="a_unpruned", pending=LONGER_PENDING, grid=(LENGTH, *_GRID), split=("bits", "{} bits"),

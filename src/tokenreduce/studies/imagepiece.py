@@ -36,11 +36,10 @@ from ..study.declare import (
     Arm,
     Axis,
     Bed,
-    Bench,
     Col,
     Expect,
-    Measure,
     Study,
+    Timing,
     register_study,
 )
 from ..study.testbed import Testbed
@@ -75,30 +74,30 @@ _SCENE_ARMS = {
     "imagepiece_noprop": Arm("ImagePiece without proportional attention", spec=f"{_IP}, prop_attn=False)"),
     "imagepiece_score": Arm("ImagePiece, A/B alternation by score", spec=f"{_IP}, order='score')"),
     "imagepiece_random": Arm("ImagePiece, A/B alternation at random", spec=f"{_IP}, order='random', seed={{seed}})"),
-    "conv": Arm("conv stem alone (the stem-only control)", stem="conv"),
-    "conv_imagepiece": Arm("conv stem + ImagePiece", stem="conv", spec=f"{_IP})"),
+    "conv": Arm("conv stem alone (the stem-only control)", options={"stem": "conv"}),
+    "conv_imagepiece": Arm("conv stem + ImagePiece", options={"stem": "conv"}, spec=f"{_IP})"),
 }
 
 # the Fashion-MNIST bed (from scratch)
 _FM_IP = "imagepiece(locs=(1, 2, 4))"
 _FM_FRONT = "imagepiece(locs=(1, 2, 4), keep=1.0)"
 _FM_ARMS = {
-    "patch_none": Arm("patch-none", stem="patch"),
-    "conv_none": Arm("conv-none", stem="conv"),
-    "patch_imagepiece": Arm("patch-imagepiece", stem="patch", spec=_FM_IP),
-    "conv_imagepiece": Arm("conv-imagepiece", stem="conv", spec=_FM_IP),
-    "conv_evit": Arm("conv-evit", stem="conv", spec="evit(keep=0.74, locs=(1, 3, 4))"),
-    "conv_tome": Arm("conv-tome", stem="conv", spec="tome(r=(5, 5, 4, 4, 4, 4))"),
-    "conv_imagepiece_evit": Arm("conv-imagepiece+evit", stem="conv",
+    "patch_none": Arm("patch-none", options={"stem": "patch"}),
+    "conv_none": Arm("conv-none", options={"stem": "conv"}),
+    "patch_imagepiece": Arm("patch-imagepiece", options={"stem": "patch"}, spec=_FM_IP),
+    "conv_imagepiece": Arm("conv-imagepiece", options={"stem": "conv"}, spec=_FM_IP),
+    "conv_evit": Arm("conv-evit", options={"stem": "conv"}, spec="evit(keep=0.74, locs=(1, 3, 4))"),
+    "conv_tome": Arm("conv-tome", options={"stem": "conv"}, spec="tome(r=(5, 5, 4, 4, 4, 4))"),
+    "conv_imagepiece_evit": Arm("conv-imagepiece+evit", options={"stem": "conv"},
                                 spec=f"{_FM_FRONT} + evit(keep=0.76, locs=(2, 3, 5))"),
-    "conv_imagepiece_tome": Arm("conv-imagepiece+tome", stem="conv",
+    "conv_imagepiece_tome": Arm("conv-imagepiece+tome", options={"stem": "conv"},
                                 spec=f"{_FM_FRONT} + tome(r=(4, 3, 3, 3, 3, 3))"),
-    "conv_imagepiece_hyper": Arm("conv-imagepiece-hyper", stem="conv",
+    "conv_imagepiece_hyper": Arm("conv-imagepiece-hyper", options={"stem": "conv"},
                                  spec="imagepiece(locs=(0, 1, 2, 3, 4), keep=0.7)"),
-    "conv_evit_hyper": Arm("conv-evit-hyper", stem="conv", spec="evit(keep=0.44, locs=(1, 3, 4))"),
-    "conv_tome_hyper": Arm("conv-tome-hyper", stem="conv", spec="tome(r=(9, 9, 8, 8, 8, 8))"),
+    "conv_evit_hyper": Arm("conv-evit-hyper", options={"stem": "conv"}, spec="evit(keep=0.44, locs=(1, 3, 4))"),
+    "conv_tome_hyper": Arm("conv-tome-hyper", options={"stem": "conv"}, spec="tome(r=(9, 9, 8, 8, 8, 8))"),
 }
-_FM_SPEED_COLUMNS = (Col("label", "spec", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs", "MACs", fmt="{:,}"),
+_FM_SPEED_COLUMNS = (Col("label", "spec"), Col("kind", "kind"), Col("macs", "MACs"),
                      Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),
                      Col("ratio_vs_random", "vs random b32"), Col("latency_vs_random", "vs random b1"))
 
@@ -106,9 +105,9 @@ _FM_SPEED_COLUMNS = (Col("label", "spec", fmt="{}"), Col("kind", "kind", fmt="{}
 DEIT_SPECS = ("imagepiece()", "imagepiece(locs=(1, 2, 3, 4, 5, 6, 7))")
 
 
-def _stem_speed(stem: str) -> Measure:
+def _stem_speed(stem: str) -> Timing:
     specs = tuple(a.spec for a in _FM_ARMS.values() if a.stem == stem and a.spec)
-    return Measure(f"speed_{stem}", reference=f"{stem}_none", at={"seed": 0}, specs=specs, columns=_FM_SPEED_COLUMNS,
+    return Timing(f"speed_{stem}", model=f"{stem}_none", at={"seed": 0}, specs=specs, columns=_FM_SPEED_COLUMNS,
                    title=f"Speed, {stem} stem: every reducer on the unreduced seed-0 checkpoint, one interleaved run")
 
 
@@ -118,7 +117,6 @@ def _claim(claim: str, arm: str, baseline: str, where: str, **kw) -> Expect:
 
 @register_study("imagepiece")
 class ImagePiece(Study):
-    title = "ImagePiece: re-tokenization at equal cost, as an add-on, ablated, and the stem-only control"
     claim = ("ImagePiece's re-tokenization keeps more accuracy than EViT / ToMe at the same cost, alone and in "
              "front of them; the control it lacks: the conv stem alone")
     source = f"{_SOURCE}, Tables 1-3 (DeiT on ImageNet)"
@@ -136,13 +134,13 @@ class ImagePiece(Study):
         _claim("hyper-speed: ImagePiece beats ToMe", "conv_imagepiece_hyper", "conv_tome_hyper", "Table 2"),
         # as an add-on
         _claim("re-tokenization in front of EViT beats EViT alone, {at_speed}", "imagepiece_evit", "evit_speed",
-               _ADD_ON, effect=0.79, published="+0.79 top-1 on average", speed=_SPEED),
+               _ADD_ON, reported=(0.79, "+0.79 top-1 on average"), speed=_SPEED),
         _claim("re-tokenization in front of ToMe beats ToMe alone, {at_speed}", "imagepiece_tome", "tome_speed",
-               _ADD_ON, effect=0.79, published="+0.79 top-1 on average", speed=_SPEED),
+               _ADD_ON, reported=(0.79, "+0.79 top-1 on average"), speed=_SPEED),
         _claim("re-tokenization in front of EViT beats EViT alone (conv stem, equal MACs)", "conv_imagepiece_evit",
-               "conv_evit", _ADD_ON, effect=0.79, published="+0.79 top-1 on average"),
+               "conv_evit", _ADD_ON, reported=(0.79, "+0.79 top-1 on average")),
         _claim("re-tokenization in front of ToMe beats ToMe alone (conv stem, equal MACs)", "conv_imagepiece_tome",
-               "conv_tome", _ADD_ON, effect=0.79, published="+0.79 top-1 on average"),
+               "conv_tome", _ADD_ON, reported=(0.79, "+0.79 top-1 on average")),
         _claim("re-tokenization in front of DynamicViT beats DynamicViT alone", "imagepiece_dynamicvit",
                "dynamicvit", "Table 3 (the add-on)"),
         # this project's readings: exploratory
@@ -154,7 +152,7 @@ class ImagePiece(Study):
                f"{OWN} reading (spatial by default)"),
         # the stem
         _claim("conv stem + ImagePiece beats the plain ViT (the paper's comparison)", "conv_imagepiece",
-               "patch_none", "Table 1 (DeiT-S)", effect=80.22 - 79.83, published="79.83 -> 80.22 top-1"),
+               "patch_none", "Table 1 (DeiT-S)", reported=(80.22 - 79.83, "79.83 -> 80.22 top-1")),
         _claim("re-tokenization adds accuracy with the conv stem held fixed", "conv_imagepiece", "conv",
                "Table 1 (the stem-only control it lacks)"),
         _claim("re-tokenization adds accuracy with the conv stem held fixed (trained from scratch)",
@@ -171,7 +169,7 @@ class ImagePiece(Study):
             arms=_SCENE_ARMS, baseline="none", grid=_GRID,
             columns=(Col("top1", "top-1 %"), Col("top1", "Δ top-1 vs unpruned", paired=True),
                      Col("train_time_s", "wall s")),
-            evaluations=(Measure("speed", reference=None, at={"seed": 0},
+            evaluations=(Timing("speed", at={"seed": 0},
                               finetuned=tuple(a for a in _SCENE_ARMS if a != "none"), columns=SPEED_COLUMNS,
                               title="Speed: every arm's seed-0 run against the reference, one interleaved run (each "
                                     "row with its own stem: the conv-stem rows count the conv stem)"),),
@@ -189,7 +187,7 @@ class ImagePiece(Study):
             budget=((33, "training", 4.5), (2, "speed", 5))),
         "deit_s": Bed(
             title="ImagePiece on DeiT-S, the conv stem counted (CPU, random weights)",
-            evaluations=(Bench("deit_small_conv", model=DEIT_S, specs=DEIT_SPECS, stem="conv",
+            evaluations=(Timing("deit_small_conv", model={**DEIT_S, "stem": "conv"}, specs=DEIT_SPECS,
                                title="DeiT-S, 2 CPU threads: ImagePiece with the patch stem and with its conv stem, "
                                      "against the plain model"),),
             smoke={"bench": SMOKE_BENCH},

@@ -34,7 +34,7 @@ arms within study.EQUAL_SPEED of each other, else "at its own pick" with both sp
 
 from __future__ import annotations
 
-from ..study.declare import EQUAL_SPEED, OWN, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, OWN, Arm, Axis, Bed, Col, Expect, Study, Timing, register_study
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
 _SOURCE = "PiToMe, arXiv 2405.16148"
@@ -66,16 +66,15 @@ _ARMS = {
                                    ("PiToMe {}", "ToMe at PiToMe {}'s MACs", "random at PiToMe {}'s MACs"), specs,
                                    strict=True)
 }
-_COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
+_COLUMNS = (Col("label", "case"), Col("kind", "kind"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),
             Col("top1", "top-1 %"), Col("top1_std", "± std"))
 
 
 def _beats_tome(target: str) -> Expect:
-    effect, published = _PUBLISHED[target]
     return Expect(f"at ~{target} MACs PiToMe keeps more top-1 than ToMe at equal MACs ({{at_speed}}), off the shelf",
                   _RESULTS, arm=f"pitome-{target}", baseline=f"tome-{target}", metric="top1", direction=1,
-                  effect=effect, published=published, speed=_SPEED)
+                  reported=_PUBLISHED[target], speed=_SPEED)
 
 
 def _beats_random(target: str) -> Expect:
@@ -86,7 +85,6 @@ def _beats_random(target: str) -> Expect:
 
 @register_study("pitome")
 class PiToMeStudy(Study):
-    title = "PiToMe against ToMe and the random pruner at equal MACs"
     claim = "PiToMe's energy-steered merging keeps more top-1 than ToMe and than random pruning at the same MACs"
     source = f"{_SOURCE}, image classification (DeiT off the shelf)"
     expect = (*(_beats_tome(t) for t in PICKS), *(_beats_random(t) for t in PICKS))
@@ -99,7 +97,7 @@ class PiToMeStudy(Study):
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs ToMe 1.5x", paired=True)),
             evaluations=(
-                Measure("free", reference=None, at={}, columns=_COLUMNS,
+                Timing("free", columns=_COLUMNS,
                         specs=tuple(spec.format(seed=0) for specs in PICKS.values() for spec in specs),
                         title="Off the shelf, one interleaved timing run: every arm's spec on the reference "
                               "(the random pruner at pattern seed 0)"),

@@ -18,10 +18,10 @@ from .beds import FMNIST, fmnist_smoke
 
 @register_study("platform")
 class HashBaseline(Study):
-    title = "The hashing baseline: retrieval mAP of the fine-tuned reference at 16, 32, 64 bits"
     claim = "a reference fine-tuned for one epoch with a hash head retrieves by Hamming ranking (a baseline)"
     source = "EET, arXiv 2504.16691, its retrieval protocol (asymmetric mAP over the whole database)"
     beds = {"fmnist": Bed(
+        title="The hashing baseline: retrieval mAP of the fine-tuned reference at 16, 32, 64 bits",
         testbed=FMNIST,
         recipe=get_recipe("fmnist-hash"),  # also `tokenreduce train --recipe fmnist-hash`
         arms={"hash": Arm("hash head, unpruned")},  # the recipe's task, its bits set by the grid

@@ -17,10 +17,10 @@ from .beds import fmnist_smoke
 
 @register_study("reference")
 class FmnistReference(Study):
-    title = "The fmnist-vit reference"
     claim = "the fmnist-vit recipe reaches >= 89% test top-1 on Fashion-MNIST within 60 minutes on 2 CPU cores"
     source = "the project's reference recipe (train/recipes.py, fmnist-vit)"
     beds = {"fmnist": Bed(
+        title="The fmnist-vit reference",
         recipe=get_recipe("fmnist-vit"),  # the recipe's own model, from scratch
         arms={"fmnist_vit": Arm("fmnist-vit (from scratch)")},
         baseline="fmnist_vit",

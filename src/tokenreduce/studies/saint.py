@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..models.variants import FREE_KWARGS
-from ..study.declare import EQUAL_SPEED, OWN, Arm, Axis, Bed, Col, Expect, Measure, Study, register_study
+from ..study.declare import EQUAL_SPEED, OWN, Arm, Axis, Bed, Col, Expect, Study, Timing, register_study
 from ..study.testbed import Testbed
 from .beds import SCENES, SMOKE_MEASURE, scene_smoke, shortened
 
@@ -96,7 +96,7 @@ _ARMS = {
     "saint_calibrated": Arm(f"SAINT, the count calibrated on held-out scenes: {CALIBRATED}", spec=CALIBRATED,
                             kind="off_the_shelf"),
 }
-_COLUMNS = (Col("label", "case", fmt="{}"), Col("kind", "kind", fmt="{}"), Col("macs_speedup", "MACs x"),
+_COLUMNS = (Col("label", "case"), Col("kind", "kind"), Col("macs_speedup", "MACs x"),
             Col("speedup", "speed-up b32"), Col("latency_speedup", "speed-up b1"),
             Col("top1", "top-1 %"), Col("top1_std", "± std"))
 
@@ -179,7 +179,7 @@ _FREE_BED = Bed(
     arms=_FREE_ARMS, baseline="saint-1.5x", grid=_GRID,
     columns=(Col("top1", "top-1 % (off the shelf, per fold)"), Col("top1", "Δ top-1 vs SAINT 1.5x", paired=True)),
     evaluations=(
-        Measure("free", reference=None, at={}, columns=_COLUMNS,
+        Timing("free", columns=_COLUMNS,
                 specs=tuple(spec.format(seed=0) for picks in FREE_PICKS.values() for pair in picks.values()
                             for spec in pair),
                 title="Off the shelf, one interleaved timing run: every fixed-count arm's spec on the class-token-free "
@@ -192,7 +192,6 @@ _FREE_BED = Bed(
 
 @register_study("saint")
 class SaintStudy(Study):
-    title = "SAINT: dropping against merging (ToMe, PiToMe) at equal MACs, and its official batch-mean count"
     claim = ("dropping redundant tokens by SAINT's similarity graph keeps more top-1 than merging them (ToMe, PiToMe) "
              "at the same MACs; the official count's batch dependence does not change top-1")
     source = f"{_SOURCE}, image classification (ViTs off the shelf)"
@@ -208,7 +207,7 @@ class SaintStudy(Study):
             columns=(Col("top1", "top-1 % (off the shelf, per fold)"),
                      Col("top1", "Δ top-1 vs SAINT 1.5x", paired=True)),
             evaluations=(
-                Measure("free", reference=None, at={}, columns=_COLUMNS,
+                Timing("free", columns=_COLUMNS,
                         specs=(*(spec.format(seed=0) for picks in PICKS.values() for pair in picks.values()
                                  for spec in pair), CALIBRATED),
                         title="Off the shelf, one interleaved timing run: every fixed-count arm's spec on the "

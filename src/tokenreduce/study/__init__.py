@@ -7,12 +7,11 @@ from .declare import (
     Arm,
     Axis,
     Bed,
-    Bench,
     Col,
     Expect,
-    Measure,
     Probe,
     Study,
+    Timing,
     get_study,
     list_studies,
     reading,
@@ -20,6 +19,6 @@ from .declare import (
 )
 from .testbed import Testbed
 
-__all__ = ["Arm", "Axis", "Bed", "Bench", "Col", "Expect", "Measure", "Probe",
-           "Study", "Testbed", "get_study", "list_studies", "reading",
+__all__ = ["Arm", "Axis", "Bed", "Col", "Expect", "Probe",
+           "Study", "Testbed", "Timing", "get_study", "list_studies", "reading",
            "register_study"]

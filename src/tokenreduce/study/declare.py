@@ -3,43 +3,50 @@
 A study declares its claims once (``expect``: :class:`Expect`) and its test beds (``beds``: name -> :class:`Bed`,
 the first the default, ``tokenreduce study NAME --testbed BED`` another). A bed declares what depends on the
 test bed: the :class:`Testbed` its runs start from and are scored on, the recipe, the arms (:class:`Arm`), the
-grid (:class:`Axis`), the tables' columns (:class:`Col`), its evaluations off the grid (:class:`Measure`,
-:class:`Probe`, :class:`Bench`), a smoke version (run by the test suite) and its compute budget. A bed tests each
+grid (:class:`Axis`), the tables' columns (:class:`Col`), its evaluations off the grid (:class:`Timing`,
+:class:`Probe`), a smoke version (run by the test suite) and its compute budget. A bed tests each
 claim whose two arms it has (:func:`tests_claim`); a user's own test bed (``--model``, ``--data``) runs a declared
 bed's plan on it. Every arm x grid point is one run with a stable id (``eet/scenes/d_eet-b16-s0``), planned by
-study/plan.py and run by study/runner.py. :func:`register_study` refuses declarations that do not fit together.
+study/grid.py and study/plan.py and run by study/runner.py. :func:`register_study` refuses declarations that do not
+fit together.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.errors import SpecError, TokenReduceError
-from ..core.registry import NoParams, Registry, format_spec, parse_spec
-from .testbed import Testbed, synthetic_data
+from ..core.registry import NoParams, Registry
+from .grid import (
+    AFTER,
+    ARM_KINDS,
+    EVALUATED,
+    OFF_THE_SHELF,
+    TRAINED,
+    Planned,
+    allows,
+    alternatives,
+    config_fields,
+)
+from .grid import TESTBED_TEACHER as TESTBED_TEACHER  # re-exported: a recipe's value a study writes
+from .testbed import Testbed
 
 # ----------------------------------------------------------------------------- declarations
-
-#: What an arm is (:attr:`Arm.kind`)
-TRAINED, AFTER, EVALUATED, OFF_THE_SHELF = "trained", "after", "evaluated", "off_the_shelf"
-ARM_KINDS = (TRAINED, AFTER, EVALUATED, OFF_THE_SHELF)
-
 
 @dataclass(frozen=True)
 class Arm:
     """One arm: what differs from the recipe, and what it is, by its ``kind``. ``label``: the name tables print.
 
     ``trained``: ``spec`` is the reducer it trains with (None: none; it may name grid values in braces,
-    ``random(seed={seed})``), ``task`` a task spec (None: the recipe's), ``stem`` and ``transforms`` model
-    options (models/build.py; on a reference checkpoint a stem is swapped in with fresh weights).
+    ``random(seed={seed})``); ``options``: what else differs from the recipe (:data:`ARM_OPTIONS`): ``task`` a
+    task spec, ``stem`` and ``transforms`` model options (models/build.py; on a reference checkpoint a stem is
+    swapped in with fresh weights).
     ``after``: the same, started from the checkpoint of the trained arm ``reads`` at the same grid point (a
     second phase). ``evaluated``: trains nothing; ``spec`` is a registered experiment (probes/base.py) run on
     the checkpoint of the arm ``reads`` at the same grid point, whose result's ``metrics`` are the arm's (the
@@ -55,10 +62,29 @@ class Arm:
     spec: str | None = None
     kind: str = TRAINED
     reads: str | None = None
-    task: str | None = None
-    stem: str | None = None
-    transforms: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
     only: dict[str, tuple[Any, ...]] | tuple[dict[str, tuple[Any, ...]], ...] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if _unknown(self.options, ARM_OPTIONS):
+            raise SpecError(f"arm {self.label!r}: its options name unknown keys {_unknown(self.options, ARM_OPTIONS)}; "
+                            f"choose from {list(ARM_OPTIONS)}")
+
+    @property
+    def task(self) -> str | None:
+        return self.options.get("task")
+
+    @property
+    def stem(self) -> str | None:
+        return self.options.get("stem")
+
+    @property
+    def transforms(self) -> tuple[str, ...]:
+        return tuple(self.options.get("transforms", ()))
+
+
+#: What an arm's ``options`` may change from the recipe: its task spec, and its model's stem and transforms
+ARM_OPTIONS = ("task", "stem", "transforms")
 
 
 #: what an off-the-shelf arm's record says it evaluates: the test bed's reference
@@ -69,28 +95,44 @@ REFERENCE = "@reference"
 class Axis:
     """A grid axis: a TrainConfig field (``seed``) or a parameter of the task spec (``bits``); ``short``
     prefixes its value in run ids (``s0``). With ``sets`` the axis is a named setting: value -> the TrainConfig
-    fields it sets (the fine-tune length). ``implicit``: the value run ids leave out (the runs made before the
-    axis existed keep their ids)."""
+    fields it sets (the fine-tune length); the one value it sets nothing for is the recipe as it was, the runs
+    made before the axis existed, and their ids leave it out (:attr:`implicit`)."""
 
     name: str
     values: tuple[Any, ...]
     short: str
     sets: dict[Any, dict[str, Any]] = field(default_factory=dict)
-    implicit: Any = None
+
+    def __post_init__(self) -> None:
+        if self.sets and len([v for v in self.values if v not in self.sets]) > 1:
+            raise SpecError(f"axis {self.name}: its sets= names every value but one (the one run ids leave out); "
+                            f"it leaves out {[v for v in self.values if v not in self.sets]}")
+
+    @property
+    def implicit(self) -> Any:
+        """The value run ids leave out: with ``sets``, the one it sets nothing for; else none."""
+        return next((v for v in self.values if v not in self.sets), None) if self.sets else None
 
 
 @dataclass(frozen=True)
 class Col:
     """A table column (every table's one column syntax). In an arm table ``metric`` is a run metric (mean ± std
     over seeds; ``paired``: the difference from the baseline, paired by seed); in a measure's, the row's value
-    written with ``fmt``; in a bench's, the ``bench`` command's row key; in a bench table
+    (:meth:`text`); in a bench's, the ``bench`` command's row key; in a bench table
     (:attr:`Bed.bench_tables`) after the label column, a bench whose speed-ups it shows (``paired``: against its
     matched random pruner, else the unpatched model)."""
 
     metric: str
     header: str
     paired: bool = False
-    fmt: str = "{:.2f}"
+
+    def text(self, value: Any) -> str:
+        """``value`` as a measure's table writes it: text as it is, a number as :data:`FORMATS` says."""
+        return value if isinstance(value, str) else FORMATS.get(self.metric, "{:.2f}").format(value)
+
+
+#: how a measure's table writes a metric (every other to 2 decimals)
+FORMATS = {"gmacs": "{:.4f}", "img_per_s": "{:.0f}", "macs": "{:,}"}
 
 
 #: The power a claim's plan (:attr:`Expect.power`) asks of its test
@@ -114,8 +156,9 @@ class Expect:
     seed (by test item for arms evaluated off the shelf), lies beyond ``margin`` in ``direction`` (+1/-1) by
     the paired t-test at :attr:`level` two-sided. ``kind``: "superior"; "noninferior" (the margin is the loss
     allowed, on the losing side); "equivalent" (|Δ| < |margin|, by TOST); these two say ``why`` that
-    margin. ``delta`` (with ``why``): the smallest difference that matters. ``effect``: the
-    difference the source reports. ``family``: claims of one bed sharing this text are also tested as one
+    margin. ``delta`` (with ``why``): the smallest difference that matters. ``reported``: the
+    difference the source reports and its figures as the source writes them (:attr:`effect`, :attr:`published`).
+    ``family``: claims of one bed sharing this text are also tested as one
     (the per-seed mean of their differences). ``speed``: (measure, margin): "at equal measured speed" only when
     both arms' timings on that measure are shown equivalent within the margin (the text's ``{at_speed}``).
     ``power``: the smallest difference toward the claim its test must detect with :data:`POWER`; the report
@@ -131,8 +174,7 @@ class Expect:
     direction: int
     at: dict[str, Any] = field(default_factory=dict)
     margin: float = 0.0
-    effect: float | None = None
-    published: str = ""
+    reported: tuple[float, str] | None = None
     kind: str = "superior"
     delta: float | None = None
     why: str = ""
@@ -147,6 +189,16 @@ class Expect:
         """A claim of the paper, of its review or of the issue that asked for the study (its ``source`` says
         whose): tested in the multiplicity families and given a verdict; else exploratory: raw p and interval."""
         return OWN not in self.source
+
+    @property
+    def effect(self) -> float | None:
+        """The difference the source reports (None: it reports none)."""
+        return None if self.reported is None else self.reported[0]
+
+    @property
+    def published(self) -> str:
+        """The source's figures as it writes them ("" where it reports none)."""
+        return "" if self.reported is None else self.reported[1]
 
     def __post_init__(self) -> None:
         refusals = {
@@ -171,23 +223,6 @@ class Expect:
 
 
 @dataclass(frozen=True)
-class Measure:
-    """An evaluation of trained runs, the ``eval`` command's: the checkpoint of ``reference`` (arm at ``at``;
-    None: the test bed's reference, or without one the baseline arm's run) unpatched and with each training-free
-    ``specs``, and every run of the ``finetuned`` arms at ``at`` (leave the seed out to read every seed), each
-    with its own final evaluation, timed; ``speed``: the eval's speed settings (``backend``)."""
-
-    name: str
-    reference: str | None
-    at: dict[str, Any]
-    specs: tuple[str, ...] = ()
-    finetuned: tuple[str, ...] = ()
-    speed: dict[str, Any] = field(default_factory=dict)
-    columns: tuple[Col, ...] = ()
-    title: str = ""
-
-
-@dataclass(frozen=True)
 class Probe:
     """A registered experiment (probes/base.py), given as a spec, run on the test bed's reference checkpoint
     (without one: the baseline arm's first run) or on ``arm``'s run at ``at``. ``fmnist_only``: it reads
@@ -201,25 +236,52 @@ class Probe:
     at: dict[str, Any] = field(default_factory=dict)
 
 
+#: What a timing's ``settings`` may set: the command's timing flags, backend, dtype and seed (``eval``'s and
+#: ``bench``'s), and a bench's :data:`MATCH_RANDOM`
+SETTINGS = ("batch", "warmup", "repeats", "min_run_s", "backend", "compile_mode", "dtype", "seed")
+#: a bench's setting: each spec beside its matched random pruner (``bench --match-random``)
+MATCH_RANDOM = "match_random"
+#: What a bench's ``model`` names: the timm model, its kwargs, a trained recipe's weights, a stem (``--stem``)
+BENCH_MODEL = ("name", "kwargs", "checkpoint", "stem")
+
+
 @dataclass(frozen=True)
-class Bench:
-    """The ``bench`` command's interleaved timing (bench/compare.py) of ``specs`` against the unpatched model
-    and :attr:`control` (``match_random``: with each spec's matched random pruner) on the timm ``model``
-    (``{"name", "kwargs"}``, random weights) or on the weights of the trained recipe ``checkpoint``. ``speed``:
-    the command's timing flags, backend, dtype and seed; ``stem``: ``--stem``; ``columns``: empty for the
-    command's own."""
+class Timing:
+    """An interleaved timing of ``specs`` against the unpatched model, on its ``model``: an arm's run at ``at``
+    (the arm's name) or the test bed's reference (None; without one, the baseline arm's run), the ``eval``
+    command's, beside every run of the ``finetuned`` arms at ``at`` (leave the seed out to read every seed),
+    each with its own final evaluation; or a model off the grid (a dict: a bench, the ``bench`` command's,
+    bench/compare.py): the timm ``name`` with ``kwargs`` (random weights), ``checkpoint`` the weights of a
+    trained recipe, ``stem`` a stem swapped in. ``settings``: the command's (:data:`SETTINGS`, a bench's also
+    :data:`MATCH_RANDOM`); ``columns``: a bench's empty for the command's own; ``title``: default the name."""
 
     name: str
-    model: dict[str, Any]
+    model: str | dict[str, Any] | None = None
     specs: tuple[str, ...] = ()
-    checkpoint: str | None = None
-    match_random: bool = False
-    stem: str | None = None
-    speed: dict[str, Any] = field(default_factory=dict)
+    at: dict[str, Any] = field(default_factory=dict)
+    finetuned: tuple[str, ...] = ()
+    settings: dict[str, Any] = field(default_factory=dict)
     columns: tuple[Col, ...] = ()
     title: str = ""
-    #: the zero-reduction control every bench times (not a field: no bench declares another)
-    control = "tome(r=0)"
+
+    @property
+    def bench(self) -> bool:
+        """Whether it times a model off the grid (the ``bench`` command's), not the study's runs."""
+        return isinstance(self.model, dict)
+
+    def __post_init__(self) -> None:
+        valid = (*SETTINGS, MATCH_RANDOM) if self.bench else SETTINGS
+        refusals = {
+            "a bench (a model off the grid) reads no runs: no at= or finetuned=": self.bench and bool(
+                self.at or self.finetuned),
+            f"a bench's model names its timm 'name' and only {', '.join(BENCH_MODEL)}":
+                self.bench and ("name" not in self.model or bool(_unknown(self.model, BENCH_MODEL))),
+            f"its settings name unknown keys {_unknown(self.settings, valid)}; choose from {list(valid)}":
+                bool(_unknown(self.settings, valid)),
+        }
+        for refusal, refused in refusals.items():
+            if refused:
+                raise SpecError(f"timing {self.name!r}: {refusal}")
 
 
 #: What a bed's ``smoke`` may set (the one smoke syntax, an experiment's too: what differs, the rest the bed's):
@@ -232,9 +294,12 @@ SMOKE_KEYS = ("testbed", "recipe", "grid", "measure", "probe", "bench")
 @dataclass(frozen=True)
 class Bed:
     """What a study declares for one test bed. ``arms`` name per-block counts, which depend on the patch grid;
-    ``split``: the axis the arm tables are split by, and their heading; ``evaluations``: read by type as
+    ``split``: the axis the arm tables are split by, and their heading; ``columns``: the arm tables' (on a bed
+    that trains nothing: title -> the columns of a table of its benches side by side, one backend each, say);
+    ``evaluations``: read by type as
     ``measures``, ``probes``, ``benches``; ``budget``: the compute plan, declared before the runs, as (runs, kind
-    of run, measured minutes a run) per kind; ``pending``: why runs are missing; ``title``: default the study's.
+    of run, measured minutes a run) per kind; ``pending``: why runs are missing; ``title``: its page's
+    heading (none: the study's name).
     A bed with benches only trains nothing: no arms, recipe, baseline, grid, columns, measures or probes."""
 
     testbed: Testbed = Testbed()
@@ -244,57 +309,45 @@ class Bed:
     baseline: str = ""
     grid: tuple[Axis, ...] = ()
     split: tuple[str, str] | None = None
-    columns: tuple[Col, ...] = ()
-    evaluations: tuple[Measure | Probe | Bench, ...] = ()
-    #: several benches side by side (one backend each, say): title -> its columns
-    bench_tables: dict[str, tuple[Col, ...]] = field(default_factory=dict)
+    columns: tuple[Col, ...] | dict[str, tuple[Col, ...]] = ()
+    evaluations: tuple[Timing | Probe, ...] = ()
     smoke: dict[str, Any] | None = None  #: :data:`SMOKE_KEYS`
     budget: tuple[tuple[int, str, float], ...] = ()
     pending: str = ""
 
     @property
-    def measures(self) -> tuple[Measure, ...]:
-        return tuple(x for x in self.evaluations if isinstance(x, Measure))
+    def bench_tables(self) -> dict[str, tuple[Col, ...]]:
+        """Its tables of benches side by side (``columns`` on a bed that trains nothing): title -> columns."""
+        return self.columns if isinstance(self.columns, dict) else {}
+
+    @property
+    def measures(self) -> tuple[Timing, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Timing) and not x.bench)
 
     @property
     def probes(self) -> tuple[Probe, ...]:
         return tuple(x for x in self.evaluations if isinstance(x, Probe))
 
     @property
-    def benches(self) -> tuple[Bench, ...]:
-        return tuple(x for x in self.evaluations if isinstance(x, Bench))
-
-
-@dataclass(frozen=True)
-class Point:
-    """One run of a study: ``arm`` at grid ``values``; ``id`` e.g. ``d_eet-b16-s0``. The engine's
-    (:meth:`Study.points`): no study writes one."""
-
-    arm: str
-    values: dict[str, Any]
-    id: str
-
-    def matches(self, at: dict[str, Any]) -> bool:
-        return all(self.values.get(k) == v for k, v in at.items())
+    def benches(self) -> tuple[Timing, ...]:
+        return tuple(x for x in self.evaluations if isinstance(x, Timing) and x.bench)
 
 
 def tests_claim(bed: Bed, e: Expect) -> bool:
     """Whether ``bed`` tests the claim ``e``: it has both its arms, and they run where ``e`` reads them."""
     axes = {a.name: a.values for a in bed.grid}
     return (e.arm in bed.arms and e.baseline in bed.arms and all(k in axes and v in axes[k] for k, v in e.at.items())
-            and all(_allows(bed.arms[a].only, e.at) for a in (e.arm, e.baseline)))
+            and all(allows(bed.arms[a].only, e.at) for a in (e.arm, e.baseline)))
 
 
 # ----------------------------------------------------------------------------- the study
 
 
-class Study:
+class Study(Planned):
     """Base class of every study (module docstring). An instance is the study on one bed: its attributes are
     that bed's declarations, its ``expect`` the claims the bed tests."""
 
     name: ClassVar[str] = ""
-    Config: ClassVar[type] = NoParams  # the registry's; a study takes its parameters as test bed and flags
-    title: ClassVar[str] = ""
     claim: ClassVar[str] = ""
     source: ClassVar[str] = ""
     #: the claims, each declared once; every bed tests those whose arms it has (:func:`tests_claim`)
@@ -309,9 +362,10 @@ class Study:
         if self.bed_name not in cls.beds:
             raise TokenReduceError(f"study {cls.name} has no test bed {bed!r}; choose from {', '.join(cls.beds)}")
         decl = cls.beds[self.bed_name]
-        for k in [*(f.name for f in dataclasses.fields(Bed) if f.name != "testbed"), "measures", "probes", "benches"]:
+        for k in [*(f.name for f in dataclasses.fields(Bed) if f.name != "testbed"), "measures", "probes", "benches",
+                  "bench_tables"]:
             setattr(self, k, getattr(decl, k))  # the bed's declarations, its evaluations by type
-        self.title = decl.title or cls.title
+        self.columns = () if self.bench_tables else decl.columns  # the arm tables' (a bench table is by title)
         self.expect = tuple(e for e in cls.expect if tests_claim(decl, e))
         self.is_smoke = smoke
         if smoke and self.smoke is None:
@@ -332,147 +386,6 @@ class Study:
     def is_default_bed(self) -> bool:
         """Whether the study runs on its first declared bed (its commands need no ``--testbed``)."""
         return self.bed_name == next(iter(type(self).beds))
-
-    # -- the plan
-
-    def axes(self) -> tuple[Axis, ...]:
-        if not self.is_smoke:
-            return self.grid
-        grid = self.smoke_over("grid")
-        return tuple(dataclasses.replace(a, values=tuple(grid.get(a.name, a.values))) for a in self.grid)
-
-    def smoke_over(self, key: str) -> dict[str, Any]:
-        """What the smoke sets for ``key`` (:data:`SMOKE_KEYS`); nothing outside a smoke."""
-        return self.smoke.get(key, {}) if self.is_smoke else {}
-
-    def points(self) -> list[Point]:
-        """Every arm at every grid point it runs at, in a stable order (grid outer, arms inner)."""
-        axes = self.axes()
-        out = []
-        for values in itertools.product(*(a.values for a in axes)):
-            point = dict(zip((a.name for a in axes), values, strict=True))
-            for arm in self.arms:
-                if not self.runs_at(arm, point):
-                    continue
-                parts = [f"{a.short}{v}" for a, v in zip(axes, values, strict=True) if v != a.implicit]
-                out.append(Point(arm, point, "-".join([arm, *parts])))
-        return out
-
-    def runs_at(self, arm: str, at: dict[str, Any]) -> bool:
-        """Whether ``arm`` has runs at ``at`` (its ``only`` allows every value ``at`` fixes)."""
-        at = self.resolve(at)
-        return any(not _outside({k: [self.resolve({k: v})[k] for v in vs] for k, vs in o.items()}, at)
-                   for o in _alternatives(self.arms[arm].only))
-
-    def complete(self, at: dict[str, Any]) -> dict[str, Any]:
-        r"""``at`` (:meth:`resolve`\ d) with every axis but the seed that it leaves out fixed at that axis'
-        ``implicit`` value, else its first: a claim or measure that names no length reads the runs
-        every arm has."""
-        fixed = {a.name: a.implicit if a.implicit is not None else a.values[0] for a in self.axes() if a.name != "seed"}
-        return {**fixed, **self.resolve(at)}
-
-    def resolve(self, at: dict[str, Any]) -> dict[str, Any]:
-        """``at`` with each value the grid lacks (a smoke grid has fewer) replaced by its axis' first."""
-        axes = {a.name: a.values for a in self.axes()}
-        return {k: v if v in axes[k] else axes[k][0] for k, v in at.items()}
-
-    def point(self, arm: str, at: dict[str, Any]) -> Point:
-        """The run of ``arm`` at ``at`` (:meth:`resolve`; an axis not given: its first value)."""
-        at = self.resolve(at)
-        full = {a.name: at.get(a.name, a.values[0]) for a in self.axes()}
-        for p in self.points():
-            if p.arm == arm and p.values == full:
-                return p
-        raise TokenReduceError(f"study {self.name}: no run of arm {arm!r} at {at}")
-
-    def measure_runs(self, m: Measure) -> tuple[str | None, list[str]]:
-        """The run ids measure ``m`` reads: its reference's (None: the test bed's reference checkpoint, or
-        where it has none and the baseline is evaluated off the shelf, the model at its initialisation)
-        and its fine-tuned runs' (every run of each arm at ``m.at``, in plan order)."""
-        off_the_shelf = self.arms[self.baseline].kind == OFF_THE_SHELF
-        ref = m.reference or (None if self.bed.reference or off_the_shelf else self.baseline)
-        at = self.complete(m.at)
-        tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
-        return (self.point(ref, m.at).id if ref else None), tuned
-
-    def pilot(self, e: Expect) -> dict[str, Any]:
-        """The grid point whose records give claim ``e``'s power plan its pilot sd: the same contrast with each
-        axis that has an ``implicit`` value at it (the runs made first: the shortened fine-tune)."""
-        return {**e.at, **{a.name: a.implicit for a in self.grid if a.implicit is not None}}
-
-    def per_item(self, e: Expect) -> bool:
-        """Whether claim ``e`` takes the test item as its unit, not the seed: its arms are evaluated off the
-        shelf, so their seeds are disjoint folds of the test items (a metric kept per item: 100 or 0)."""
-        return all(a in self.arms and self.arms[a].kind == OFF_THE_SHELF for a in (e.arm, e.baseline))
-
-    def bench_run(self, b: Bench) -> Bench:
-        """``b`` as this study runs it: the smoke's timing settings and narrower model, no checkpoint."""
-        if not self.is_smoke:
-            return b
-        over = dict(self.smoke_over("bench"))
-        kwargs = {**b.model.get("kwargs", {}), **over.pop("model_kwargs", {})}
-        return dataclasses.replace(b, model={**b.model, "kwargs": kwargs}, checkpoint=None, speed={**b.speed, **over})
-
-    def eval_items(self, scratch: Path) -> tuple[str | None, int | None]:
-        """(data_dir, eval_subset) of the study's runs: where a measure finds the same test items (a
-        synthetic test bed's folder under ``scratch``, else the checkpoint's own data) and how many."""
-        recipe = {**self.recipe, **self.smoke_over("recipe")}
-        data_dir = str(synthetic_data(scratch)) if self.bed.synthetic and self.bed.data else None
-        return data_dir, recipe.get("eval_subset")
-
-    def train_fields(self, p: Point, scratch: Path) -> dict[str, Any]:
-        """TrainConfig fields of run ``p`` (without ``out``, set by the runner): recipe, test bed, smoke
-        overrides, arm, grid point, in increasing priority; ``scratch``: where a synthetic test bed's
-        data goes."""
-        arm = self.arms[p.arm]
-        fields = {**self.recipe, **self.bed.train_fields(scratch), **self.smoke_over("recipe")}
-        task = arm.task or fields.get("task") or "classify"
-        sets = {a.name: a.sets for a in self.axes() if a.sets}
-        for k, v in p.values.items():
-            if k in sets:
-                fields.update(sets[k].get(v, {}))
-            elif k in _config_fields():
-                fields[k] = v
-            else:
-                task = _with_param(task, k, v)
-        fields["task"] = task
-        fields["spec"] = arm.spec.format(**p.values) if arm.spec and arm.kind != EVALUATED else None
-        if fields.get("teacher") == TESTBED_TEACHER:
-            fields["teacher"] = self.bed.checkpoint()
-            if fields["teacher"] is None:
-                raise TokenReduceError(f"study {self.name}: its recipe distils from the test bed's reference, and "
-                                       f"{self.bed.text()} has none; give a test bed with a reference checkpoint")
-        if arm.stem or arm.transforms:
-            if not fields.get("model") and self.bed.reference:
-                from ..train.recipes import get_recipe  # the reference's architecture, its stem swapped / transformed
-
-                fields["model"] = get_recipe(self.bed.reference)["model"]
-            if not fields.get("model"):
-                raise TokenReduceError(f"study {self.name}, arm {p.arm}: a stem or transform needs a test bed "
-                                       "that builds its model (not a reference checkpoint)")
-            fields["model"] = {**fields["model"], **({"stem": arm.stem} if arm.stem else {}),
-                               **({"transforms": list(arm.transforms)} if arm.transforms else {})}
-        return fields
-
-
-#: a recipe's ``teacher`` meaning "the test bed's reference checkpoint" (it distils from what it starts from)
-TESTBED_TEACHER = "testbed"
-
-
-@functools.cache
-def _config_fields() -> frozenset[str]:
-    from ..train.config import TrainConfig
-
-    return frozenset(f.name for f in dataclasses.fields(TrainConfig))
-
-
-def _with_param(spec: str, key: str, value: Any) -> str:
-    name, params = parse_spec(spec)
-    return format_spec(name, {**params, key: value})
-
-
-#: What a bench's ``speed`` may set: the ``bench`` command's timing flags, backend, dtype and seed.
-_BENCH_SETTINGS = {"batch", "warmup", "repeats", "min_run_s", "backend", "compile_mode", "dtype", "seed"}
 
 
 def check_study(cls: type[Study]) -> None:
@@ -502,29 +415,31 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
     if _unknown(smoke, SMOKE_KEYS):
         raise SpecError(f"{where}: its smoke sets unknown keys {_unknown(smoke, SMOKE_KEYS)}; "
                         f"choose from {list(SMOKE_KEYS)}")
-    for what, speed, valid in [*((f"bench {b.name}", b.speed, _BENCH_SETTINGS) for b in bed.benches),
-                               ("smoke bench", smoke.get("bench", {}), _BENCH_SETTINGS | {"model_kwargs"})]:
-        if _unknown(speed, valid):
-            raise SpecError(f"{where}: its {what} names unknown settings {_unknown(speed, valid)}; "
-                            f"choose from {sorted(valid)}")
+    valid = {*SETTINGS, "model_kwargs"}
+    if _unknown(smoke.get("bench", {}), valid):
+        raise SpecError(f"{where}: its smoke bench names unknown settings {_unknown(smoke['bench'], valid)}; "
+                        f"choose from {sorted(valid)}")
+    if bed.arms and bed.bench_tables:
+        raise SpecError(f"{where}: its columns are its arm tables' (a tuple of Col); a table of benches side by side "
+                        "(title -> columns) goes on a bed that trains nothing")
     for title, columns in bed.bench_tables.items():
         unknown = _unknown((c.metric for c in columns[1:]), (b.name for b in bed.benches))
         if unknown or len(columns) < 2:
             raise SpecError(f"{where}: bench table {title!r} needs its label column, then columns of the benches it "
                             f"declares (unknown: {unknown})")
     if not bed.arms:  # it tests no claim: a claim needs two arms
-        extra = [k for k in ("recipe", "baseline", "grid", "split", "columns", "measures", "probes")
-                 if getattr(bed, k)]
+        extra = [k for k in ("recipe", "baseline", "grid", "split", "measures", "probes") if getattr(bed, k)]
+        extra += ["columns"] if bed.columns and not bed.bench_tables else []
         if extra or not bed.benches:
             raise SpecError(f"{where} has no arms: it trains nothing, so it declares benches only and no recipe, "
-                            "baseline, grid, split, columns, measures or probes "
+                            "baseline, grid, split, measures, probes or columns but its bench tables "
                             f"(it has {', '.join(extra) or 'no benches'})")
         return
     overrides = [("recipe", bed.recipe), ("smoke recipe", smoke.get("recipe", {}))] + \
         [(f"axis {a.name} at {v}", f) for a in bed.grid for v, f in a.sets.items()]
     for what, fields in overrides:
-        if _unknown(fields, _config_fields()):
-            raise SpecError(f"{where}: its {what} names unknown training settings {_unknown(fields, _config_fields())}")
+        if _unknown(fields, config_fields()):
+            raise SpecError(f"{where}: its {what} names unknown training settings {_unknown(fields, config_fields())}")
     axes = {a.name: a.values for a in bed.grid}
     if "seed" not in axes:
         raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
@@ -538,12 +453,12 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
         if e.power is not None and {**e.at, **first} == e.at:
             raise SpecError(f"{where}: the claim {e.claim!r} declares a power plan, whose pilot is the same contrast "
                             "where the grid was first run (an axis' implicit value); it is there itself")
-    reads = [(f"measure {m.name}", arm, m.at) for m in bed.measures for arm in (m.reference, *m.finetuned) if arm]
+    reads = [(f"measure {m.name}", arm, m.at) for m in bed.measures for arm in (m.model, *m.finetuned) if arm]
     reads += [(f"probe {p.name}", p.arm, p.at) for p in bed.probes if p.arm]
     for what, arm, at in reads:
         if arm not in bed.arms:
             raise SpecError(f"{where}: {what} names unknown arm {arm!r}")
-        if not _allows(bed.arms[arm].only, at):
+        if not allows(bed.arms[arm].only, at):
             raise SpecError(f"{where}: {what} reads arm {arm} at {at}, where it has no runs "
                             f"(only {bed.arms[arm].only})")
     for m in bed.measures:
@@ -573,29 +488,15 @@ def _check_arms(where: str, arms: dict[str, Arm], axes: dict[str, tuple[Any, ...
             raise SpecError(f"{where}: arm {name} reads {arm.reads!r}, which is not another of its trained arms "
                             f"{trained}")
     for name, arm in arms.items():  # where it runs, once every arm's reads= is known to be sound
-        bad = {k: v for o in _alternatives(arm.only) for k, v in o.items()
+        bad = {k: v for o in alternatives(arm.only) for k, v in o.items()
                if k not in axes or k == "seed" or set(v) - set(axes[k])}
         if bad:
             raise SpecError(f"{where}: arm {name} runs only at {bad}, which is not a set of values of its grid's "
                             f"axes other than the seed ({ {k: v for k, v in axes.items() if k != 'seed'} })")
         source = arm.reads
-        if source and any(_allows(arm.only, p) and not _allows(arms[source].only, p) for p in grid):
+        if source and any(allows(arm.only, p) and not allows(arms[source].only, p) for p in grid):
             raise SpecError(f"{where}: arm {name} reads arm {source}'s runs where {source} has none (its only= "
                             f"{arm.only} reaches beyond {source}'s {arms[source].only})")
-
-
-def _outside(only: dict[str, Any], at: dict[str, Any]) -> bool:
-    """Whether ``at`` fixes a value that ``only`` (one alternative of an arm's) leaves out."""
-    return any(k in only and v not in only[k] for k, v in at.items())
-
-
-def _alternatives(only: dict[str, Any] | tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
-    return (only,) if isinstance(only, dict) else tuple(only)
-
-
-def _allows(only: dict[str, Any] | tuple[dict[str, Any], ...], at: dict[str, Any]) -> bool:
-    """Whether an arm with ``only`` has runs at ``at`` (one alternative leaves every fixed value in)."""
-    return any(not _outside(o, at) for o in _alternatives(only))
 
 
 # ----------------------------------------------------------------------------- registry
@@ -616,7 +517,8 @@ def register_study(name: str, into: Registry[type[Study]] | None = None) -> Call
     def wrap(cls: type[Study]) -> type[Study]:
         cls.name = name
         check_study(cls)
-        return (into or _STUDIES).register_class(name)(cls)
+        (into or _STUDIES).add(name, cls, NoParams)  # it takes no parameters: its test bed and flags say where it runs
+        return cls
 
     return wrap
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import TokenReduceError
-from .declare import EVALUATED, OFF_THE_SHELF, Bench, Measure, Point, Probe, Study
+from .declare import EVALUATED, OFF_THE_SHELF, Probe, Study, Timing
+from .grid import Point
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Unit:
 
     id: str
     point: Point | None = None
-    step: Measure | Probe | Bench | None = None
+    step: Timing | Probe | None = None
     needs: tuple[str, ...] = ()
     evaluated: bool = False
 
@@ -53,7 +54,7 @@ class Unit:
     def kind(self) -> str:
         if self.point is not None:
             return "evaluate" if self.evaluated else "train"
-        return "measure" if isinstance(self.step, Measure) else "bench" if isinstance(self.step, Bench) else "probe"
+        return "probe" if isinstance(self.step, Probe) else "bench" if self.step.bench else "measure"
 
 
 def plan(study: Study) -> list[Unit]:

@@ -123,10 +123,7 @@ class Runner:
         if unit.kind == "measure":
             return self._measure(unit)
         if unit.kind == "bench":
-            b = study.bench_run(unit.step)
-            return BenchRequest(model=b.model, specs=tuple(b.specs), control=b.control, match_random=b.match_random,
-                                speed=b.speed, argv=tuple(self.command(unit, threads)), checkpoint=b.checkpoint,
-                                stem=b.stem)
+            return BenchRequest(**study.bench_run(unit.step), argv=tuple(self.command(unit, threads)))
         checkpoint = self._checkpoint(unit.needs[0]) if unit.needs else study.bed.checkpoint()
         return self._experiment(unit.step.experiment, checkpoint)
 
@@ -143,7 +140,7 @@ class Runner:
             recorded.append(Recorded(n, self._model(n), doc["metrics"].get("spec"), doc["metrics"]["task"],
                                      doc["config"].get("seed"), final_evaluation(doc["metrics"])))
         defaults = {k: SPEED[k] for k in ("batch", "warmup", "repeats")}  # the eval command's
-        speed = {**defaults, **m.speed, **self.study.smoke_over("measure")}
+        speed = {**defaults, **m.settings, **self.study.smoke_over("measure")}
         data_dir, subset = self.study.eval_items(self.layout.checkpoints)  # the runs' test items
         return MeasureRequest(EvalRequest(reference, specs=tuple(m.specs), speed=speed, data_dir=data_dir,
                                           subset=subset, device=self.device, amp=self.amp), tuple(recorded))

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
-from .declare import OFF_THE_SHELF, OWN, POWER, Axis, Bench, Col, Expect, Measure, Probe, Study
+from .declare import OFF_THE_SHELF, OWN, POWER, Axis, Col, Expect, Probe, Study, Timing
 
 NOT_RUN = "not run"
 #: what an exploratory claim (:attr:`~.declare.Expect.confirmatory` false) shows in place of a verdict word
@@ -122,15 +122,15 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
     return table_row([label, seeds, *cells])
 
 
-def measure_table(decl: Measure, doc: dict[str, Any]) -> list[str]:
+def measure_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
     lines = table_head([c.header for c in decl.columns])
     for r in doc["result"]["results"]:
-        lines.append(table_row(c.fmt.format(r[c.metric]) if r.get(c.metric) is not None else "-" for c in decl.columns))
+        lines.append(table_row(c.text(r[c.metric]) if r.get(c.metric) is not None else "-" for c in decl.columns))
     noise = timing_noise(doc["result"]["results"])
     return [*lines, "", noise] if noise else lines
 
 
-def bench_table(decl: Bench, doc: dict[str, Any]) -> list[str]:
+def bench_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
     """A bench's table as the ``bench`` command prints it, under the line that says what was timed how."""
     from ..bench.compare import columns_for
     from ..bench.report import format_table
@@ -149,9 +149,10 @@ def bench_table(decl: Bench, doc: dict[str, Any]) -> list[str]:
 
 
 def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[str]:
-    """A bench table (``Bed.bench_tables``): a row per spec and the control, labelled in the first column; each
-    other column the speed-ups of the bench its ``metric`` names against the unpatched model or (``paired``) the
-    matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is empty."""
+    """A bench table (``Bed.columns`` of a bed that trains nothing): a row per spec and the control, labelled in
+    the first column; each other column the speed-ups of the bench its ``metric`` names against the unpatched
+    model or (``paired``) the matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is
+    empty."""
     benches = list(dict.fromkeys(c.metric for c in columns[1:]))
     missing = [n for n in benches if n not in runs]
     if missing:
@@ -670,7 +671,7 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
         lines += [*arm_table(study, runs, at), ""]
     lines += machines_text(runs)
 
-    def part(decl: Measure | Probe | Bench, render: Any) -> list[str]:
+    def part(decl: Timing | Probe, render: Any) -> list[str]:
         doc = runs.get(decl.name)
         if isinstance(decl, Probe) and decl.fmnist_only and not study.bed.fmnist():
             body = [f"{NOT_RUN}: it reads Fashion-MNIST's raw images; the test bed is {study.bed.text()}"]
