@@ -67,11 +67,14 @@ class Runner:
         return self.by_id[run_id]
 
     def done(self, unit: Unit) -> bool:
-        """Whether ``unit``'s JSON exists; one that is not its record (made on another test bed, say) is refused,
-        not reused."""
+        """Whether ``unit``'s JSON exists; one made on another test bed is refused, not reused."""
         path = self.layout.json(unit.id)
         if not path.is_file():
             return False
+        made_on = read_record(path).get("testbed")
+        if made_on != self.study.bed.describe():
+            raise TokenReduceError(f"{path} was made on the test bed {made_on}, not {self.study.bed.describe()}; "
+                                   "give another --out for this test bed")
         read_record(path, self.study, units=self.by_id)
         return True
 
