@@ -99,7 +99,7 @@ def test_a_measure_reads_the_test_bed_reference_every_seed_of_its_arms_and_its_b
                                                                                    "seed": int(run_id[-1])},
                                     "metrics": {"checkpoint": f"gone/{run_id}", "top1": 50.0, "task": "classify"}}))
     request, read = runner.request(unit)
-    assert request.eval.reference == "REF" and request.eval.specs == ("random(keep=0.55, locs=(1, 3, 4))",)
+    assert request.reference == "REF" and request.specs == ("random(keep=0.55, locs=(1, 3, 4))",)
     assert [(r.name, r.model, r.seed, r.task) for r in request.recorded] == [(n, model, int(n[-1]), "classify")
                                                                             for n in unit.needs]
-    assert request.eval.speed["backend"] == "onnxruntime" and read == []
+    assert request.speed["backend"] == "onnxruntime" and read == []

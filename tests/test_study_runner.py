@@ -10,12 +10,14 @@ import ast
 import threading
 from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from conftest import TEST_STUDIES
 
 import tokenreduce.study.runner as runner_module
+from tokenreduce.bench.evaluation import EvalRequest
 from tokenreduce.cli import main
 from tokenreduce.core.errors import TokenReduceError
 from tokenreduce.models.references import file_sha256
@@ -49,7 +51,7 @@ class _InProcessPool:
     hold: tuple[str, ...] = ()
     made: list[_InProcessPool] = []
 
-    def __init__(self, max_workers: int, mp_context: Any, initializer: Any, initargs: tuple) -> None:
+    def __init__(self, max_workers: int, mp_context: Any, initializer: Any) -> None:
         self.jobs, self.start, self.initializer = max_workers, mp_context.get_start_method(), initializer
         self.submitted: list[tuple[str, int, tuple[str, ...]]] = []  # (run, threads, runs still running then)
         self.held: list[tuple[str, Future, Any]] = []
@@ -163,22 +165,47 @@ def test_timings_run_last_alone_in_this_process_with_every_thread(pool: type[_In
         timed.append((type(request).__name__, ctx.threads, len(pool.made[0].submitted) if pool.made else 0))
         return {"result": {"results": []}}
 
-    monkeypatch.setitem(execute.EXECUTORS, execute.MeasureRequest, timing)
+    monkeypatch.setitem(execute.EXECUTORS, EvalRequest, timing)
     monkeypatch.setitem(execute.EXECUTORS, execute.BenchRequest, timing)
     study = get_study("baselines")()
     runner = Runner(study, layout_for(study, str(tmp_path / "b")), threads=2, log=lambda msg: None)
-    monkeypatch.setattr(runner, "_measure", lambda unit: execute.MeasureRequest(None))  # reads no checkpoint
+    monkeypatch.setattr(runner, "_measure", lambda unit: EvalRequest(""))  # reads no checkpoint
     trained = [u.id for u in runner.units if u.kind == "train"]
     measures = [u.id for u in runner.units if u.kind == "measure"]
     assert runner.unit("free").needs == ()  # ready at once, yet it waits for every training run
     assert runner.run(jobs=2)[-len(measures):] == measures
     assert [run for run, *_ in pool.made[0].submitted] == trained
-    assert timed == [("MeasureRequest", 2, len(trained))] * len(measures)
+    assert timed == [("EvalRequest", 2, len(trained))] * len(measures)
     bench = get_study("deit_bench")(smoke=True)
     pool.made.clear()
     assert Runner(bench, layout_for(bench, str(tmp_path / "d")), threads=2, log=lambda msg: None).run(jobs=2) == \
         ["deit_small"]
     assert pool.made == [] and timed[-1] == ("BenchRequest", 2, 0)
+
+
+def test_a_measure_is_the_eval_commands_evaluate_timed_on_the_contexts_threads(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    """One implementation: a measure's EvalRequest, its recorded runs in it, goes to bench.evaluation.evaluate (what
+    ``tokenreduce eval`` runs) with the context's threads, and its record holds what that returns."""
+    from tokenreduce.bench import evaluation as ev
+    from tokenreduce.probes.base import RunContext
+
+    seen: list[EvalRequest] = []
+    rows = [{"label": "unpatched", "top1": 50.0}]
+
+    def evaluate(req: EvalRequest, progress: Any) -> ev.EvalResult:
+        seen.append(req)
+        ref = SimpleNamespace(task=SimpleNamespace(spec=lambda: "classify"))
+        return ev.EvalResult(ref, SimpleNamespace(info={"name": "fashion_mnist", "n": 16}), rows, {})
+
+    monkeypatch.setattr(ev, "evaluate", evaluate)
+    monkeypatch.setattr(ev, "write_outputs", lambda *args, **kwargs: [])
+    recorded = (ev.Recorded("tuned-s0", {"name": "vit"}, "tome(r=1)", "classify", 0, {"top1": 49.0}),)
+    req = EvalRequest("ref.safetensors", specs=("tome(r=1)",), recorded=recorded,
+                      speed={"batch": 2, "warmup": 0, "repeats": 1})
+    body = execute.execute(req, RunContext(threads=3, out_dir=tmp_path, log=lambda msg: None))
+    assert [r.recorded for r in seen] == [recorded] and seen[0].speed["threads"] == 3
+    assert body["result"]["results"] == rows and body["result"]["speed"] == seen[0].speed
 
 
 def test_the_runner_never_reenters_the_cli_nor_starts_a_subprocess():
@@ -199,11 +226,17 @@ def test_the_runner_never_reenters_the_cli_nor_starts_a_subprocess():
 
 def test_a_worker_ends_when_the_runners_process_is_gone(monkeypatch: pytest.MonkeyPatch):
     """A SIGKILLed runner's pool never tells its workers: each watches its parent and ends with it."""
-    ended = threading.Event()
-    parents = iter([41, 41, 1])  # the runner's pid twice, then init's: the runner was killed
-    monkeypatch.setattr(runner_module.os, "getppid", lambda: next(parents, 1))
+    ended, killed = threading.Event(), threading.Event()
+
+    class Parent:  # multiprocessing's handle on a spawned worker's parent: join returns when the parent is gone
+        def join(self) -> None:
+            killed.wait()
+
+    monkeypatch.setattr(runner_module.multiprocessing, "parent_process", Parent)
     monkeypatch.setattr(runner_module.os, "_exit", lambda status: ended.set())
-    runner_module._orphaned_exit(41, every=0.001)
+    runner_module._orphaned_exit()
+    assert not ended.wait(0.05)  # the runner lives: so does the worker
+    killed.set()
     assert ended.wait(5)
 
 

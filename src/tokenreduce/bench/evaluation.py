@@ -99,13 +99,17 @@ class Reference:
     task: Task
 
 
-def load_reference(path: str | Path) -> Reference:
-    """The reference model (its reducer removed, if it carries one) with its task; the file is read once."""
+def load_reference(path: str | Path, device: str = "cpu") -> Reference:
+    """The reference model (its reducer removed, if it carries one) with its task, both on ``device``; the file is
+    read once."""
     ckpt = read_checkpoint(path)
     built = make_model(ModelSource(checkpoint=ckpt, spec=None))
     if built.meta.get("spec"):
         log(f"note: {path} carries the reducer {built.meta['spec']}; its unpatched model is the reference")
-    return Reference(str(path), built.model, built.meta, bind_task(built.model, ckpt))
+    ref = Reference(str(path), built.model, built.meta, bind_task(built.model, ckpt))
+    ref.model.to(device)
+    ref.task.to(device)
+    return ref
 
 
 @dataclass
@@ -373,6 +377,8 @@ class EvalRequest:
         match_random: per training-free case (given or picked), also the random pruner with its
             per-block token counts (:func:`matched_cases`).
         finetuned: fine-tuned checkpoints of the reference's model (one row per spec among them).
+        recorded: fine-tuned runs by their recorded evaluations (:class:`Recorded`; a study's measure),
+            grouped with ``finetuned``.
         seeds: the seeds of stochastic methods (one run each).
         eval_batch: the batch size of the task's metric.
         speed: ``measure_speed`` settings (:func:`speed_settings`; the same for every case).
@@ -388,6 +394,7 @@ class EvalRequest:
     rule: str = "measured"
     match_random: bool = False
     finetuned: Sequence[str] = ()
+    recorded: Sequence[Recorded] = ()
     seeds: Sequence[int] = (0, 1, 2)
     eval_batch: int = 250
     speed: dict[str, Any] = field(default_factory=lambda: dict(SPEED))
@@ -419,23 +426,22 @@ class EvalResult:
         return self.budgets["skipped"]
 
 
-def evaluate(req: EvalRequest) -> EvalResult:
+def evaluate(req: EvalRequest, progress: Callable[[str], None] = log) -> EvalResult:
     """The reference unpatched, each spec, each budget pick and each fine-tuned spec on the
-    reference's test data: the task's metric, MACs and speed in one interleaved run.
+    reference's test data: the task's metric, MACs and speed in one interleaved run (its progress
+    lines to ``progress``).
 
     Specs are checked (and fine-tuned checkpoints matched to the reference) before the data is read;
     the caller sets torch's threads (``req.speed['threads']`` is what the timing records).
     """
     from ..models.precision import autocast
 
-    ref = load_reference(req.reference)
-    ref.model.to(req.device)
-    ref.task.to(req.device)
+    ref = load_reference(req.reference, req.device)
     with autocast(req.device, req.amp):
-        return _evaluate(req, ref)
+        return _evaluate(req, ref, progress)
 
 
-def _evaluate(req: EvalRequest, ref: Reference) -> EvalResult:
+def _evaluate(req: EvalRequest, ref: Reference, progress: Callable[[str], None]) -> EvalResult:
     cases = [EvalCase(spec, spec) for spec in req.specs]
     check_cases(ref.model, cases)
     picks: list[dict[str, Any]] = []
@@ -447,10 +453,10 @@ def _evaluate(req: EvalRequest, ref: Reference) -> EvalResult:
         cases += [c for c in more if build_reducer(c.spec).spec() not in given]
     if req.match_random:
         cases += matched_cases(ref.model, cases)
-    cases += finetuned_cases(req.finetuned, ref)
+    cases += finetuned_cases(req.finetuned, ref, req.recorded)
     data = load_data(ref, data=req.data, data_dir=req.data_dir, download=req.download, subset=req.subset)
     rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=req.seeds,
-                          eval_batch=req.eval_batch, speed=req.speed, progress=log)
+                          eval_batch=req.eval_batch, speed=req.speed, progress=progress)
     mark_band(rows)
     budgets = {"targets": list(req.targets), "rule": req.rule, "picks": picks, "skipped": skipped}
     return EvalResult(ref, data, rows, budgets)

@@ -52,7 +52,7 @@ class Range:
     def holds(self, value: Any) -> bool:
         if isinstance(value, list):
             return all(self.holds(v) for v in value)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        if not finite_number(value):
             return False
         if self.integer and not float(value).is_integer():
             return False
@@ -72,6 +72,11 @@ RANGES = (
     ("bits", COUNT), ("batch_size", COUNT), ("batch", COUNT), ("world_size", COUNT),
     ("spearman", Range(-1, 1)), ("overlap", Range(0, 1)),
 )
+
+
+def finite_number(v: Any) -> bool:
+    """Whether ``v`` is a finite int or float (a bool is not a number here)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def metric_range(name: str) -> Range | None:

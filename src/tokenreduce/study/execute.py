@@ -1,7 +1,7 @@
 """A study's kinds of run as requests of the library, and one executor per kind: request -> record body.
 
-Training is ``TrainConfig`` (what ``tokenreduce train`` builds from its flags); a measure carries ``tokenreduce
-eval``'s ``EvalRequest`` with the fine-tuned runs' recorded evaluations; the rest are the frozen requests below.
+Training is ``TrainConfig`` (what ``tokenreduce train`` builds from its flags); a measure is ``tokenreduce eval``'s
+``EvalRequest``, the fine-tuned runs among its ``recorded`` evaluations; the rest are the frozen requests below.
 A request names everything its run reads (checkpoints, records' numbers), so :func:`execute` runs it in any
 process, the runner's or a worker's; the ``RunContext`` (threads, device, precision, a folder, a log) is where it
 runs, not what it computes.
@@ -10,7 +10,7 @@ runs, not what it computes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..bench import evaluation as ev
@@ -37,15 +37,6 @@ class ProbeRequest:
     """``tokenreduce experiment SPEC`` (probes/), its checkpoint among its parameters."""
 
     spec: str
-
-
-@dataclass(frozen=True)
-class MeasureRequest:
-    """``tokenreduce eval`` with the ``recorded`` fine-tuned runs beside it, each scored by the evaluation it made
-    of itself on the same items."""
-
-    eval: ev.EvalRequest
-    recorded: tuple[ev.Recorded, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,9 +71,7 @@ def fold(req: FoldRequest, ctx: RunContext) -> dict[str, Any]:
     from ..api import apply
 
     torch.set_num_threads(ctx.threads)
-    ref = ev.load_reference(req.checkpoint)
-    ref.model.to(ctx.device)
-    ref.task.to(ctx.device)
+    ref = ev.load_reference(req.checkpoint, ctx.device)
     test = ev.load_data(ref, data_dir=req.data_dir, subset=req.subset)
     i, k = req.fold
     items = Subset(test.test, range(i, len(test.test), k))
@@ -99,30 +88,19 @@ def probe(req: ProbeRequest, ctx: RunContext) -> dict[str, Any]:
     return {"experiment": exp.spec(), "result": exp.run(ctx)}
 
 
-def measure(req: MeasureRequest, ctx: RunContext) -> dict[str, Any]:
-    """The reference unpatched, each training-free spec and the recorded runs: the task's metric, MACs and speed in
-    one interleaved run; the eval command's files go to the context's folder."""
+def measure(req: ev.EvalRequest, ctx: RunContext) -> dict[str, Any]:
+    """``tokenreduce eval``'s evaluation (bench/evaluation.py) timed on the context's threads; the eval command's
+    files go to the context's folder."""
     import torch
 
-    from ..bench.accuracy import EvalCase, check_cases, evaluate_cases
-    from ..models.precision import autocast
-
-    e = req.eval
-    settings = ev.speed_settings(threads=ctx.threads, eval_batch=e.eval_batch, **e.speed)
+    settings = ev.speed_settings(threads=ctx.threads, eval_batch=req.eval_batch, **req.speed)
     torch.set_num_threads(ctx.threads)
-    ref = ev.load_reference(str(e.reference))
-    ref.model.to(e.device)
-    ref.task.to(e.device)
-    cases = [EvalCase(s, s) for s in e.specs]
-    check_cases(ref.model, cases)
-    cases += ev.finetuned_cases([], ref, list(req.recorded))
-    data = ev.load_data(ref, data_dir=e.data_dir, subset=e.subset)
-    with autocast(e.device, e.amp):
-        rows = evaluate_cases(ref.model, data.test, cases, task=ref.task, database=data.database, seeds=list(e.seeds),
-                              eval_batch=e.eval_batch, speed=settings, progress=ctx.log)
-    info = {"reference": {"checkpoint": e.reference, "task": ref.task.spec()}, "data": data.info, "speed": settings}
-    ev.write_outputs(ctx.out_dir, rows, info, f"{data.info['name']}, {data.info['n']} test images", task=ref.task)
-    return {"result": {**info, "results": list(rows)}}
+    res = ev.evaluate(replace(req, speed=settings), progress=ctx.log)
+    info = {"reference": {"checkpoint": req.reference, "task": res.ref.task.spec()}, "data": res.data.info,
+            "speed": settings}
+    title = f"{res.data.info['name']}, {res.data.info['n']} test images"
+    ev.write_outputs(ctx.out_dir, res.rows, info, title, task=res.ref.task)
+    return {"result": {**info, "results": res.rows}}
 
 
 def bench(req: BenchRequest, ctx: RunContext) -> dict[str, Any]:
@@ -155,7 +133,7 @@ def bench(req: BenchRequest, ctx: RunContext) -> dict[str, Any]:
 
 
 EXECUTORS: dict[type, Callable[[Any, RunContext], dict[str, Any]]] = {
-    TrainConfig: train, FoldRequest: fold, ProbeRequest: probe, MeasureRequest: measure, BenchRequest: bench}
+    TrainConfig: train, FoldRequest: fold, ProbeRequest: probe, ev.EvalRequest: measure, BenchRequest: bench}
 
 
 def execute(request: Any, ctx: RunContext) -> dict[str, Any]:

@@ -14,13 +14,13 @@ is written from its token, ``{checkpoints}/<id>/...`` (:func:`relative`), and re
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..bench.report import metric_range
+from ..bench.report import finite_number, metric_range
 from ..core.errors import TokenReduceError
 from ..tasks.items import decode, metric_of
 from .declare import Study
@@ -61,10 +61,6 @@ def _load(path: Path) -> Any:
         raise RecordError(f"{path} is not a valid run record: {e}") from None
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def read_record(path: str | os.PathLike, study: Study | None = None, *, units: dict[str, Any] | None = None
                 ) -> dict[str, Any]:
     """The run record at ``path``, checked (module docstring) against ``study`` when given (else only that it
@@ -100,7 +96,7 @@ def read_record(path: str | os.PathLike, study: Study | None = None, *, units: d
                               f"{'missing' if metrics is None else type(metrics).__name__}")
         claimed = [e.metric for e in study.expect if doc.get("arm") in (e.arm, e.baseline)]
         for name in dict.fromkeys([c.metric for c in study.columns] + [e.metric for e in study.expect]):
-            if name in metrics and not _number(metrics[name]):
+            if name in metrics and not finite_number(metrics[name]):
                 raise RecordError(f"{path}: field 'metrics.{name}' is {metrics[name]!r}, not a finite number; {_AGAIN}")
             if name in claimed and name not in metrics:
                 raise RecordError(f"{path}: field 'metrics.{name}' is missing; a claim of {study.key} reads it from "
@@ -164,7 +160,7 @@ def _check_items(path: Path, metrics: dict[str, Any]) -> None:
         except TokenReduceError as e:
             raise RecordError(f"{path}: field {field!r}: {e}; {_AGAIN}") from None
         claimed = metrics.get(name)
-        if not _number(claimed):
+        if not finite_number(claimed):
             raise RecordError(f"{path}: field {field!r} decomposes metrics.{name}, which is {claimed!r}, not a "
                               f"finite number; {_AGAIN}")
         if got is None or abs(got - claimed) > ITEM_TOLERANCE:
@@ -210,12 +206,8 @@ def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
     found = [(token, folder, re.compile(re.escape(os.path.abspath(folder)) + r"(?=[/\s'\"]|$)"))
              for token, folder in anchors(layout).items()]
 
-    def one(v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: one(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [one(x) for x in v]
-        if not isinstance(v, str) or "/" not in v or v.startswith("{"):
+    def one(v: str) -> str:
+        if "/" not in v or v.startswith("{"):
             return v
         if not any(c.isspace() for c in v):
             for token, folder, _ in found:
@@ -226,7 +218,7 @@ def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
             v = pattern.sub(token, v)
         return v
 
-    return {k: v if k == "testbed" else one(v) for k, v in doc.items()}  # the bed's description is compared as it is
+    return {k: v if k == "testbed" else _strings(v, one) for k, v in doc.items()}  # the bed's is compared as it is
 
 
 def resolve(path: str, layout: Layout) -> str:
@@ -241,8 +233,13 @@ def resolve(path: str, layout: Layout) -> str:
 def resolved(doc: Any, layout: Layout) -> Any:
     """``doc`` (a record, or a part of one) with every path written from a token (:func:`relative`) resolved
     here (:func:`resolve`): what a run that reads another run's record hands on."""
+    return _strings(doc, lambda s: resolve(s, layout) if s.startswith("{") else s)
+
+
+def _strings(doc: Any, change: Callable[[str], str]) -> Any:
+    """``doc`` (nested dicts and lists) with ``change`` applied to each string in it."""
     if isinstance(doc, dict):
-        return {k: resolved(v, layout) for k, v in doc.items()}
+        return {k: _strings(v, change) for k, v in doc.items()}
     if isinstance(doc, list):
-        return [resolved(v, layout) for v in doc]
-    return resolve(doc, layout) if isinstance(doc, str) and doc.startswith("{") else doc
+        return [_strings(v, change) for v in doc]
+    return change(doc) if isinstance(doc, str) else doc

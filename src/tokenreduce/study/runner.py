@@ -17,7 +17,6 @@ import dataclasses
 import multiprocessing
 import os
 import shlex
-import sys
 import threading
 import time
 import traceback
@@ -29,6 +28,7 @@ from typing import Any
 
 from ..bench import load
 from ..bench.evaluation import SPEED, EvalRequest, Recorded
+from ..bench.evaluation import log as stderr_line
 from ..bench.report import provenance, write_json
 from ..core.errors import TokenReduceError
 from ..core.registry import format_spec, parse_spec
@@ -37,7 +37,7 @@ from ..probes.base import RunContext, get_experiment
 from ..train import lock
 from ..train.config import TrainConfig
 from .declare import OFF_THE_SHELF, REFERENCE, Study
-from .execute import BenchRequest, FoldRequest, MeasureRequest, ProbeRequest, execute
+from .execute import BenchRequest, FoldRequest, ProbeRequest, execute
 from .plan import TIMED, Layout, Unit, plan, select
 from .records import read_record, relative, resolved
 from .tables import item_pair, planned_seeds
@@ -52,7 +52,7 @@ class Runner:
                  log: Callable[[str], None] | None = None) -> None:
         self.study, self.layout, self.threads, self.device, self.amp = study, layout, threads, device, amp
         self.flags = list(flags)
-        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.log = log or stderr_line
         everything = plan(study)
         self.by_id = {u.id: u for u in everything}
         self.units = select(study, everything, where) if where else everything
@@ -127,7 +127,7 @@ class Runner:
         checkpoint = self._checkpoint(unit.needs[0]) if unit.needs else study.bed.checkpoint()
         return self._experiment(unit.step.experiment, checkpoint)
 
-    def _measure(self, unit: Unit) -> MeasureRequest:
+    def _measure(self, unit: Unit) -> EvalRequest:
         """The measure ``unit``: the reference's specs beside the fine-tuned runs' recorded evaluations."""
         from ..train import final_evaluation
 
@@ -142,8 +142,8 @@ class Runner:
         defaults = {k: SPEED[k] for k in ("batch", "warmup", "repeats")}  # the eval command's
         speed = {**defaults, **m.settings, **self.study.smoke_over("measure")}
         data_dir, subset = self.study.eval_items(self.layout.checkpoints)  # the runs' test items
-        return MeasureRequest(EvalRequest(reference, specs=tuple(m.specs), speed=speed, data_dir=data_dir,
-                                          subset=subset, device=self.device, amp=self.amp), tuple(recorded))
+        return EvalRequest(reference, specs=tuple(m.specs), recorded=tuple(recorded), speed=speed, data_dir=data_dir,
+                           subset=subset, device=self.device, amp=self.amp)
 
     def _off_shelf(self, unit: Unit) -> bool:
         """Whether ``unit`` is an arm evaluated off the shelf on the test bed's reference."""
@@ -339,8 +339,7 @@ class Runner:
         lane = max(1, self.threads // jobs)
         waiting, running, failed = list(units), {}, []
         with self._hold("pool", timing=False), ProcessPoolExecutor(
-                jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_orphaned_exit,
-                initargs=(os.getpid(),)) as pool:
+                jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_orphaned_exit) as pool:
             while waiting or running:
                 busy = {u.id for u in waiting} | {u.id for u, *_ in running.values()}
                 for u in [u for u in waiting if not failed and not set(u.needs) & busy][:jobs - len(running)]:
@@ -369,12 +368,11 @@ class Runner:
             raise TokenReduceError("; ".join(failed))
 
 
-def _orphaned_exit(parent: int, every: float = 1.0) -> None:
-    """A worker's start: it ends when the runner's process ``parent`` is gone (killed: its pool never tells the
-    workers), as a killed run in-process would; the study resumes its runs where their checkpoints stand."""
+def _orphaned_exit() -> None:
+    """A worker's start: it ends when the runner's process is gone (killed: its pool never tells the workers), as
+    a killed run in-process would; the study resumes its runs where their checkpoints stand."""
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every)
+        multiprocessing.parent_process().join()  # returns once the parent's end of the spawn pipe is closed
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
