@@ -57,10 +57,10 @@ def test_holm_and_benjamini_hochberg_match_the_step_procedures(seed: int):
     from statsmodels.stats.multitest import multipletests
 
     p = np.random.default_rng(seed).uniform(0, 0.2, 1 + 7 * seed).tolist()
-    assert stats.holm(p) == pytest.approx(_holm_by_hand(p))
-    assert stats.holm(p) == pytest.approx(multipletests(p, method="holm")[1])
-    assert stats.benjamini_hochberg(p) == pytest.approx(_bh_by_hand(p))
-    assert stats.benjamini_hochberg(p) == pytest.approx(multipletests(p, method="fdr_bh")[1])
+    assert stats.adjust(p, "holm") == pytest.approx(_holm_by_hand(p))
+    assert stats.adjust(p, "holm") == pytest.approx(multipletests(p, method="holm")[1])
+    assert stats.adjust(p, "fdr_bh") == pytest.approx(_bh_by_hand(p))
+    assert stats.adjust(p, "fdr_bh") == pytest.approx(multipletests(p, method="fdr_bh")[1])
 
 
 def test_tost_finds_a_pinned_difference_equivalent_and_a_loose_one_not():
@@ -382,14 +382,14 @@ def test_a_power_plan_on_a_longer_fine_tune_reads_its_pilot_from_the_records_and
     from tokenreduce.study.declare import get_study
     from tokenreduce.study.plan import Layout
     from tokenreduce.study.records import load_runs
-    from tokenreduce.study.tables import judge, paired, verdicts
+    from tokenreduce.study.tables import judge, paired_by_seed, verdicts
 
     study = get_study("bspf")("scenes")
     root = Path(__file__).resolve().parents[1] / "results" / study.key
     runs = load_runs(Layout(root, root), study)
     claim = "W_q = W_k costs no accuracy from a fair start"
     j = next(j for j in verdicts(study, runs) if j.claim.startswith(claim) and j.expect.at == {"steps": 937})
-    sd = statistics.stdev(paired(study, runs, "bspf_tied2", "bspf_untied2", "top1", {"steps": 100}))
+    sd = statistics.stdev(paired_by_seed(study, runs, "bspf_tied2", "bspf_untied2", "top1", {"steps": 100}).values())
     family = judge([(study, runs)]).holm["bspf"]  # every test the bed declares, run or not
     n = stats.seeds_for_power(0.5, sd, 0.8, 0.05 / family)
     assert n > stats.seeds_for_power(0.5, sd, 0.8, 0.05)  # the deciding level asks for more seeds

@@ -16,7 +16,7 @@ from tokenreduce.study import Arm, Study, Timing, get_study, register_study
 from tokenreduce.study.plan import layout_for
 from tokenreduce.study.records import load_runs
 from tokenreduce.study.runner import Runner
-from tokenreduce.study.tables import machines_text, paired, paired_items, summary
+from tokenreduce.study.tables import machines_text, paired_by_seed, paired_items, summary
 from tokenreduce.study.testbed import Testbed as Where
 from tokenreduce.tasks.items import decode
 
@@ -73,7 +73,7 @@ def test_the_oracle_runs_at_the_trained_pruners_counts_on_its_weights_and_items(
         assert result["rows"]["own"][key] == pytest.approx(source[key], abs=1e-9)
     assert result["rows"]["object_first"]["map_asym"] != result["rows"]["own"]["map_asym"]
     study = runner.study
-    assert paired(study, runs, "e_oracle", "b_ctp", "map_asym", {}) == pytest.approx(
+    assert list(paired_by_seed(study, runs, "e_oracle", "b_ctp", "map_asym", {}).values()) == pytest.approx(
         [result["rows"]["object_first"]["map_asym"] - source["map_asym"]])
 
 

@@ -43,12 +43,6 @@ def point(study: Study, e: Expect) -> str:
     return where_text(e.at if implicit is None or AXIS in e.at else {**e.at, AXIS: implicit})
 
 
-def _side(j: Judged) -> int:
-    """+1 (-1) where the claim's t-interval lies above (below) 0, else 0."""
-    ci = j.verdict.interval if j.verdict else None
-    return 0 if not ci else 1 if ci[0] > 0 else -1 if ci[1] < 0 else 0
-
-
 def stated(group: list[tuple[Any, Judged]]) -> str:
     """The claim's verdict at the longest length run with two seeds or more (a later one-seed length named
     apart), the change of its mean paired difference from each shorter length (Welch: other runs), and where
@@ -69,7 +63,7 @@ def stated(group: list[tuple[Any, Judged]]) -> str:
             d, lo, hi, p = change
             text += (f"; from {first} steps its Δ changes by {d:+.2f} [{lo:+.2f}, {hi:+.2f}], Welch p = {p:.2g} "
                      "(the interaction with length, before multiplicity)")
-    sides = [(s, _side(j)) for s, j in run if _side(j)]
+    sides = [(s, 1 if ci[0] > 0 else -1) for s, j in run if (ci := j.verdict.interval) and (ci[0] > 0 or ci[1] < 0)]
     if {side for _, side in sides} == {-1, 1}:
         where = ", ".join(f"{'above' if side > 0 else 'below'} 0 at {s} steps" for s, side in sides)
         text += f"; the difference reverses: its t-interval lies {where} (before multiplicity)"
@@ -110,7 +104,7 @@ def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Pat
     lines = ["### Over the fine-tune length", "", *([pools, ""] if pools else []), *table_head(head)]
     for g in groups:
         e = g[0][1].expect
-        at = {s: j for s, j in g}
+        at = dict(g)
         where = ", ".join(f"{k} {v}" for k, v in e.at.items() if k != AXIS) or "-"
         cells = [c for s in lengths for c in ((measured(at[s]), ci_text(at[s]), word(at[s])) if s in at
                                               else ("-", "-", "-"))]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +57,7 @@ class Summary:
         return f"{self.mean:.2f} (n = {self.n})" if self.std is None else f"{self.mean:.2f} ± {self.std:.2f}"
 
 
-def summarize(values: Sequence[float]) -> Summary:
+def summarize(values: Iterable[float]) -> Summary:
     values = list(values)
     if not values:
         return Summary(0, None, None)
@@ -161,14 +161,10 @@ def crossed_interval(arm: Sequence[np.ndarray], base: Sequence[np.ndarray],
 # ----------------------------------------------------------------------------- multiplicity
 
 
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (controls the family-wise error rate)."""
-    return [float(p) for p in multipletests(list(pvalues), method="holm")[1]] if len(pvalues) else []
-
-
-def benjamini_hochberg(pvalues: Sequence[float]) -> list[float]:
-    """Benjamini-Hochberg adjusted p-values (controls the false discovery rate)."""
-    return [float(p) for p in multipletests(list(pvalues), method="fdr_bh")[1]] if len(pvalues) else []
+def adjust(pvalues: Sequence[float], method: str) -> list[float]:
+    """``pvalues`` adjusted by statsmodels' ``method``: "holm" (Holm's step-down: controls the family-wise
+    error rate) or "fdr_bh" (Benjamini-Hochberg: controls the false discovery rate)."""
+    return [float(p) for p in multipletests(list(pvalues), method=method)[1]] if len(pvalues) else []
 
 
 # ----------------------------------------------------------------------------- power

@@ -73,12 +73,6 @@ def _both(study: Study, runs: dict[str, dict], arm: str, base: str, at: dict[str
     return {s: (mine[s], theirs[s]) for s in planned_seeds(study) if s in mine and s in theirs}
 
 
-def paired(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
-           at: dict[str, Any]) -> list[float]:
-    """Per seed with both runs: ``arm`` minus ``base`` on ``metric`` at ``at``."""
-    return list(paired_by_seed(study, runs, arm, base, metric, at).values())
-
-
 def paired_by_seed(study: Study, runs: dict[str, dict], arm: str, base: str, metric: str,
                    at: dict[str, Any]) -> dict[Any, float]:
     """Seed -> ``arm`` minus ``base`` on ``metric`` at ``at``, for each seed with both values, in seed order."""
@@ -110,24 +104,22 @@ def _arm_row(study: Study, runs: dict[str, dict], name: str, label: str, at: dic
     seeds = ", ".join(str(s) for s in docs) + (f" ({', '.join(map(str, missing))} {NOT_RUN})" if missing else "")
     both = len(docs.keys() & arm_runs(study, runs, study.baseline, at).keys())
 
-    def cell(vals: list[float], of: int) -> str:  # a record without the column's metric: its n says so
+    def cell(vals: Iterable[float], of: int) -> str:  # a record without the column's metric: its n says so
         s = stats.summarize(vals)
         if not 0 < s.n < of:
             return s.text()
         return f"{s.mean:.2f} (n = 1 of {of})" if s.n == 1 else f"{s.text()} (n = {s.n} of {of})"
 
-    cells = [cell(values(study, runs, name, c.metric, at), len(docs)) if not c.paired else "-"
-             if name == study.baseline else cell(paired(study, runs, name, study.baseline, c.metric, at), both)
-             for c in study.columns]
+    base = study.baseline
+    cells = [cell(values(study, runs, name, c.metric, at), len(docs)) if not c.paired else "-" if name == base
+             else cell(paired_by_seed(study, runs, name, base, c.metric, at).values(), both) for c in study.columns]
     return table_row([label, seeds, *cells])
 
 
 def measure_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
-    lines = table_head([c.header for c in decl.columns])
-    for r in doc["result"]["results"]:
-        lines.append(table_row(c.text(r[c.metric]) if r.get(c.metric) is not None else "-" for c in decl.columns))
-    noise = timing_noise(doc["result"]["results"])
-    return [*lines, "", noise] if noise else lines
+    return table_head([c.header for c in decl.columns]) + [
+        table_row(c.text(r[c.metric]) if r.get(c.metric) is not None else "-" for c in decl.columns)
+        for r in doc["result"]["results"]]
 
 
 def bench_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
@@ -142,10 +134,8 @@ def bench_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
     said = (f"{model['name']} ({h}x{w}, {weights}), batch {settings['batch']} (latency: batch 1), "
             f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
             f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
-    noise = timing_noise(result["results"])
     columns = columns_for(result["results"], [(c.metric, c.header) for c in decl.columns])
-    return [said, "", "```", format_table(result["results"], columns), "```",
-            *(["", noise] if noise else [])]
+    return [said, "", "```", format_table(result["results"], columns), "```"]
 
 
 def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[str]:
@@ -427,18 +417,18 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
     for study, runs in studies:
         for e in study.expect:
             diffs = paired_items(study, runs, e) if by_item(study, e) else \
-                paired(study, runs, e.arm, e.baseline, e.metric, e.at)
+                list(paired_by_seed(study, runs, e.arm, e.baseline, e.metric, e.at).values())
             rows.append((study, runs, e, diffs, [], claim_text(study, runs, e)))
         rows += [(study, runs, fam, list(d.values()), m, fam.claim) for fam, d, m in _family_claims(study, runs)]
     tests = [_test(r[2], r[3]) if r[2].confirmatory else [] for r in rows]  # the families: confirmatory alone
     names = [r[0].name for r, t in zip(rows, tests, strict=True) for _ in t]
     ps = [h.p for t in tests for h in t]
-    adjusted = stats.benjamini_hochberg(ps)
+    adjusted = stats.adjust(ps, "fdr_bh")
     holm_sizes = dict(Counter(names))
     waiting = Counter(r[0].name for r, t in zip(rows, tests, strict=True) if len(r[3]) < 2 for _ in t)
     for name in holm_sizes:
         where = [k for k, n in enumerate(names) if n == name]
-        for k, p in zip(where, stats.holm([ps[k] for k in where]), strict=True):
+        for k, p in zip(where, stats.adjust([ps[k] for k in where], "holm"), strict=True):
             adjusted[k] = max(adjusted[k], p)
     judged: dict[str, list[Judged]] = {study.key: [] for study, _ in studies}
     k = 0
@@ -446,10 +436,9 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         adj, k = adjusted[k:k + len(t)], k + len(t)
         family = holm_sizes.get(study.name, 0)
         if not diffs:
-            what = "'s per-item results" if study.per_item(e) else ""
-            judged[study.key].append(Judged(e, diffs, None, f"{NOT_RUN}: no seed has both {e.arm} and {e.baseline}"
-                                            f"{what}" + (_power_text(study, runs, e, None, family)
-                                                         if e.confirmatory else ""), text, members=len(members)))
+            what = f"{e.arm} and {e.baseline}" + ("'s per-item results" if study.per_item(e) else "")
+            why = f"{NOT_RUN}: no seed has both {what}" + _power_text(study, runs, e, None, family)
+            judged[study.key].append(Judged(e, diffs, None, why, text, members=len(members)))
             continue
         v = stats.verdict(diffs, **test_keywords(e), adjusted=adj if e.confirmatory else None)
         if not e.confirmatory:
@@ -461,7 +450,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
                   f"folds' {v.n} items only" if left else ""
-        why = v.why + dropped + (_power_text(study, runs, e, v, family) if e.confirmatory else "")
+        why = v.why + dropped + _power_text(study, runs, e, v, family)
         uncommitted = _uncommitted(study, runs, members or [e])
         if uncommitted and v.word not in ("inconclusive", EXPLORATORY):
             why += (f"; provisional: as run it reads {v.label}, but {len(uncommitted)} of the records it reads name "
@@ -481,11 +470,13 @@ def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict
     """The declared power plan (its pilot sd read from the records where it names a grid point); else, for
     a published effect, the power n had for it, labelled post hoc. Both at the level the claim is decided at:
     ``e.level`` over the ``family`` tests of its study (Holm's first step, the strictest it may have to pass;
-    Bonferroni's level)."""
+    Bonferroni's level). '' for an exploratory claim: it is decided at no level."""
+    if not e.confirmatory:
+        return ""
     deciding = e.level / max(1, family)
     at = f"one-sided {deciding / 2:.2g}: {e.level:g} over the {family} tests of its Holm family, two-sided"
     if e.power is not None:
-        diffs = paired(study, runs, e.arm, e.baseline, e.metric, study.pilot(e))
+        diffs = list(paired_by_seed(study, runs, e.arm, e.baseline, e.metric, study.pilot(e)).values())
         sd = statistics.stdev(diffs) if len(diffs) > 1 else None
         pilot = f"the same contrast at {where_text(study.pilot(e))}, n = {len(diffs)}"
         ran = f"run with n = {v.n}" if v is not None else "not run yet"
@@ -576,9 +567,8 @@ def adjustment_text(judgement: Judgement, study: Study) -> str:
 def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> list[str]:
     judgement = judgement or judge([(study, runs)], scope="this test bed")
     judged = judgement.judged[study.key]
-    levels = {j.expect.level for j in judged}
-    interval = f"{100 * (1 - levels.pop()):g}% t-interval" if len(levels) == 1 else "t-interval (1 - level)"
-    lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)", interval,
+    lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)",
+                        f"{100 * (1 - Expect.level):g}% t-interval",
                         "p raw / adjusted", "verdict"])
     for j in judged:
         e = j.expect
@@ -677,7 +667,8 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
             body = [f"{NOT_RUN}: it reads Fashion-MNIST's raw images; the test bed is {study.bed.text()}"]
         else:
             body = render(decl, doc) if doc is not None else [f"{NOT_RUN}: no run JSON for {decl.name}"]
-        return [f"## {decl.title or decl.name}", "", *body, ""]
+        noise = timing_noise(doc["result"]["results"]) if isinstance(decl, Timing) and doc is not None else ""
+        return [f"## {decl.title or decl.name}", "", *body, *(["", noise] if noise else []), ""]
 
     for m in study.measures:
         lines += part(m, measure_table)
