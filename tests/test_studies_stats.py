@@ -323,8 +323,9 @@ def test_a_family_claim_pools_its_members_per_seed():
 
 
 def test_equal_measured_speed_is_an_equivalence_test_on_the_interleaved_rounds():
+    from tokenreduce.bench.speed import timing_noise
     from tokenreduce.study import Expect, Timing
-    from tokenreduce.study.tables import claim_text, timing_noise
+    from tokenreduce.study.tables import claim_text
 
     study = _study([Expect("b beats c {at_speed}", "s", arm="b", baseline="c", metric="m", direction=1,
                            speed=("speed", 0.1))],

@@ -26,7 +26,9 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -247,3 +249,27 @@ def paired_ratio(num: Sequence[float], den: Sequence[float]) -> float:
     """Median over rounds of num[k] / den[k] (:func:`paired_ratios`)."""
     ratios = paired_ratios(num, den)
     return float(statistics.median(ratios)) if ratios else math.nan
+
+
+def round_speedups(row: dict[str, Any], rows: list[dict[str, Any]]) -> np.ndarray | None:
+    """``row``'s speed-up (batch B) in each timed round of the interleaved run of ``rows`` (a bench's results):
+    its images/s over the unpatched model's in the same round (:func:`paired_ratios`); None without per-round
+    timings."""
+    base = next((r for r in rows if r.get("kind") == "unpatched" and r.get("img_per_s_runs")), None)
+    mine = row.get("img_per_s_runs") or ()
+    if base is None or row.get("kind") == "unpatched" or len(mine) != len(base["img_per_s_runs"]):
+        return None
+    return np.asarray(paired_ratios(mine, base["img_per_s_runs"]))
+
+
+def timing_noise(rows: list[dict[str, Any]]) -> str:
+    """The measured timing noise of one interleaved speed run, as a sentence: the spread of a row's per-round
+    speed-up around its own median, pooled over the rows (sd), with what it means for a median shown."""
+    per_row = [g for r in rows if (g := round_speedups(r, rows)) is not None]
+    if not per_row or min(len(r) for r in per_row) < 2:
+        return ""
+    n = min(len(r) for r in per_row)
+    sd = math.sqrt(statistics.fmean(float(np.var(r, ddof=1)) for r in per_row))
+    return (f"Timing noise, measured: a row's speed-up moves from round to round with a pooled sd of {sd:.3f}x "
+            f"({len(per_row)} rows, {n} interleaved rounds each); a median over {n} rounds has a standard error "
+            f"near {1.2533 * sd / math.sqrt(n):.3f}x.")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..bench.speed import round_speedups, timing_noise
 from ..core.errors import SpecError, TokenReduceError
 from . import stats
 from .declare import OFF_THE_SHELF, OWN, POWER, Axis, Col, Expect, Probe, Study, Timing
@@ -323,31 +323,6 @@ def arm_rows(study: Study, runs: dict[str, dict], measure: str) -> dict[str, lis
     return found
 
 
-def _round_speedups(row: dict, rows: list[dict]) -> np.ndarray | None:
-    """``row``'s speed-up (batch B) in each timed round of the interleaved run of ``rows``: its images/s over
-    the unpatched model's in the same round (bench/speed.py's paired_ratios); None without per-round timings."""
-    from ..bench.speed import paired_ratios
-
-    base = next((r for r in rows if r.get("kind") == "unpatched" and r.get("img_per_s_runs")), None)
-    mine = row.get("img_per_s_runs") or ()
-    if base is None or row.get("kind") == "unpatched" or len(mine) != len(base["img_per_s_runs"]):
-        return None
-    return np.asarray(paired_ratios(mine, base["img_per_s_runs"]))
-
-
-def timing_noise(rows: list[dict]) -> str:
-    """The measured timing noise of one interleaved speed run, as a sentence: the spread of a row's per-round
-    speed-up around its own median, pooled over the rows (sd), with what it means for a median shown."""
-    per_row = [g for r in rows if (g := _round_speedups(r, rows)) is not None]
-    if not per_row or min(len(r) for r in per_row) < 2:
-        return ""
-    n = min(len(r) for r in per_row)
-    sd = math.sqrt(statistics.fmean(float(np.var(r, ddof=1)) for r in per_row))
-    return (f"Timing noise, measured: a row's speed-up moves from round to round with a pooled sd of {sd:.3f}x "
-            f"({len(per_row)} rows, {n} interleaved rounds each); a median over {n} rounds has a standard error "
-            f"near {1.2533 * sd / math.sqrt(n):.3f}x.")
-
-
 def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
     """``e.claim``, its ``{at_speed}`` read from the speed record: "at equal measured speed" only when an
     equivalence test (TOST, two-sided at the claim's level) on the per-round differences of the two arms'
@@ -357,7 +332,7 @@ def claim_text(study: Study, runs: dict[str, dict], e: Expect) -> str:
         return e.claim
     measure, margin = e.speed
     mine, rows = arm_rows(study, runs, measure), (runs.get(measure) or {}).get("result", {}).get("results", [])
-    rounds = [[_round_speedups(r, rows) for r in mine.get(arm, [])] for arm in (e.arm, e.baseline)]
+    rounds = [[round_speedups(r, rows) for r in mine.get(arm, [])] for arm in (e.arm, e.baseline)]
     if not all(got and all(g is not None for g in got) for got in rounds):
         return e.claim.format(at_speed=f"at its own pick (no per-round timings of both arms in the {measure} "
                                        "record)")
