@@ -30,7 +30,7 @@ from ..core.errors import TokenReduceError
 from ..models.stems import build_stem, canonical_stem
 from .backends import get_backend
 from .macs import count_macs, input_shape
-from .report import provenance
+from .report import format_table, provenance
 from .speed import Case, matched_random, measure_speed, paired_ratio
 
 #: The columns of the bench table, (row key, header) as ``report.format_table`` takes them.
@@ -47,6 +47,18 @@ def columns_for(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str
     """``columns`` (default :data:`COLUMNS`) and, where any row measured it (CUDA), the peak memory."""
     out = list(columns) or list(COLUMNS)
     return out + [MEMORY_COLUMN] if any(r.get("peak_mem_mib") is not None for r in rows) else out
+
+
+def bench_text(result: dict[str, Any], columns: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """A bench document's table (:func:`columns_for` ``columns``) as the ``bench`` command prints it, in a
+    markdown code block under the line that says what was timed how."""
+    model, settings, prov = result["model"], result["settings"], result["provenance"]
+    weights = f"the trained {model['reference']}" if model.get("reference") else "random weights"
+    h, w = model["img_size"]
+    said = (f"{model['name']} ({h}x{w}, {weights}), batch {settings['batch']} (latency: batch 1), "
+            f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
+            f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
+    return [said, "", "```", format_table(result["results"], columns_for(result["results"], columns)), "```"]
 
 
 def with_stem(model: nn.Module, stem: str) -> tuple[str, nn.Module]:

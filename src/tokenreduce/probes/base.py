@@ -114,6 +114,16 @@ def get_experiment(name: str) -> type[Experiment]:
     return _registry(name).get(name)
 
 
+def record_report(doc: dict[str, Any]) -> str:
+    """A probe record's result as its experiment reports it, the checkpoint it read named by the last two parts
+    of its path (the rest says where it was on the machine that ran it)."""
+    result = dict(doc["result"])
+    if result.get("checkpoint"):
+        p = Path(result["checkpoint"])
+        result["checkpoint"] = f"{p.parent.name}/{p.name}"
+    return build_experiment(doc["experiment"]).report(result)
+
+
 def build_experiment(spec: str, *, smoke: bool = False) -> Experiment:
     """An Experiment from ``spec``; with ``smoke=True`` its ``smoke`` overrides are applied first
     and the parameters given in ``spec`` win over them."""

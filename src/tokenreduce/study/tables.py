@@ -12,13 +12,14 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..bench.compare import bench_text
 from ..bench.speed import round_speedups, timing_noise
 from ..core.errors import SpecError, TokenReduceError
+from ..probes.base import record_report
 from . import stats
 from .declare import OFF_THE_SHELF, OWN, POWER, Axis, Col, Expect, Probe, Study, Timing
 
@@ -122,22 +123,6 @@ def measure_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
         for r in doc["result"]["results"]]
 
 
-def bench_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
-    """A bench's table as the ``bench`` command prints it, under the line that says what was timed how."""
-    from ..bench.compare import columns_for
-    from ..bench.report import format_table
-
-    result = doc["result"]
-    model, settings, prov = result["model"], result["settings"], result["provenance"]
-    weights = f"the trained {model['reference']}" if model.get("reference") else "random weights"
-    h, w = model["img_size"]
-    said = (f"{model['name']} ({h}x{w}, {weights}), batch {settings['batch']} (latency: batch 1), "
-            f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {prov['threads']} threads, "
-            f"{prov['device']} {prov['dtype']}, backend {settings.get('backend', 'eager')}")
-    columns = columns_for(result["results"], [(c.metric, c.header) for c in decl.columns])
-    return [said, "", "```", format_table(result["results"], columns), "```"]
-
-
 def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[str]:
     """A bench table (``Bed.columns`` of a bed that trains nothing): a row per spec and the control, labelled in
     the first column; each other column the speed-ups of the bench its ``metric`` names against the unpatched
@@ -162,16 +147,6 @@ def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[st
         cells = [label, *(pair(rows[c.metric].get(r["label"]), c.paired) for c in columns[1:])]
         lines.append(" ".join(["|", *(f"{c} |" if c else "|" for c in cells)]))
     return lines
-
-
-def probe_text(decl: Probe, doc: dict[str, Any]) -> list[str]:
-    from ..probes.base import build_experiment
-
-    result = dict(doc["result"])
-    if result.get("checkpoint"):  # where it was on the machine that ran it: its last two parts say which
-        p = Path(result["checkpoint"])
-        result["checkpoint"] = f"{p.parent.name}/{p.name}"
-    return [build_experiment(doc["experiment"]).report(result)]
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -648,11 +623,11 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
     for m in study.measures:
         lines += part(m, measure_table)
     for p in study.probes:
-        lines += part(p, probe_text)
+        lines += part(p, lambda _, doc: [record_report(doc)])
     for title, columns in study.bench_tables.items():
         lines += [f"## {title}", "", *bench_comparison(columns, runs), ""]
     for b in study.benches:
-        lines += part(b, bench_table)
+        lines += part(b, lambda d, doc: bench_text(doc["result"], [(c.metric, c.header) for c in d.columns]))
     if study.expect:
         lines += ["## Verdicts", "", *verdict_table(study, runs, judgement), ""]
     return "\n".join(lines).rstrip() + "\n"
