@@ -261,12 +261,9 @@ def without_items(study: Study, runs: dict[str, dict], e: Expect) -> list[str]:
             if _items(d, e.metric) is None]
 
 
-def item_interval(study: Study, runs: dict[str, dict], e: Expect,
-                  family: bool = False) -> tuple[tuple[float, float, float] | None, str]:
-    """The seeds x items interval of ``e`` (stats.crossed_interval) where every paired seed's two records hold
-    ``e.metric``'s per-item results and its test has the seed as unit; else None and why not."""
-    if family:
-        return None, "a family claim: seeds as the unit"
+def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
+    """The seeds x items interval of claim ``e`` (stats.crossed_interval) where every paired seed's two records
+    hold ``e.metric``'s per-item results and its test has the seed as unit; else None and why not."""
     if by_item(study, e):
         return None, "the test items are the unit"
     if study.per_item(e):
@@ -396,7 +393,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
             v = replace(v, word=EXPLORATORY, why=f"{EXPLORATORY} (a contrast of {OWN} own, not a claim of the paper, "
                         f"its review or the issue that asked for the study: outside the multiplicity families, no "
                         f"verdict): n = {v.n}: {said}")
-        items, items_why = item_interval(study, runs, e, family=bool(members))
+        items, items_why = item_interval(study, runs, e) if not members else (None, "a family claim: seeds as the unit")
         left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
                   f"folds' {v.n} items only" if left else ""
