@@ -122,14 +122,11 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
 
 
 def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> list[str]:
-    lines = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", "95% t-interval",
-                               "p raw / adjusted", "verdict", "test bed"])
-    for study, _ in studies:
-        for j in judgement.judged[study.key]:
-            e = j.expect
-            lines.append(tables.table_row([study.name, j.claim, lengths.point(study, e) or "-", e.source,
-                                           e.published or "-", *tables.result_cells(j), study.bed_name]))
-    return lines
+    head = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", "95% t-interval",
+                              "p raw / adjusted", "verdict", "test bed"])
+    return head + [tables.table_row([study.name, j.claim, lengths.point(study, j.expect) or "-", j.expect.source,
+                                     j.expect.published or "-", *tables.result_cells(j), study.bed_name])
+                   for study, _ in studies for j in judgement.judged[study.key]]
 
 
 #: the report's account of its statistics, above the claims
