@@ -231,13 +231,14 @@ def write_text(path: str | os.PathLike, text: str | bytes) -> Path:
     return path
 
 
-def write_figure(fig: Any, path: str | os.PathLike, dpi: int = 120) -> Path:
-    """Write the matplotlib figure ``fig`` as a PNG atomically (:func:`write_text`) and close it."""
+def write_figure(fig: Any, path: str | os.PathLike, dpi: int = 120, metadata: dict | None = None) -> Path:
+    """Write the matplotlib figure ``fig`` as a PNG atomically (:func:`write_text`) and close it; ``metadata``:
+    the PNG's text chunks (matplotlib's ``savefig``; ``{"Software": None}`` writes none)."""
     import matplotlib.pyplot as plt
 
     png = io.BytesIO()
     try:
-        fig.savefig(png, format="png", dpi=dpi)
+        fig.savefig(png, format="png", dpi=dpi, metadata=metadata)
     finally:
         plt.close(fig)
     return write_text(path, png.getvalue())

@@ -412,13 +412,17 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
     if len(set(names)) != len(names):
         raise SpecError(f"{where}: its measures, probes and benches need distinct names; they are {names}")
     smoke = bed.smoke or {}
-    if _unknown(smoke, SMOKE_KEYS):
-        raise SpecError(f"{where}: its smoke sets unknown keys {_unknown(smoke, SMOKE_KEYS)}; "
-                        f"choose from {list(SMOKE_KEYS)}")
-    valid = {*SETTINGS, "model_kwargs"}
-    if _unknown(smoke.get("bench", {}), valid):
-        raise SpecError(f"{where}: its smoke bench names unknown settings {_unknown(smoke['bench'], valid)}; "
-                        f"choose from {sorted(valid)}")
+    axes = {a.name: a.values for a in bed.grid}
+    named = [("smoke sets unknown keys", smoke, SMOKE_KEYS),
+             ("smoke grid names axes it lacks", smoke.get("grid", {}), axes),
+             ("smoke bench names unknown settings", smoke.get("bench", {}), {*SETTINGS, "model_kwargs"}),
+             ("recipe names unknown training settings", bed.recipe, config_fields()),
+             ("smoke recipe names unknown training settings", smoke.get("recipe", {}), config_fields()),
+             *((f"axis {a.name} at {v} names unknown training settings", f, config_fields())
+               for a in bed.grid for v, f in a.sets.items())]
+    for what, given, valid in named:
+        if _unknown(given, valid):
+            raise SpecError(f"{where}: its {what} {_unknown(given, valid)}; choose from {sorted(valid)}")
     if bed.arms and bed.bench_tables:
         raise SpecError(f"{where}: its columns are its arm tables' (a tuple of Col); a table of benches side by side "
                         "(title -> columns) goes on a bed that trains nothing")
@@ -435,29 +439,20 @@ def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
                             "baseline, grid, split, measures, probes or columns but its bench tables "
                             f"(it has {', '.join(extra) or 'no benches'})")
         return
-    overrides = [("recipe", bed.recipe), ("smoke recipe", smoke.get("recipe", {}))] + \
-        [(f"axis {a.name} at {v}", f) for a in bed.grid for v, f in a.sets.items()]
-    for what, fields in overrides:
-        if _unknown(fields, config_fields()):
-            raise SpecError(f"{where}: its {what} names unknown training settings {_unknown(fields, config_fields())}")
-    axes = {a.name: a.values for a in bed.grid}
     if "seed" not in axes:
         raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
-    if _unknown(smoke.get("grid", {}), axes):
-        raise SpecError(f"{where}: its smoke grid names axes it lacks {_unknown(smoke['grid'], axes)}")
-    if bed.baseline not in bed.arms:
-        raise SpecError(f"{where}: baseline {bed.baseline!r} is not one of its arms {sorted(bed.arms)}")
     _check_arms(where, bed.arms, axes)
     first = {a.name: a.implicit for a in bed.grid if a.implicit is not None}
     for e in claims:
         if e.power is not None and {**e.at, **first} == e.at:
             raise SpecError(f"{where}: the claim {e.claim!r} declares a power plan, whose pilot is the same contrast "
                             "where the grid was first run (an axis' implicit value); it is there itself")
-    reads = [(f"measure {m.name}", arm, m.at) for m in bed.measures for arm in (m.model, *m.finetuned) if arm]
+    reads = [("its baseline", bed.baseline, {})]
+    reads += [(f"measure {m.name}", arm, m.at) for m in bed.measures for arm in (m.model, *m.finetuned) if arm]
     reads += [(f"probe {p.name}", p.arm, p.at) for p in bed.probes if p.arm]
     for what, arm, at in reads:
         if arm not in bed.arms:
-            raise SpecError(f"{where}: {what} names unknown arm {arm!r}")
+            raise SpecError(f"{where}: {what} names unknown arm {arm!r}; choose from {sorted(bed.arms)}")
         if not allows(bed.arms[arm].only, at):
             raise SpecError(f"{where}: {what} reads arm {arm} at {at}, where it has no runs "
                             f"(only {bed.arms[arm].only})")
@@ -502,11 +497,8 @@ def _check_arms(where: str, arms: dict[str, Arm], axes: dict[str, tuple[Any, ...
 # ----------------------------------------------------------------------------- registry
 
 
-def _builtins() -> None:
-    importlib.import_module("tokenreduce.studies")  # the built-in studies register themselves on import
-
-
-_STUDIES: Registry[type[Study]] = Registry("study", load=_builtins)
+# the built-in studies register themselves on import
+_STUDIES: Registry[type[Study]] = Registry("study", load=lambda: importlib.import_module("tokenreduce.studies"))
 #: registries given for a while (:func:`reading`): :func:`get_study` finds their studies too, never listed
 _GIVEN: list[Registry[type[Study]]] = []
 

@@ -3,12 +3,11 @@ bytes (no software or date metadata)."""
 
 from __future__ import annotations
 
-import io
 import textwrap
 from pathlib import Path
 from typing import Any
 
-from ..bench.report import write_text
+from ..bench.report import write_figure
 
 
 def pyplot() -> Any:
@@ -35,10 +34,6 @@ def colours(n: int) -> list[Any]:
 
 
 def write_png(fig: Any, path: Path) -> Path:
-    """Write ``fig`` to ``path`` (atomically: bench.report.write_text) and close it."""
-    png = io.BytesIO()
-    try:  # no Software / date chunks: the same numbers give the same bytes
-        fig.savefig(png, format="png", dpi=100, metadata={"Software": None})
-    finally:
-        pyplot().close(fig)
-    return write_text(path, png.getvalue())
+    """Write ``fig`` to ``path`` (bench.report.write_figure: atomically, then closed) with no Software chunk:
+    the same numbers give the same bytes."""
+    return write_figure(fig, path, dpi=100, metadata={"Software": None})

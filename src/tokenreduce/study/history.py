@@ -41,17 +41,8 @@ def claim_key(study: Study, e: Expect) -> str:
     return f"{study.key} | {e.claim} | {where_text(e.at) or '-'}"
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _declared(e: Expect) -> str:
-    """The digest of what ``e``'s test is: its contrast, metric and :func:`~.tables.test_keywords`."""
-    return _digest(json.dumps([e.arm, e.baseline, e.metric, *test_keywords(e).values()], sort_keys=True))
-
-
-def _claims_digest(claims: History) -> str:
-    return _digest(json.dumps(claims, sort_keys=True))
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load(path: Path) -> tuple[int, History]:
@@ -78,26 +69,29 @@ def load(path: Path) -> tuple[int, History]:
         ups = [x["update"] for x in entries]
         if ups != sorted(set(ups)) or ups[0] < 1 or ups[-1] > doc["update"]:
             raise refuse(f"the claim {key!r} has entries out of the order of the updates")
-    if doc["digest"] != _claims_digest(doc["claims"]):
+    if doc["digest"] != _digest(doc["claims"]):
         raise refuse("its digest does not match its claims (edited by hand?)")
     return doc["update"], doc["claims"]
 
 
 def entry(j: Judged) -> dict[str, Any]:
     """What the report publishes for ``j`` now, as a history entry without its update number (an exploratory
-    claim: the word "exploratory", no p: it has no verdict)."""
-    p = j.verdict.p("claim") if j.verdict and j.expect.confirmatory else None
-    return {"verdict": word(j) if j.expect.confirmatory else EXPLORATORY, "p": f"{p[1]:.3g}" if p else "-",
-            "records": j.read,
-            "statistics": stats.STATS_VERSION, "declared": _declared(j.expect)}
+    claim: the word "exploratory", no p: it has no verdict); ``declared``: the digest of what its test is (its
+    contrast, metric and :func:`~.tables.test_keywords`)."""
+    e = j.expect
+    p = j.verdict.p("claim") if j.verdict and e.confirmatory else None
+    return {"verdict": word(j) if e.confirmatory else EXPLORATORY, "p": f"{p[1]:.3g}" if p else "-",
+            "records": j.read, "statistics": stats.STATS_VERSION,
+            "declared": _digest([e.arm, e.baseline, e.metric, *test_keywords(e).values()])}
 
 
-def update(update_no: int, claims: History, studies: list[tuple[Study, dict[str, dict]]],
-           judgement: Judgement) -> tuple[int, History]:
-    """``claims`` with an entry appended for each judged claim whose word differs from its last entry, or that
-    has a verdict and no entry yet (a claim never run, or exploratory, is not in the history; one with verdicts
-    from before it was declared exploratory gets one entry saying so); the update number is one higher only if
-    something was appended."""
+def record(path: Path, studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> tuple[int, History]:
+    """Read the history at ``path``; append an entry for each judged claim whose word differs from its last
+    entry, or that has a verdict and no entry yet (a claim never run, or exploratory, is not in the history; one
+    with verdicts from before it was declared exploratory gets one entry saying so), numbered one higher than
+    the latest update only if something was appended; write it back (atomically, sorted keys: the same history
+    gives the same bytes). Returns the update number and the claims."""
+    update_no, claims = load(path)
     out = {k: list(v) for k, v in claims.items()}
     now: dict[str, dict[str, Any]] = {}
     for study, _ in studies:
@@ -110,14 +104,9 @@ def update(update_no: int, claims: History, studies: list[tuple[Study, dict[str,
             if (key in out and out[key][-1]["verdict"] != now[key]["verdict"]) or \
                     (key not in out and j.verdict is not None and j.expect.confirmatory):
                 out.setdefault(key, []).append({**now[key], "update": update_no + 1})
-    return (update_no + 1, out) if out != claims else (update_no, claims)
-
-
-def record(path: Path, studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> tuple[int, History]:
-    """Read the history at ``path``, append what ``judgement`` publishes differently, write it back (atomically,
-    sorted keys: the same history gives the same bytes)."""
-    update_no, claims = update(*load(path), studies, judgement)
-    doc = {"update": update_no, "digest": _claims_digest(claims), "claims": claims}
+    if out != claims:
+        update_no, claims = update_no + 1, out
+    doc = {"update": update_no, "digest": _digest(claims), "claims": claims}
     write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return update_no, claims
 
@@ -162,7 +151,6 @@ def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dic
         lines += ["", *(f"- new: {s.name} ({s.bed_name}): {j.claim} ({where_text(j.expect.at) or 'all'})"
                         for s, j in new)] if new else []
     else:
-        per = Counter(s.name for s, _ in new)
         lines += ["", f"New in this update: {len(new)} claims published for the first time ("
-                  + ", ".join(f"{k} {v}" for k, v in per.items()) + ")."]
+                  + ", ".join(f"{k} {v}" for k, v in Counter(s.name for s, _ in new).items()) + ")."]
     return lines

@@ -122,32 +122,27 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
 
 
 def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> list[str]:
-    lines = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", "95% t-interval",
-                               "p raw / adjusted", "verdict", "test bed"])
-    for study, _ in studies:
-        for j in judgement.judged[study.key]:
-            e = j.expect
-            lines.append(tables.table_row([study.name, j.claim, lengths.point(study, e) or "-", e.source,
-                                           e.published or "-", *tables.result_cells(j), study.bed_name]))
-    return lines
+    head = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", "95% t-interval",
+                              "p raw / adjusted", "verdict", "test bed"])
+    return head + [tables.table_row([study.name, j.claim, lengths.point(study, j.expect) or "-", j.expect.source,
+                                     j.expect.published or "-", *tables.result_cells(j), study.bed_name])
+                   for study, _ in studies for j in judgement.judged[study.key]]
 
 
 #: the report's account of its statistics, above the claims
 METHODS = ("How the verdicts are reached: each claim is a paired contrast (arm minus baseline, paired by seed) "
            "tested by the paired t-test its study declares. " + tables.STATISTICS +
-           " Multiplicity: p-values are adjusted by Holm within each study (all its test beds' tests together) "
-           "and by Benjamini-Hochberg over the whole report, each over the confirmatory tests declared, run or not (a "
-           "test "
-           "not yet run counts at p = 1, so a run that arrives never weakens another verdict); the verdict comes "
-           "from the larger adjusted p, the raw p is shown beside it. A claim declared for several methods is also "
-           "tested as one family "
-           "claim, seeds as the unit. Every \"costs nothing / at or above / keeps\" claim is a non-inferiority "
-           "test against a declared margin, given with its reason. Where runs store per-item results (the one-epoch "
-           "runs) an interval over seeds and test items is shown beside the t-interval: every seed is scored on "
-           "the same items, so seeds and items cross, and the interval adds the variance of the items the seeds "
-           "share to the seed t-interval's (a two-way random-effects model; its coverage is checked by "
-           "simulation at 3 seeds x 10 000 items). The 100-step records hold none, so their intervals are "
-           "seed-level only.")
+           " Multiplicity: p-values are adjusted by Holm within each study (all its test beds' tests together) and by "
+           "Benjamini-Hochberg over the whole report, each over the confirmatory tests declared, run or not (a test "
+           "not yet run counts at p = 1, so a run that arrives never weakens another verdict); the verdict comes from "
+           "the larger adjusted p, the raw p is shown beside it. A claim declared for several methods is also tested "
+           "as one family claim, seeds as the unit. Every \"costs nothing / at or above / keeps\" claim is a "
+           "non-inferiority test against a declared margin, given with its reason. Where runs store per-item results "
+           "(the one-epoch runs) an interval over seeds and test items is shown beside the t-interval: every seed is "
+           "scored on the same items, so seeds and items cross, and the interval adds the variance of the items the "
+           "seeds share to the seed t-interval's (a two-way random-effects model; its coverage is checked by "
+           "simulation at 3 seeds x 10 000 items). The 100-step records hold none, so their intervals are seed-level "
+           "only.")
 
 
 def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
@@ -181,11 +176,10 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     (``judgement``: the report's; by default the study's own), and the DeiT-S speed-ups (``deit_bench``)."""
     study = get_study("baselines")("scenes")
     runs = _stored(root, study)
-    final, recipe = runs.get("final"), study.recipe
-    if final is None:
+    if (final := runs.get("final")) is None:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
     judgement = judgement or judge([(study, runs)], scope="this test bed")
-    prov = final["provenance"]
+    prov, recipe = final["provenance"], study.recipe
     # each pick's rows (a random pick's seeds are rows of their own): one line, the median
     speed = {arm: rows for arm, rows in tables.arm_rows(study, runs, "final").items() if not arm.startswith("random~")}
     judged = {(j.expect.arm, j.expect.baseline, str(j.expect.at)): j for j in judgement.judged[study.key]
@@ -230,17 +224,15 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
         top1 = summarize(tables.values(study, runs, arm, "top1", {})).text()
         cells = [arm, f"{macs:.2f}", f"{up:.2f}", top1, diff(arm, {}), *(diff(arm, {lengths.AXIS: s}) for s in longer)]
         lines.append(tables.table_row(cells))
-    deit = get_study("deit_bench")()
-    bench = _stored(root, deit).get("deit_small")
+    bench = _stored(root, get_study("deit_bench")()).get("deit_small")
     if bench is not None:
         lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on "
                       f"{bench['provenance'].get('cpu')}, {bench['result']['settings'].get('batch')} images a batch "
                       "([`tokenreduce study deit_bench`](results/REPORT.md)):", "",
                   *tables.table_head(["spec", "speed-up b32", "speed-up b1", "vs random at its counts b32"])]
-        for row in bench["result"]["results"]:
-            if row["kind"] == "method":
-                ratios = (row[k] for k in ("speedup", "latency_speedup", "ratio_vs_random"))
-                lines.append(tables.table_row([f"`{row['label']}`", *(f"{r:.2f}" for r in ratios)]))
+        ratios = ("speedup", "latency_speedup", "ratio_vs_random")
+        lines += [tables.table_row([f"`{row['label']}`", *(f"{row[k]:.2f}" for k in ratios)])
+                  for row in bench["result"]["results"] if row["kind"] == "method"]
     return lines
 
 
@@ -262,12 +254,8 @@ def judged_results(root: Path, names: list[str] | None = None
                    ) -> tuple[list[tuple[Study, dict[str, Any]]], Judgement]:
     """Every registered study bed (or those of ``names``) with its runs stored under ``root``, and their
     claims judged together (:func:`~.tables.judge`: Holm within a study, Benjamini-Hochberg over all)."""
-    studies: list[tuple[Study, dict[str, Any]]] = []
-    for name in names or list_studies():
-        cls = get_study(name)
-        for bed in cls.beds:
-            study = cls(bed)
-            studies.append((study, _stored(root, study)))
+    studies = [(study, _stored(root, study)) for cls in map(get_study, names or list_studies())
+               for study in map(cls, cls.beds)]
     return studies, judge(studies)
 
 
