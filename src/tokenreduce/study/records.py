@@ -191,30 +191,20 @@ def anchors(layout: Layout) -> dict[str, Path]:
             "{cache}": cache_dir()}
 
 
-def _under(path: str, folder: Path) -> str | None:
-    """``path``'s part below ``folder`` ('' for the folder itself), or None when it is not under it."""
-    try:
-        rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
-    except ValueError:
-        return None
-    return "" if str(rel) == "." else rel.as_posix()
-
-
 def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
     """``doc`` (a record) with every path under an anchor (:func:`anchors`) written from its token: a string
-    that is such a path, and an absolute one inside a longer string (a command line)."""
-    found = [(token, folder, re.compile(re.escape(os.path.abspath(folder)) + r"(?=[/\s'\"]|$)"))
+    that is such a path (absolute or relative), and an absolute one inside a longer string (a command line)."""
+    found = [(token, re.compile(re.escape(os.path.abspath(folder)) + r"(?=[/\s'\"]|$)"))
              for token, folder in anchors(layout).items()]
 
     def one(v: str) -> str:
         if "/" not in v or v.startswith("{"):
             return v
-        if not any(c.isspace() for c in v):
-            for token, folder, _ in found:
-                rest = _under(v, folder)
-                if rest is not None:
-                    return f"{token}/{rest}" if rest else token
-        for token, _, pattern in found:
+        whole = os.path.abspath(v) if not any(c.isspace() for c in v) else ""
+        for token, pattern in found:
+            if pattern.match(whole):
+                return pattern.sub(token, whole, count=1)
+        for token, pattern in found:
             v = pattern.sub(token, v)
         return v
 

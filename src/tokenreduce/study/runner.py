@@ -156,10 +156,9 @@ class Runner:
         bed = self.study.bed.train_fields(self.layout.checkpoints)
         cfg = get_experiment(name).Config
         takes = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
-        if bed.get("data") and bed["data"] != "fashion_mnist" and "data" in takes:  # others read the checkpoint's
-            params["data"] = bed["data"]
-        if bed.get("data_dir") and "data_dir" in takes:
-            params["data_dir"] = bed["data_dir"]
+        for key in ("data", "data_dir"):  # Fashion-MNIST by name is left out: an experiment reads the checkpoint's
+            if key in takes and bed.get(key) and bed[key] != "fashion_mnist":
+                params[key] = bed[key]
         params.update(self.study.smoke_over("probe"))
         return ProbeRequest(format_spec(name, params))
 
