@@ -130,8 +130,8 @@ def _check_coordinates(path: Path, doc: dict[str, Any], unit: Any, implicit: dic
     if "seed" in want and isinstance(config, dict) and config.get("seed", want["seed"]) != want["seed"]:
         raise RecordError(f"{path}: field 'config.seed' is {config.get('seed')!r}, but {unit.id} is the run of seed "
                           f"{want['seed']}: the record of another run (copied to this name?); {_AGAIN}")
-    if unit.evaluated and unit.needs and doc.get("evaluates") != unit.needs[0]:
-        raise RecordError(f"{path}: field 'evaluates' is {doc.get('evaluates')!r}, not {unit.needs[0]!r}: the record "
+    if unit.evaluates and unit.needs and doc.get("evaluates") != unit.evaluates:
+        raise RecordError(f"{path}: field 'evaluates' is {doc.get('evaluates')!r}, not {unit.evaluates!r}: the record "
                           f"of another run (copied to this name?); {_AGAIN}")
 
 
