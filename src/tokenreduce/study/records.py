@@ -194,17 +194,17 @@ def anchors(layout: Layout) -> dict[str, Path]:
 def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
     """``doc`` (a record) with every path under an anchor (:func:`anchors`) written from its token: a string
     that is such a path (absolute or relative), and an absolute one inside a longer string (a command line)."""
-    found = [(token, re.compile(re.escape(os.path.abspath(folder)) + r"(?=[/\s'\"]|$)"))
+    found = [(token, os.path.abspath(folder), re.compile(re.escape(os.path.abspath(folder)) + r"(?=[/\s'\"]|$)"))
              for token, folder in anchors(layout).items()]
 
     def one(v: str) -> str:
         if "/" not in v or v.startswith("{"):
             return v
         whole = os.path.abspath(v) if not any(c.isspace() for c in v) else ""
-        for token, pattern in found:
-            if pattern.match(whole):
-                return pattern.sub(token, whole, count=1)
-        for token, pattern in found:
+        for token, folder, _ in found:
+            if (whole + "/").startswith(folder + "/"):
+                return token + whole[len(folder):]
+        for token, _, pattern in found:
             v = pattern.sub(token, v)
         return v
 
