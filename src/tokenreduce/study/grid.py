@@ -34,18 +34,13 @@ class Point:
         return all(self.values.get(k) == v for k, v in at.items())
 
 
-def outside(only: dict[str, Any], at: dict[str, Any]) -> bool:
-    """Whether ``at`` fixes a value that ``only`` (one alternative of an arm's) leaves out."""
-    return any(k in only and v not in only[k] for k, v in at.items())
-
-
 def alternatives(only: dict[str, Any] | tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
     return (only,) if isinstance(only, dict) else tuple(only)
 
 
 def allows(only: dict[str, Any] | tuple[dict[str, Any], ...], at: dict[str, Any]) -> bool:
-    """Whether an arm with ``only`` has runs at ``at`` (one alternative leaves every fixed value in)."""
-    return any(not outside(o, at) for o in alternatives(only))
+    """Whether an arm with ``only`` has runs at ``at`` (one alternative leaves every value ``at`` fixes in)."""
+    return any(all(k not in o or v in o[k] for k, v in at.items()) for o in alternatives(only))
 
 
 class Planned:
@@ -85,9 +80,9 @@ class Planned:
 
     def runs_at(self, arm: str, at: dict[str, Any]) -> bool:
         """Whether ``arm`` has runs at ``at`` (its ``only`` allows every value ``at`` fixes)."""
-        at = self.resolve(at)
-        return any(not outside({k: [self.resolve({k: v})[k] for v in vs] for k, vs in o.items()}, at)
-                   for o in alternatives(self.arms[arm].only))
+        only = tuple({k: [self.resolve({k: v})[k] for v in vs] for k, vs in o.items()}
+                     for o in alternatives(self.arms[arm].only))
+        return allows(only, self.resolve(at))
 
     def complete(self, at: dict[str, Any]) -> dict[str, Any]:
         r"""``at`` (:meth:`resolve`\ d) with every axis but the seed that it leaves out fixed at that axis'
@@ -163,8 +158,9 @@ class Planned:
                 fields.update(sets[k].get(v, {}))
             elif k in config_fields():
                 fields[k] = v
-            else:
-                task = with_param(task, k, v)
+            else:  # a parameter of the task
+                name, params = parse_spec(task)
+                task = format_spec(name, {**params, k: v})
         fields["task"] = task
         fields["spec"] = arm.spec.format(**p.values) if arm.spec and arm.kind != EVALUATED else None
         if fields.get("teacher") == TESTBED_TEACHER:
@@ -194,8 +190,3 @@ def config_fields() -> frozenset[str]:
     from ..train.config import TrainConfig
 
     return frozenset(f.name for f in dataclasses.fields(TrainConfig))
-
-
-def with_param(spec: str, key: str, value: Any) -> str:
-    name, params = parse_spec(spec)
-    return format_spec(name, {**params, key: value})

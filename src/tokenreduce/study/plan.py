@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import TokenReduceError
-from .declare import EVALUATED, OFF_THE_SHELF, Probe, Study, Timing
+from .declare import EVALUATED, OFF_THE_SHELF, REFERENCE, Probe, Study, Timing
 from .grid import Point
 
 
@@ -42,18 +42,19 @@ TIMED = ("measure", "bench")
 @dataclass(frozen=True)
 class Unit:
     """One run of the plan: a training ``point`` (``needs``: the run an evaluated arm reads, or the one a
-    second training phase starts from), a ``measure`` / ``probe`` that ``needs`` runs, or a ``bench``."""
+    second training phase starts from), a ``measure`` / ``probe`` that ``needs`` runs, or a ``bench``.
+    ``evaluates``: what an evaluated arm's point evaluates, the run it reads or ``REFERENCE`` (off the shelf)."""
 
     id: str
     point: Point | None = None
     step: Timing | Probe | None = None
     needs: tuple[str, ...] = ()
-    evaluated: bool = False
+    evaluates: str | None = None
 
     @property
     def kind(self) -> str:
         if self.point is not None:
-            return "evaluate" if self.evaluated else "train"
+            return "evaluate" if self.evaluates else "train"
         return "probe" if isinstance(self.step, Probe) else "bench" if self.step.bench else "measure"
 
 
@@ -62,8 +63,9 @@ def plan(study: Study) -> list[Unit]:
     units = []
     for p in study.points():
         arm = study.arms[p.arm]
-        units.append(Unit(p.id, point=p, needs=(study.point(arm.reads, p.values).id,) if arm.reads else (),
-                          evaluated=arm.kind in (EVALUATED, OFF_THE_SHELF)))
+        needs = (study.point(arm.reads, p.values).id,) if arm.reads else ()
+        evaluates = REFERENCE if arm.kind == OFF_THE_SHELF else needs[0] if arm.kind == EVALUATED else None
+        units.append(Unit(p.id, point=p, needs=needs, evaluates=evaluates))
     for m in study.measures:
         ref, tuned = study.measure_runs(m)
         units.append(Unit(m.name, step=m, needs=(*([ref] if ref else []), *tuned)))

@@ -130,8 +130,8 @@ def _check_coordinates(path: Path, doc: dict[str, Any], unit: Any, implicit: dic
     if "seed" in want and isinstance(config, dict) and config.get("seed", want["seed"]) != want["seed"]:
         raise RecordError(f"{path}: field 'config.seed' is {config.get('seed')!r}, but {unit.id} is the run of seed "
                           f"{want['seed']}: the record of another run (copied to this name?); {_AGAIN}")
-    if unit.evaluated and unit.needs and doc.get("evaluates") != unit.needs[0]:
-        raise RecordError(f"{path}: field 'evaluates' is {doc.get('evaluates')!r}, not {unit.needs[0]!r}: the record "
+    if unit.evaluates and unit.needs and doc.get("evaluates") != unit.evaluates:
+        raise RecordError(f"{path}: field 'evaluates' is {doc.get('evaluates')!r}, not {unit.evaluates!r}: the record "
                           f"of another run (copied to this name?); {_AGAIN}")
 
 
@@ -191,29 +191,19 @@ def anchors(layout: Layout) -> dict[str, Path]:
             "{cache}": cache_dir()}
 
 
-def _under(path: str, folder: Path) -> str | None:
-    """``path``'s part below ``folder`` ('' for the folder itself), or None when it is not under it."""
-    try:
-        rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
-    except ValueError:
-        return None
-    return "" if str(rel) == "." else rel.as_posix()
-
-
 def relative(doc: dict[str, Any], layout: Layout) -> dict[str, Any]:
     """``doc`` (a record) with every path under an anchor (:func:`anchors`) written from its token: a string
-    that is such a path, and an absolute one inside a longer string (a command line)."""
-    found = [(token, folder, re.compile(re.escape(os.path.abspath(folder)) + r"(?=[/\s'\"]|$)"))
+    that is such a path (absolute or relative), and an absolute one inside a longer string (a command line)."""
+    found = [(token, os.path.abspath(folder), re.compile(re.escape(os.path.abspath(folder)) + r"(?=[/\s'\"]|$)"))
              for token, folder in anchors(layout).items()]
 
     def one(v: str) -> str:
         if "/" not in v or v.startswith("{"):
             return v
-        if not any(c.isspace() for c in v):
-            for token, folder, _ in found:
-                rest = _under(v, folder)
-                if rest is not None:
-                    return f"{token}/{rest}" if rest else token
+        whole = os.path.abspath(v) if not any(c.isspace() for c in v) else ""
+        for token, folder, _ in found:
+            if (whole + "/").startswith(folder + "/"):
+                return token + whole[len(folder):]
         for token, _, pattern in found:
             v = pattern.sub(token, v)
         return v

@@ -36,7 +36,7 @@ from ..models.references import file_sha256
 from ..probes.base import RunContext, get_experiment
 from ..train import lock
 from ..train.config import TrainConfig
-from .declare import OFF_THE_SHELF, REFERENCE, Study
+from .declare import REFERENCE, Study
 from .execute import BenchRequest, FoldRequest, ProbeRequest, execute
 from .plan import TIMED, Layout, Unit, plan, select
 from .records import read_record, relative, resolved
@@ -111,7 +111,7 @@ class Runner:
             if self.amp != "off":  # off leaves a study's own amp (none of them sets one today) standing
                 fields["amp"] = self.amp
             return TrainConfig.from_dict(fields)
-        if self._off_shelf(unit):  # its spec on the fold of the test items its seed's place among the seeds names
+        if unit.evaluates == REFERENCE:  # its spec on the fold of the test items its seed's place among the seeds names
             seeds = list(planned_seeds(study))
             data_dir, subset = study.eval_items(where)
             return FoldRequest(spec=study.arms[p.arm].spec.format(**p.values), checkpoint=self._reference(),
@@ -145,10 +145,6 @@ class Runner:
         return EvalRequest(reference, specs=tuple(m.specs), recorded=tuple(recorded), speed=speed, data_dir=data_dir,
                            subset=subset, device=self.device, amp=self.amp)
 
-    def _off_shelf(self, unit: Unit) -> bool:
-        """Whether ``unit`` is an arm evaluated off the shelf on the test bed's reference."""
-        return unit.evaluated and self.study.arms[unit.point.arm].kind == OFF_THE_SHELF
-
     def _experiment(self, spec: str, checkpoint: str | None) -> ProbeRequest:
         """The experiment ``spec`` on ``checkpoint``, with the test bed's data where it takes one."""
         name, params = parse_spec(spec)
@@ -156,10 +152,9 @@ class Runner:
         bed = self.study.bed.train_fields(self.layout.checkpoints)
         cfg = get_experiment(name).Config
         takes = {f.name for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else set()
-        if bed.get("data") and bed["data"] != "fashion_mnist" and "data" in takes:  # others read the checkpoint's
-            params["data"] = bed["data"]
-        if bed.get("data_dir") and "data_dir" in takes:
-            params["data_dir"] = bed["data_dir"]
+        for key in ("data", "data_dir"):  # Fashion-MNIST by name is left out: an experiment reads the checkpoint's
+            if key in takes and bed.get(key) and bed[key] != "fashion_mnist":
+                params[key] = bed[key]
         params.update(self.study.smoke_over("probe"))
         return ProbeRequest(format_spec(name, params))
 
@@ -276,12 +271,12 @@ class Runner:
                                "command": shlex.join(argv)}
         if unit.point is not None:
             doc.update(arm=unit.point.arm, point=unit.point.values)
-            if unit.evaluated:
-                doc["evaluates"] = REFERENCE if self._off_shelf(unit) else unit.needs[0]
+            if unit.evaluates:
+                doc["evaluates"] = unit.evaluates
         elif unit.kind == "measure":
             doc["point"] = unit.step.at
         doc.update(body)
-        if unit.evaluated and not self._off_shelf(unit):  # an experiment's metrics, item-paired with the run it reads
+        if unit.evaluates not in (None, REFERENCE):  # an experiment's metrics, item-paired with the run it reads
             metrics, source = body["result"].get("metrics", {}), self._doc(unit.needs[0])
             for metric in sorted(set(metrics.get("items") or {}) & set(source["metrics"].get("items") or {})):
                 item_pair({"id": doc["id"], "metrics": metrics}, source, metric)  # refused here, not at the report
