@@ -35,6 +35,8 @@ def layout_for(study: Study, out: str | None) -> Layout:
     return Layout(root, root / "checkpoints")
 
 
+#: The kinds of run (:attr:`Unit.kind`): a record names one.
+KINDS = ("train", "evaluate", "measure", "probe", "bench")
 #: The kinds of run that time (measures and benches): each runs last, alone, with every thread.
 TIMED = ("measure", "bench")
 

@@ -24,10 +24,8 @@ from ..bench.report import finite_number, metric_range
 from ..core.errors import TokenReduceError
 from ..tasks.items import decode, metric_of
 from .declare import Study
-from .plan import Layout, plan
+from .plan import KINDS, Layout, plan
 
-#: The kinds of run a plan holds (plan.Unit.kind).
-KINDS = ("train", "evaluate", "measure", "probe", "bench")
 _AGAIN = "restore the record, or delete it to run that run again"
 
 #: How far (in points) a metric may lie from 100 x the mean of its per-item results. Metrics are stored

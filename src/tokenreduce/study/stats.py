@@ -32,9 +32,10 @@ from scipy import stats as _scipy
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
+from .declare import EXPECT_KINDS as KINDS
+
 #: a sample sd at or below this fraction of the differences' size (at least 1) counts as no spread
 NO_SPREAD = 1e-9
-KINDS = ("superior", "noninferior", "equivalent")
 #: the version of the statistics that decide the verdicts (this module and the judging in study/tables.py):
 #: bump it with any change that can move a verdict, so the verdict history (study/history.py) says a verdict
 #: moved because the statistics changed rather than because new runs arrived
