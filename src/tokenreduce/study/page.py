@@ -178,7 +178,7 @@ def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
     runs = _stored(root, study)
     if (final := runs.get("final")) is None:
         return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
-    judgement = judgement or judge([(study, runs)], scope="this test bed")
+    judgement = judgement or tables.bed_judgement(study, runs)
     prov, recipe = final["provenance"], study.recipe
     # each pick's rows (a random pick's seeds are rows of their own): one line, the median
     speed = {arm: rows for arm, rows in tables.arm_rows(study, runs, "final").items() if not arm.startswith("random~")}

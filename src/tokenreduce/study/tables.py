@@ -26,6 +26,8 @@ from .declare import OFF_THE_SHELF, OWN, POWER, Axis, Col, Expect, Probe, Study,
 NOT_RUN = "not run"
 #: what an exploratory claim (:attr:`~.declare.Expect.confirmatory` false) shows in place of a verdict word
 EXPLORATORY = "exploratory"
+#: the words that decide nothing, which a record of uncommitted code therefore cannot make provisional
+UNDECIDED = ("inconclusive", EXPLORATORY)
 
 
 def table_head(headers: list[str]) -> list[str]:
@@ -399,7 +401,7 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
                   f"folds' {v.n} items only" if left else ""
         why = v.why + dropped + _power_text(study, runs, e, v, family)
         uncommitted = _uncommitted(study, runs, members or [e])
-        if uncommitted and v.word not in ("inconclusive", EXPLORATORY):
+        if uncommitted and v.word not in UNDECIDED:
             why += (f"; provisional: as run it reads {v.label}, but {len(uncommitted)} of the records it reads name "
                     f"no clean commit ({', '.join(uncommitted)}), so it is decided only when re-run from one")
         judged[study.key].append(Judged(e, diffs, v, why, text, items, items_why, len(members), uncommitted,
@@ -410,7 +412,12 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
 def verdicts(study: Study, runs: dict[str, dict]) -> list[Judged]:
     """The study bed's claims judged on their own (multiplicity adjusted over this bed's tests alone; the
     report adjusts over every study: :func:`judge`)."""
-    return judge([(study, runs)], scope="this test bed").judged[study.key]
+    return bed_judgement(study, runs).judged[study.key]
+
+
+def bed_judgement(study: Study, runs: dict[str, dict]) -> Judgement:
+    """The study bed's claims judged with this bed's tests alone as the families."""
+    return judge([(study, runs)], scope="this test bed")
 
 
 def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict | None, family: int) -> str:
@@ -483,7 +490,7 @@ def word(j: Judged) -> str:
     """The verdict as printed: a decided word only where every record the claim reads names a clean commit."""
     if j.verdict is None:
         return NOT_RUN
-    return PROVISIONAL if j.uncommitted and j.verdict.word not in ("inconclusive", EXPLORATORY) else j.verdict.label
+    return PROVISIONAL if j.uncommitted and j.verdict.word not in UNDECIDED else j.verdict.label
 
 
 def _contrast(e: Expect) -> str:
@@ -512,7 +519,7 @@ def adjustment_text(judgement: Judgement, study: Study) -> str:
 
 
 def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> list[str]:
-    judgement = judgement or judge([(study, runs)], scope="this test bed")
+    judgement = judgement or bed_judgement(study, runs)
     judged = judgement.judged[study.key]
     lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)",
                         f"{100 * (1 - Expect.level):g}% t-interval",
