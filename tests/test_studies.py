@@ -19,6 +19,7 @@ from conftest import TEST_STUDIES
 from tokenreduce.cli import main
 from tokenreduce.core.errors import SpecError, TokenReduceError
 from tokenreduce.studies.beds import SCENES, TINY_FMNIST, scene_smoke
+from tokenreduce.studies.readme import headline
 from tokenreduce.study import (
     Arm,
     Axis,
@@ -610,7 +611,7 @@ def test_the_committed_report_summaries_and_readme_table_regenerate_from_the_rec
     shutil.copytree(ROOT / "results", root)
     readme = tmp_path / "README.md"
     shutil.copy(ROOT / "README.md", readme)
-    build_report(root, readme=readme)
+    build_report(root, readme=(readme, headline))
     for path in sorted(root.rglob("*")):
         if path.is_file() and "/runs/" not in str(path):
             assert path.read_bytes() == (ROOT / path.relative_to(tmp_path)).read_bytes(), path
@@ -621,8 +622,6 @@ def test_the_committed_report_summaries_and_readme_table_regenerate_from_the_rec
 def test_the_readme_table_gains_a_column_per_longer_fine_tune_with_paired_records(tmp_path: Path):
     """A verdict that turns with training (DynamicViT against random: behind at 100 steps, ahead after one
     epoch) shows in the README's own table, read from the records; without a paired longer record no column."""
-    from tokenreduce.study.page import headline
-
     root = tmp_path / "results"
     for key in ("baselines/scenes", "deit_bench/deit_s"):
         shutil.copytree(ROOT / "results" / key / "runs", root / key / "runs")

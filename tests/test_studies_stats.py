@@ -630,6 +630,7 @@ def test_an_edited_or_malformed_history_is_refused_in_one_line(tmp_path, damage)
 
 
 def test_a_broken_history_stops_the_report_before_it_writes_anything(tmp_path):
+    from tokenreduce.studies.readme import headline
     from tokenreduce.study.page import HEADLINE, build_report
     from tokenreduce.study.records import RecordError
 
@@ -637,7 +638,7 @@ def test_a_broken_history_stops_the_report_before_it_writes_anything(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"{HEADLINE[0]}\nold\n{HEADLINE[1]}\n")
     with pytest.raises(RecordError, match="verdicts.json: not a readable JSON file"):
-        build_report(tmp_path, names=["eet"], readme=readme)
+        build_report(tmp_path, names=["eet"], readme=(readme, headline))
     assert readme.read_text() == f"{HEADLINE[0]}\nold\n{HEADLINE[1]}\n" and not (tmp_path / "REPORT.md").exists()
 
 

@@ -27,12 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..core.errors import TokenReduceError
+    from ..studies.readme import headline
     from ..study.page import build_report
 
     if not Path(args.out).is_dir():
         raise TokenReduceError(f"--out {args.out}: no results folder there (it holds the studies' run records, "
                                "results/<study>/<test bed>/runs/); run tokenreduce report from the repository root, "
                                "or give the folder with --out")
-    readme = Path(args.readme) if args.readme else None
+    readme = (Path(args.readme), headline) if args.readme else None
     print(f"wrote {build_report(args.out, readme=readme)}")
     return 0

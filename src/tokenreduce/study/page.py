@@ -6,8 +6,8 @@ the same bytes. A study without results says "not run"."""
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from .figures import colours, pyplot, set_title, write_png
 from .plan import Layout, plan
 from .records import load_runs
 from .stats import summarize
-from .tables import NOT_RUN, Judgement, judge, measured, summary, word
+from .tables import NOT_RUN, Judgement, judge, summary
 
 
 def provenance_text(runs: dict[str, dict]) -> str:
@@ -170,72 +170,6 @@ def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
 HEADLINE = ("<!-- report:headline -->", "<!-- /report:headline -->")
 
 
-def headline(root: Path, judgement: Judgement | None = None) -> list[str]:
-    """The README's tables, read from the records: each baseline's 1.5x and 2x pick on the scene bed
-    (the study ``baselines``, its ``final`` measure and its runs) with each contrast's interval and verdict
-    (``judgement``: the report's; by default the study's own), and the DeiT-S speed-ups (``deit_bench``)."""
-    study = get_study("baselines")("scenes")
-    runs = _stored(root, study)
-    if (final := runs.get("final")) is None:
-        return [f"{NOT_RUN}: no run JSON under `{study.key}/runs/`."]
-    judgement = judgement or tables.bed_judgement(study, runs)
-    prov, recipe = final["provenance"], study.recipe
-    # each pick's rows (a random pick's seeds are rows of their own): one line, the median
-    speed = {arm: rows for arm, rows in tables.arm_rows(study, runs, "final").items() if not arm.startswith("random~")}
-    judged = {(j.expect.arm, j.expect.baseline, str(j.expect.at)): j for j in judgement.judged[study.key]
-              if not j.members}
-
-    def diff(arm: str, at: dict[str, Any]) -> str:
-        j = judged.get((arm, f"random~{arm}", str(at)))
-        if j is None or j.verdict is None:
-            return "-"
-        ci = j.verdict.interval
-        return measured(j) + (f" {tables.interval_text(ci)}" if ci else "") + f" {word(j)}"
-
-    def paired_seeds(steps: int) -> list[Any]:
-        """The seeds of the longer fine-tune's cells: those with both records for some pick."""
-        return sorted({seed for arm in speed if f"random~{arm}" in study.arms for seed in
-                       tables.paired_by_seed(study, runs, arm, f"random~{arm}", "top1", {lengths.AXIS: steps})})
-
-    def pool(at: dict[str, Any]) -> str:
-        docs = [d for arm in speed for d in tables.arm_runs(study, runs, arm, at).values()]
-        return lengths.pool_text(docs[0]) if docs else ""
-
-    # the longer fine-tunes with a paired record: a column each, so a verdict that turns with training shows here
-    axis = tables.axis(study, lengths.AXIS)
-    longer = [s for s in axis.values if s != axis.implicit
-              and any(diff(arm, {lengths.AXIS: s}) != "-" for arm in speed)]
-    lines = [f"Each method's pick nearest 1.5x and 2x speed-up on the scene test bed: chosen once by a measured "
-             f"budget search on an earlier 2-core machine (not recorded; the picks are fixed in the study), so a "
-             f"pick's speed-up here may miss its target: the column shows it as measured in one interleaved run on "
-             f"{prov.get('cpu')}, {prov.get('threads')} threads. Fine-tuned "
-             f"({recipe['subset'] // recipe['batch_size'] * recipe['epochs']} steps of {recipe['batch_size']}: "
-             f"{pool({})}; seeds "
-             f"{', '.join(map(str, tables.planned_seeds(study)))}; mean ± std), against the random pruner at the "
-             f"same per-block token counts (Δ, paired by seed, its 95% t-interval and verdict after multiplicity; "
-             f"[`tokenreduce study baselines`](results/REPORT.md))"
-             + "".join(f"; Δ after {s} steps: the same contrast fine-tuned for {s} steps "
-                       f"({pool({lengths.AXIS: s})}; seeds {', '.join(map(str, paired_seeds(s)))})" for s in longer)
-             + ":", ""]
-    lines += tables.table_head(["pick", "MACs x", "speed-up b32", "top-1 %", "Δ vs random at its counts",
-                                *(f"Δ after {s} steps" for s in longer)])
-    for arm, rows in speed.items():
-        macs, up = (statistics.median(r[k] for r in rows) for k in ("macs_speedup", "speedup"))
-        top1 = summarize(tables.values(study, runs, arm, "top1", {})).text()
-        cells = [arm, f"{macs:.2f}", f"{up:.2f}", top1, diff(arm, {}), *(diff(arm, {lengths.AXIS: s}) for s in longer)]
-        lines.append(tables.table_row(cells))
-    bench = _stored(root, get_study("deit_bench")()).get("deit_small")
-    if bench is not None:
-        lines += ["", f"DeiT-S (random weights) at the papers' schedules, one interleaved run on "
-                      f"{bench['provenance'].get('cpu')}, {bench['result']['settings'].get('batch')} images a batch "
-                      "([`tokenreduce study deit_bench`](results/REPORT.md)):", "",
-                  *tables.table_head(["spec", "speed-up b32", "speed-up b1", "vs random at its counts b32"])]
-        ratios = ("speedup", "latency_speedup", "ratio_vs_random")
-        lines += [tables.table_row([f"`{row['label']}`", *(f"{row[k]:.2f}" for k in ratios)])
-                  for row in bench["result"]["results"] if row["kind"] == "method"]
-    return lines
-
-
 def write_headline(readme: Path, lines: list[str]) -> Path:
     """Put ``lines`` between the README's :data:`HEADLINE` markers (the rest of the file unchanged)."""
     text = readme.read_text()
@@ -246,7 +180,8 @@ def write_headline(readme: Path, lines: list[str]) -> Path:
     return write_text(readme, text[:start] + body + text[end + len(HEADLINE[1]):])
 
 
-def _stored(root: Path, study: Study) -> dict[str, dict]:
+def stored(root: Path, study: Study) -> dict[str, dict]:
+    """The study bed's run records stored under ``root``."""
     return load_runs(Layout(root / study.key, root / study.key / "checkpoints"), study)
 
 
@@ -254,15 +189,16 @@ def judged_results(root: Path, names: list[str] | None = None
                    ) -> tuple[list[tuple[Study, dict[str, Any]]], Judgement]:
     """Every registered study bed (or those of ``names``) with its runs stored under ``root``, and their
     claims judged together (:func:`~.tables.judge`: Holm within a study, Benjamini-Hochberg over all)."""
-    studies = [(study, _stored(root, study)) for cls in map(get_study, names or list_studies())
+    studies = [(study, stored(root, study)) for cls in map(get_study, names or list_studies())
                for study in map(cls, cls.beds)]
     return studies, judge(studies)
 
 
 def build_report(root: str | Path = "results", names: list[str] | None = None,
-                 readme: str | Path | None = None) -> Path:
+                 readme: tuple[str | Path, Callable[[Path, Judgement], list[str]]] | None = None) -> Path:
     """Write ``root``/REPORT.md, ``root``/figures/ and each study bed's summary.md from every study's stored
-    runs, and with ``readme`` its generated tables (:func:`headline`), after appending what moved to the verdict
+    runs, and with ``readme`` (the README, the function of ``root`` and the judgement that writes its tables:
+    studies/readme.py) its generated tables, after appending what moved to the verdict
     history ``root``/verdicts.json (study/history.py; a broken history stops it before anything is written);
     returns REPORT.md's path."""
     root = Path(root)
@@ -272,7 +208,7 @@ def build_report(root: str | Path = "results", names: list[str] | None = None,
         if runs or (root / study.key / "summary.md").exists():  # a bed whose records were all deleted: not run
             write_text(root / study.key / "summary.md", summary(study, runs, judgement))
     if readme is not None:
-        write_headline(Path(readme), headline(root, judgement))
+        write_headline(Path(readme[0]), readme[1](root, judgement))
     lines = ["# tokenreduce: the studies", "",
              "Built by `tokenreduce report` from the run JSONs stored under `results/<study>/<test bed>/runs/`: every "
              "number below is read from them; a verdict comes only from the test each study declares, at its "
