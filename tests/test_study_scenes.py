@@ -282,6 +282,16 @@ def test_a_lost_checkpoint_is_made_again_and_a_changed_result_replaces_its_recor
     assert f"tied_full-s0 was made again (its checkpoint was gone and running it again did not reproduce its " \
            f"metric): top1 {first['metrics']['top1']:.2f}" in text and "in place of 0.50" in text
 
+    older = {**doc, "provenance": {k: v for k, v in doc["provenance"].items() if k != "cpu"}}  # as records made
+    older["metrics"] = {k: v for k, v in doc["metrics"].items() if k not in ("metric", "provenance")}  # before
+    record.write_text(json.dumps(older))  # they named their metric and machine: made again all the same
+    ckpt.unlink()
+    runner.layout.json("bspf_tied2-s0").unlink()
+    runner.run_one(runner.unit("bspf_tied2-s0"))
+    assert json.loads(record.read_text())["replaces"] | {"provenance": None} == {
+        "why": replaced["replaces"]["why"], "metrics": {"top1": 0.5}, "provenance": None, "cpu": None}
+    assert "in place of 0.50 (its machine not recorded)." in summary(runner.study, load_runs(runner.layout))
+
 
 def test_a_summary_says_when_its_runs_were_made_on_several_machines():
     runs = {f"full-s{i}": {"kind": "train", "metrics": {"provenance": {"cpu": cpu}}}

@@ -29,7 +29,7 @@ from typing import Any
 from ..bench import load
 from ..bench.evaluation import SPEED, EvalRequest, Recorded
 from ..bench.evaluation import log as stderr_line
-from ..bench.report import provenance, write_json
+from ..bench.report import provenance, read_provenance, write_json
 from ..core.errors import TokenReduceError
 from ..core.registry import format_spec, parse_spec
 from ..models.references import file_sha256
@@ -285,13 +285,13 @@ class Runner:
             doc["read"] = read
         doc["provenance"] = provenance(argv=argv, threads=threads, device=self.device, amp=self.amp,
                                        wall_s=round(time.perf_counter() - t0, 1), **extra)
-        old = replacing["metrics"] if replacing is not None else None
-        if old is not None and doc["metrics"][old["metric"]] != old[old["metric"]]:
-            metric, cpu = old["metric"], old["provenance"].get("cpu")
+        metric = doc["metrics"]["metric"] if replacing is not None else None  # a training run's, made again
+        if metric is not None and doc["metrics"][metric] != (old := replacing["metrics"].get(metric)):
+            cpu = read_provenance(replacing).get("cpu")
             self.log(f"{self.study.key}/{unit.id}: made again, {metric} {doc['metrics'][metric]} (recorded "
-                     f"{old[metric]}, {cpu}); the new run replaces its record")
+                     f"{old}, {cpu or 'machine not recorded'}); the new run replaces its record")
             doc["replaces"] = {"why": "its checkpoint was gone and running it again did not reproduce its metric",
-                               "metrics": {metric: old[metric]}, "provenance": replacing["provenance"], "cpu": cpu}
+                               "metrics": {metric: old}, "provenance": replacing.get("provenance"), "cpu": cpu}
         write_json(self.layout.json(unit.id), relative(doc, self.layout))
         return doc
 

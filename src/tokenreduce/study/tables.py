@@ -596,9 +596,9 @@ def machines_text(runs: dict[str, dict]) -> list[str]:
     for rid, d in sorted(trained.items()):
         if old := d.get("replaces"):
             metric = d["metrics"]["metric"]
+            was = f" on {old['cpu']}" if old.get("cpu") else " (its machine not recorded)"
             lines.append(f"{rid} was made again ({old['why']}): {metric} {d['metrics'][metric]:.2f} on "
-                         f"{d['metrics']['provenance'].get('cpu')}, in place of {old['metrics'][metric]:.2f} on "
-                         f"{old.get('cpu')}.")
+                         f"{d['metrics']['provenance'].get('cpu')}, in place of {old['metrics'][metric]:.2f}{was}.")
     return [*lines, ""] if lines else []
 
 
