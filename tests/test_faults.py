@@ -45,8 +45,8 @@ from tokenreduce.study.declare import get_study
 from tokenreduce.study.plan import Layout, layout_for
 from tokenreduce.study.records import load_runs
 from tokenreduce.study.runner import Runner
-from tokenreduce.study.tables import ci_text, item_pair, p_text, verdicts, word
-from tokenreduce.tasks.items import decode, encode, metric_of
+from tokenreduce.study.tables import ci_text, p_text, verdicts, word
+from tokenreduce.tasks.items import decode, encode, item_pair, metric_of
 from tokenreduce.train import loop
 from tokenreduce.train.loop import train
 

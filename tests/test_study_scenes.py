@@ -187,8 +187,7 @@ def test_a_stem_arm_swaps_the_stem_into_the_reference(tmp_path: Path):
 
 
 def test_an_arm_table_heading_names_the_schedule_a_study_changed():
-    from tokenreduce.study.tables import recipe_text
-    from tokenreduce.train.recipes import get_recipe
+    from tokenreduce.train.recipes import get_recipe, recipe_text
 
     said = "fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64"
     assert recipe_text(get_study("cropr").beds["scenes"].recipe) == said

@@ -61,6 +61,13 @@ def bench_text(result: dict[str, Any], columns: Sequence[tuple[str, str]] = ()) 
     return [said, "", "```", format_table(result["results"], columns_for(result["results"], columns)), "```"]
 
 
+def speedups_text(row: dict[str, Any] | None, vs_random: bool = False) -> str:
+    """A bench row's speed-ups as "batch B / batch 1" to 2 decimals: against the unpatched model, or
+    (``vs_random``) its matched random pruner; '' where the row lacks them."""
+    b, one = ("ratio_vs_random", "latency_vs_random") if vs_random else ("speedup", "latency_speedup")
+    return f"{row[b]:.2f} / {row[one]:.2f}" if row and row.get(b) is not None and row.get(one) is not None else ""
+
+
 def with_stem(model: nn.Module, stem: str) -> tuple[str, nn.Module]:
     """(the canonical spec of ``stem``, a copy of the unpatched timm ``model`` with that stem in place of its
     patch embedding, freshly initialised; every other weight the same): the stem rows' model."""

@@ -3,7 +3,8 @@
 Every results file records how it was made (command, git revision, versions, machine, dtype,
 batch sizes, seed), so that any figure we print can be reproduced. :func:`provenance` is the one
 builder of that record, used by every writer (train's metrics and run JSON, eval, demo, bench,
-experiment); :func:`read_provenance` reads it back from any results file, older shapes included.
+experiment); :func:`read_provenance` reads it back from any results file, older shapes included, and
+:func:`revision_gap` says whether it names a clean commit.
 """
 
 from __future__ import annotations
@@ -176,6 +177,16 @@ def read_provenance(doc: dict[str, Any]) -> dict[str, Any]:
     if "command" not in out and isinstance(doc.get("command"), str):
         out["command"] = doc["command"]
     return out
+
+
+def revision_gap(doc: dict[str, Any]) -> str:
+    """What keeps a results document from naming the committed code that made it: "dirty" (a git revision
+    ending ``-dirty``: made from uncommitted changes), "none" (no revision recorded: its ``provenance`` and its
+    metrics' provenance name none), or "" (a clean commit)."""
+    prov = doc.get("provenance") or {}
+    inner = doc.get("metrics", {}).get("provenance", {}) if isinstance(doc.get("metrics"), dict) else {}
+    revs = [str(r) for r in (prov.get("git_revision", prov.get("git")), inner.get("git")) if r]
+    return "dirty" if any(r.endswith("-dirty") for r in revs) else "" if revs else "none"
 
 
 #: A table column: (row key, header) or (row key, header, format): a ``str.format`` pattern such as

@@ -38,7 +38,7 @@ History = dict[str, list[dict[str, Any]]]
 
 def claim_key(study: Study, e: Expect) -> str:
     """A claim's key in the history: its study/bed, its declared text and its grid point, as the rows name it."""
-    return f"{study.key} | {e.claim} | {where_text(e.at) or '-'}"
+    return f"{study.key} | {e.claim} | {where_text(e.at)}"
 
 
 def _digest(value: Any) -> str:
@@ -136,7 +136,7 @@ def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dic
                 new.append((study, j))
                 continue
             b, n = entries[-2:]
-            moved.append(table_row([study.name, study.bed_name, j.claim, where_text(e.at) or "-",
+            moved.append(table_row([study.name, study.bed_name, j.claim, where_text(e.at),
                                     f"{b['verdict']} (adjusted p {b['p']})",
                                     f"**{n['verdict']}** (adjusted p {n['p']})", _why(b, n)]))
     since = "the history starts here" if update_no == 1 else f"against update {update_no - 1}"
@@ -148,7 +148,7 @@ def what_changed(update_no: int, claims: History, studies: list[tuple[Study, dic
              "is not judged from then on.", ""]
     lines += moved if len(moved) > 2 else ["No published verdict moved."]
     if len(new) <= LIST_NEW:
-        lines += ["", *(f"- new: {s.name} ({s.bed_name}): {j.claim} ({where_text(j.expect.at) or 'all'})"
+        lines += ["", *(f"- new: {s.name} ({s.bed_name}): {j.claim} ({where_text(j.expect.at, 'all')})"
                         for s, j in new)] if new else []
     else:
         lines += ["", f"New in this update: {len(new)} claims published for the first time ("

@@ -11,7 +11,7 @@ from typing import Any
 from .declare import Expect, Study
 from .figures import pyplot, set_title, write_png
 from .stats import summarize, welch_change
-from .tables import NOT_RUN, Judged, axis, ci_text, measured, table_head, table_row, where_text, word
+from .tables import NOT_RUN, Judged, axis, ci_text, interval_text, measured, table_head, table_row, where_text, word
 
 AXIS = "steps"
 
@@ -23,6 +23,11 @@ def implicit_length(study: Study) -> Any | None:
     return None if a is None else a.implicit
 
 
+def apart(at: dict[str, Any]) -> dict[str, Any]:
+    """A claim's grid point apart from its fine-tune length."""
+    return {k: v for k, v in at.items() if k != AXIS}
+
+
 def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]]]:
     """Each of the ``judged`` claims tested at more than one length: its (steps, judged) in increasing steps."""
     implicit = implicit_length(study)
@@ -31,7 +36,7 @@ def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]
     groups: dict[tuple, list[tuple[Any, Judged]]] = {}
     for j in judged:
         e = j.expect
-        key = (e.claim, e.arm, e.baseline, tuple(sorted((k, v) for k, v in e.at.items() if k != AXIS)))
+        key = (e.claim, e.arm, e.baseline, tuple(sorted(apart(e.at).items())))
         groups.setdefault(key, []).append((e.at.get(AXIS, implicit), j))
     return [sorted(g, key=lambda sj: sj[0]) for g in groups.values() if len(g) > 1]
 
@@ -61,7 +66,7 @@ def stated(group: list[tuple[Any, Judged]]) -> str:
         change = welch_change(short.diffs, long.diffs)
         if change is not None:
             d, lo, hi, p = change
-            text += (f"; from {first} steps its Δ changes by {d:+.2f} [{lo:+.2f}, {hi:+.2f}], Welch p = {p:.2g} "
+            text += (f"; from {first} steps its Δ changes by {d:+.2f} {interval_text((lo, hi))}, Welch p = {p:.2g} "
                      "(the interaction with length, before multiplicity)")
     sides = [(s, 1 if ci[0] > 0 else -1) for s, j in run if (ci := j.verdict.interval) and (ci[0] > 0 or ci[1] < 0)]
     if {side for _, side in sides} == {-1, 1}:
@@ -103,12 +108,10 @@ def section(study: Study, runs: dict[str, dict], judged: list[Judged], root: Pat
     pools = _pools(study, runs, lengths)
     lines = ["### Over the fine-tune length", "", *([pools, ""] if pools else []), *table_head(head)]
     for g in groups:
-        e = g[0][1].expect
-        at = dict(g)
-        where = ", ".join(f"{k} {v}" for k, v in e.at.items() if k != AXIS) or "-"
+        e, at = g[0][1].expect, dict(g)
         cells = [c for s in lengths for c in ((measured(at[s]), ci_text(at[s]), word(at[s])) if s in at
                                               else ("-", "-", "-"))]
-        lines.append(table_row([e.claim, where, *cells, stated(g)]))
+        lines.append(table_row([e.claim, where_text(apart(e.at)), *cells, stated(g)]))
     fig = _figure(study, groups, root / "figures" / f"{slug}-lengths.png")
     if fig is not None:
         lines += ["", f"![{slug} over the fine-tune length](figures/{fig.name})"]
@@ -131,7 +134,7 @@ def _figure(study: Study, groups: list[list[tuple[Any, Judged]]], path: Path) ->
         yerr = list(zip(*[(m - lo, hi - m) for m, (lo, hi) in zip(means, cis, strict=True)], strict=True))
         e = g[0][1].expect
         ax.errorbar(steps, means, yerr=yerr, marker="o", capsize=3,
-                    label=f"{e.arm} - {e.baseline}" + "".join(f", {k} {v}" for k, v in e.at.items() if k != AXIS))
+                    label=", ".join([f"{e.arm} - {e.baseline}", *(f"{k} {v}" for k, v in apart(e.at).items())]))
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xticks(sorted({s for g in groups for s, _ in g}))

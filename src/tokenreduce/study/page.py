@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..bench.report import write_text
+from ..bench.report import revision_gap, write_text
 from ..core.errors import TokenReduceError
 from . import history, lengths, tables
 from .declare import Study, get_study, list_studies
@@ -37,9 +37,9 @@ def provenance_text(runs: dict[str, dict]) -> str:
 
 def provenance_note(runs: dict[str, dict]) -> str:
     """What the runs' recorded git revisions say against reproducing them: made from uncommitted code
-    (``-dirty``) or without a revision (:func:`~.tables.revision_gap`); '' if neither. A claim reading such a
+    (``-dirty``) or without a revision (bench.report.revision_gap); '' if neither. A claim reading such a
     record is decided only provisionally (:func:`~.tables.word`)."""
-    gaps = Counter(tables.revision_gap(doc) for doc in runs.values())
+    gaps = Counter(revision_gap(doc) for doc in runs.values())
     said = [f"{gaps['dirty']} of its {len(runs)} runs were made from uncommitted code (a git revision ending "
             "`-dirty`): the code that made them is not in the history exactly"] if gaps["dirty"] else []
     said += [f"{gaps['none']} of its {len(runs)} runs record no git revision"] if gaps["none"] else []
@@ -124,7 +124,7 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
 def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> list[str]:
     head = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", "95% t-interval",
                               "p raw / adjusted", "verdict", "test bed"])
-    return head + [tables.table_row([study.name, j.claim, lengths.point(study, j.expect) or "-", j.expect.source,
+    return head + [tables.table_row([study.name, j.claim, lengths.point(study, j.expect), j.expect.source,
                                      j.expect.published or "-", *tables.result_cells(j), study.bed_name])
                    for study, _ in studies for j in judgement.judged[study.key]]
 

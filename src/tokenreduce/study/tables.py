@@ -16,10 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from ..bench.compare import bench_text
+from ..bench.compare import bench_text, speedups_text
+from ..bench.report import revision_gap
 from ..bench.speed import round_speedups, timing_noise
-from ..core.errors import SpecError, TokenReduceError
+from ..core.errors import SpecError
 from ..probes.base import record_report
+from ..tasks.items import item_pair, record_items
+from ..train.recipes import recipe_text
 from . import stats
 from .declare import OFF_THE_SHELF, OWN, POWER, Axis, Col, Expect, Probe, Study, Timing
 
@@ -28,6 +31,8 @@ NOT_RUN = "not run"
 EXPLORATORY = "exploratory"
 #: the words that decide nothing, which a record of uncommitted code therefore cannot make provisional
 UNDECIDED = ("inconclusive", EXPLORATORY)
+#: what a decided word reads as while a record the claim reads names no clean commit
+PROVISIONAL = "provisional (uncommitted code)"
 
 
 def table_head(headers: list[str]) -> list[str]:
@@ -36,7 +41,8 @@ def table_head(headers: list[str]) -> list[str]:
 
 
 def table_row(cells: Iterable[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+    """A markdown table's line of ``cells`` (an empty one stays empty: "| |")."""
+    return "|" + "".join(f" {c} |" if c else " |" for c in cells)
 
 
 def _metric(doc: dict[str, Any], metric: str) -> float | None:
@@ -127,27 +133,19 @@ def measure_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
 
 def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[str]:
     """A bench table (``Bed.columns`` of a bed that trains nothing): a row per spec and the control, labelled in
-    the first column; each other column the speed-ups of the bench its ``metric`` names against the unpatched
-    model or (``paired``) the matched random, as "batch B / batch 1" to 2 decimals; a cell the bench lacks is
-    empty."""
+    the first column; each other column the speed-ups (:func:`~..bench.compare.speedups_text`) of the bench its
+    ``metric`` names, against the unpatched model or (``paired``) the matched random."""
     benches = list(dict.fromkeys(c.metric for c in columns[1:]))
     missing = [n for n in benches if n not in runs]
     if missing:
         return [f"{NOT_RUN}: no run JSON for {', '.join(missing)}"]
     rows = {n: {r["label"]: r for r in runs[n]["result"]["results"]} for n in benches}
-    first = runs[benches[0]]["result"]["results"]
-
-    def pair(r: dict | None, paired: bool) -> str:
-        a, b = ("ratio_vs_random", "latency_vs_random") if paired else ("speedup", "latency_speedup")
-        return f"{r[a]:.2f} / {r[b]:.2f}" if r and r.get(a) is not None and r.get(b) is not None else ""
-
     lines = table_head([c.header for c in columns])
-    for r in first:
-        if r["kind"] not in ("control", "method"):
-            continue
-        label = f"control `{r['spec']}`" if r["kind"] == "control" else f"`{r['label']}`"
-        cells = [label, *(pair(rows[c.metric].get(r["label"]), c.paired) for c in columns[1:])]
-        lines.append(" ".join(["|", *(f"{c} |" if c else "|" for c in cells)]))
+    for r in runs[benches[0]]["result"]["results"]:
+        if r["kind"] in ("control", "method"):
+            label = f"control `{r['spec']}`" if r["kind"] == "control" else f"`{r['label']}`"
+            lines.append(table_row([label, *(speedups_text(rows[c.metric].get(r["label"]), c.paired)
+                                             for c in columns[1:])]))
     return lines
 
 
@@ -159,7 +157,7 @@ class Judged:
     """A claim, its paired differences and the verdict on them (None: not run, ``why``). ``claim``: its text
     as printed; ``items``: the seeds x items interval (low, high, centre), else None and ``items_why``;
     ``members``: a family claim's number of claims (0: its own); ``uncommitted``: the records it reads that
-    name no clean commit (:func:`revision_gap`), which make a decided word provisional; ``read``: the digest
+    name no clean commit (bench.report.revision_gap), which make a decided word provisional; ``read``: the digest
     of the records its test read (:func:`records_digest`), which the verdict history compares (study/history.py)."""
 
     expect: Expect
@@ -188,35 +186,6 @@ class Judgement:
     waiting: dict[str, int] = field(default_factory=dict)
 
 
-def _items(doc: dict[str, Any], metric: str) -> Any:
-    from ..tasks.items import decode
-
-    entry = doc.get("metrics", {}).get("items", {}).get(metric) if isinstance(doc.get("metrics"), dict) else None
-    return decode(entry) if isinstance(entry, dict) else None
-
-
-def item_pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[Any, Any] | None:
-    """The per-item ``metric`` values of two records of one seed, item for item; None where either holds none.
-    Two records over different numbers of test items are an error (they cannot pair), naming both."""
-    a, b = _items(arm, metric), _items(base, metric)
-    if a is None or b is None:
-        return None
-    if len(a) != len(b):
-        raise TokenReduceError(f"{arm.get('id')} and {base.get('id')}: {metric} over {len(a)} and {len(b)} test "
-                               f"items; a paired contrast needs the same items in both records")
-    return a, b
-
-
-def revision_gap(doc: dict[str, Any]) -> str:
-    """What keeps a record from naming the committed code that made it: "dirty" (a git revision ending
-    ``-dirty``: made from uncommitted changes), "none" (no revision recorded: its ``provenance`` and its
-    metrics' provenance name none), or "" (a clean commit)."""
-    prov = doc.get("provenance") or {}
-    inner = doc.get("metrics", {}).get("provenance", {}) if isinstance(doc.get("metrics"), dict) else {}
-    revs = [str(r) for r in (prov.get("git_revision", prov.get("git")), inner.get("git")) if r]
-    return "dirty" if any(r.endswith("-dirty") for r in revs) else "" if revs else "none"
-
-
 def _uncommitted(study: Study, runs: dict[str, dict], claims: list[Expect]) -> tuple[str, ...]:
     """The ids of the records ``claims`` read (their arms' and baselines' runs at their grid points, and the
     speed record a speed-matched claim reads) that name no clean commit."""
@@ -227,7 +196,7 @@ def _uncommitted(study: Study, runs: dict[str, dict], claims: list[Expect]) -> t
 
 def records_digest(study: Study, runs: dict[str, dict], claims: list[Expect]) -> str:
     """SHA-256 (its first 16 hex digits) over what ``claims``' tests read, sorted: per seed paired, each of the
-    two records' id, ``metric`` value, per-item values and :func:`revision_gap`; it changes when a run is added,
+    two records' id, ``metric`` value, per-item values and revision gap; it changes when a run is added,
     made again or re-made from committed code, and only then."""
     read = sorted(json.dumps([str(d.get("id", d.get("run"))), d.get("metrics", {}).get(e.metric),
                               d.get("metrics", {}).get("items", {}).get(e.metric), revision_gap(d)],
@@ -260,7 +229,7 @@ def paired_items(study: Study, runs: dict[str, dict], e: Expect) -> list[float]:
 def without_items(study: Study, runs: dict[str, dict], e: Expect) -> list[str]:
     """The ids of the records, of the seeds where both of ``e``'s arms ran, that hold no per-item ``e.metric``."""
     return [d.get("id", "?") for pair in _both(study, runs, e.arm, e.baseline, e.at).values() for d in pair
-            if _items(d, e.metric) is None]
+            if record_items(d, e.metric) is None]
 
 
 def item_interval(study: Study, runs: dict[str, dict], e: Expect) -> tuple[tuple[float, float, float] | None, str]:
@@ -449,9 +418,10 @@ def _power_text(study: Study, runs: dict[str, dict], e: Expect, v: stats.Verdict
             f"had {power:.0%} power for the published {e.effect:+.2f} ({at})")
 
 
-def where_text(at: dict[str, Any]) -> str:
-    """A grid point as the tables print it: ``{"bits": 16, "steps": 937}`` -> "bits 16, steps 937"."""
-    return ", ".join(f"{k} {v}" for k, v in at.items())
+def where_text(at: dict[str, Any], empty: str = "-") -> str:
+    """A grid point as the tables print it: ``{"bits": 16, "steps": 937}`` -> "bits 16, steps 937"; the
+    point of no axis: ``empty``."""
+    return ", ".join(f"{k} {v}" for k, v in at.items()) or empty
 
 
 def measured(j: Judged) -> str:
@@ -481,9 +451,6 @@ def p_text(j: Judged) -> str:
 def result_cells(j: Judged) -> list[str]:
     """A judged claim's cells in a table of claims: measured, t-interval, p raw / adjusted, the verdict."""
     return [measured(j), ci_text(j), p_text(j), f"**{word(j)}**"]
-
-
-PROVISIONAL = "provisional (uncommitted code)"
 
 
 def word(j: Judged) -> str:
@@ -526,14 +493,14 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
                         "p raw / adjusted", "verdict"])
     for j in judged:
         e = j.expect
-        lines.append(table_row([j.claim, where_text(e.at) or "-", _contrast(e), e.published or "-", *result_cells(j)]))
+        lines.append(table_row([j.claim, where_text(e.at), _contrast(e), e.published or "-", *result_cells(j)]))
     lines.append("")
     for j in judged:
         e = j.expect
         why = f" Margin / bound: {e.why}." if e.why else ""
         pooled = f" (a family claim: per seed the mean over its {j.members} claims' paired differences)" \
             if j.members else ""
-        lines.append(f"- {j.claim} ({where_text(e.at) or 'all'}){pooled}: {j.why}.{why}")
+        lines.append(f"- {j.claim} ({where_text(e.at, 'all')}){pooled}: {j.why}.{why}")
     lines += ["", f"Tests as run. {STATISTICS}", "", adjustment_text(judgement, study)]
     ran = [j for j in judged if j.verdict]
     per_item = sum(by_item(study, j.expect) for j in ran)
@@ -568,20 +535,6 @@ STATISTICS = ("Every claim's test is two-sided at its level (0.05), i.e. each si
 
 
 # ----------------------------------------------------------------------------- the summary
-
-def recipe_text(recipe: dict[str, Any]) -> str:
-    """The recipe a study trains with, in words: its name, and its schedule when the study changed the
-    recipe's ("fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64")."""
-    from ..train.recipes import RECIPES
-
-    name = recipe.get("recipe")
-    if not name:
-        return "recipe"
-    if all(recipe.get(k) == RECIPES.get(name, {}).get(k) for k in ("epochs", "subset", "batch_size")):
-        return name
-    subset = f" of {recipe['subset']} training items" if recipe.get("subset") else ""
-    return f"{name}, schedule changed: {recipe.get('epochs')} epoch(s){subset}, batch {recipe.get('batch_size')}"
-
 
 def machines_text(runs: dict[str, dict]) -> list[str]:
     """Where the training runs were made, when on more than one machine (their wall times compare only

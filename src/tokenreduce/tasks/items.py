@@ -9,6 +9,8 @@ metric): booleans as packed bits, reals as float32, both base64.
     encode(values)      (n,) bool or float tensor / array -> {"dtype", "n", "data"}
     decode(entry)       -> (n,) float64 array (booleans as 0.0 / 1.0), each in [0, 1] or NaN (no value)
     metric_of(values)   the metric they decompose: 100 x the mean of the items that have a value
+    record_items(doc, metric)       a run record's stored values of ``metric``, decoded (None: it holds none)
+    item_pair(arm, base, metric)    two records' values of one metric, item for item
 """
 
 from __future__ import annotations
@@ -60,3 +62,23 @@ def metric_of(values: np.ndarray) -> float | None:
     e.g. a query with no relevant item); None when none has."""
     defined = values[~np.isnan(values)]
     return 100.0 * float(defined.mean()) if defined.size else None
+
+
+def record_items(doc: dict[str, Any], metric: str) -> np.ndarray | None:
+    """The per-item values of ``metric`` a run record stores (``doc["metrics"]["items"]``), decoded; None
+    where it stores none."""
+    metrics = doc.get("metrics")
+    entry = metrics.get("items", {}).get(metric) if isinstance(metrics, dict) else None
+    return decode(entry) if isinstance(entry, dict) else None
+
+
+def item_pair(arm: dict[str, Any], base: dict[str, Any], metric: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The per-item ``metric`` values of two records of one seed, item for item; None where either holds none.
+    Two records over different numbers of test items are an error (they cannot pair), naming both."""
+    a, b = record_items(arm, metric), record_items(base, metric)
+    if a is None or b is None:
+        return None
+    if len(a) != len(b):
+        raise TokenReduceError(f"{arm.get('id')} and {base.get('id')}: {metric} over {len(a)} and {len(b)} test "
+                               f"items; a paired contrast needs the same items in both records")
+    return a, b

@@ -153,6 +153,18 @@ def get_recipe(name: str, **differences: Any) -> dict[str, Any]:
     return {**parse_recipe(name, {**fields, **differences}), "recipe": name}
 
 
+def recipe_text(recipe: dict[str, Any]) -> str:
+    """A recipe's fields (:func:`get_recipe`) in words: its name, and its schedule where they change the named
+    recipe's ("fmnist-cropr, schedule changed: 1 epoch(s) of 6400 training items, batch 64")."""
+    name = recipe.get("recipe")
+    if not name:
+        return "recipe"
+    if all(recipe.get(k) == RECIPES.get(name, {}).get(k) for k in ("epochs", "subset", "batch_size")):
+        return name
+    subset = f" of {recipe['subset']} training items" if recipe.get("subset") else ""
+    return f"{name}, schedule changed: {recipe.get('epochs')} epoch(s){subset}, batch {recipe.get('batch_size')}"
+
+
 def default_out(recipe: str) -> Path:
     return cache_dir() / recipe
 
