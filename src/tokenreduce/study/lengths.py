@@ -16,11 +16,11 @@ from .tables import NOT_RUN, Judged, axis, ci_text, interval_text, measured, tab
 AXIS = "steps"
 
 
-def implicit_length(study: Study) -> Any | None:
-    """The fine-tune length of a claim that names none (the length axis's implicit value, studies/beds.py
-    ``LENGTH``); None for a study without the axis."""
+def length(study: Study, at: dict[str, Any]) -> Any | None:
+    """The fine-tune length of grid point ``at``: the one it names, else the length axis's implicit one (the
+    length a claim or record that names none is at, studies/beds.py ``LENGTH``); None without the axis."""
     a = axis(study, AXIS)
-    return None if a is None else a.implicit
+    return None if a is None else at.get(AXIS, a.implicit)
 
 
 def apart(at: dict[str, Any]) -> dict[str, Any]:
@@ -30,22 +30,21 @@ def apart(at: dict[str, Any]) -> dict[str, Any]:
 
 def _grouped(study: Study, judged: list[Judged]) -> list[list[tuple[Any, Judged]]]:
     """Each of the ``judged`` claims tested at more than one length: its (steps, judged) in increasing steps."""
-    implicit = implicit_length(study)
-    if implicit is None:
+    if length(study, {}) is None:  # no length axis
         return []
     groups: dict[tuple, list[tuple[Any, Judged]]] = {}
     for j in judged:
         e = j.expect
         key = (e.claim, e.arm, e.baseline, tuple(sorted(apart(e.at).items())))
-        groups.setdefault(key, []).append((e.at.get(AXIS, implicit), j))
+        groups.setdefault(key, []).append((length(study, e.at), j))
     return [sorted(g, key=lambda sj: sj[0]) for g in groups.values() if len(g) > 1]
 
 
 def point(study: Study, e: Expect) -> str:
     """Where claim ``e`` is tested, as the tables print it: its grid point, with the fine-tune length named
     where the study has the length axis (a claim that names none is tested at the axis's implicit one)."""
-    implicit = implicit_length(study)
-    return where_text(e.at if implicit is None or AXIS in e.at else {**e.at, AXIS: implicit})
+    steps = length(study, e.at)
+    return where_text(e.at if steps is None else {**e.at, AXIS: steps})
 
 
 def stated(group: list[tuple[Any, Judged]]) -> str:
@@ -85,9 +84,9 @@ def pool_text(doc: dict[str, Any]) -> str:
 def _pools(study: Study, runs: dict[str, dict], lengths: list[Any]) -> str:
     """What else differs between the lengths, read from a training record at each (the training pool, the
     test set), as a sentence; '' where they agree."""
-    implicit, said = implicit_length(study), {}
+    said: dict[Any, str] = {}
     for p in study.points():
-        s = p.values.get(AXIS, implicit)
+        s = length(study, p.values)
         if s in lengths and s not in said and p.id in runs and runs[p.id].get("config"):
             said[s] = pool_text(runs[p.id])
     if len(set(said.values())) < 2:

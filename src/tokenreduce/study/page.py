@@ -81,12 +81,11 @@ def budget_text(budget: tuple[tuple[int, str, float], ...]) -> str:
 def as_run(study: Study, runs: dict[str, dict]) -> str:
     """What the stored training runs cost: their recorded training wall time summed, per fine-tune length
     where the bed has that axis ("" before any). Wall time includes whatever shared the cores."""
-    axis = tables.axis(study, lengths.AXIS)
     by: dict[Any, list[float]] = {}
     for doc in runs.values():
         t = doc.get("metrics", {}).get("train_time_s") if doc.get("kind") == "train" else None
         if isinstance(t, (int, float)) and not isinstance(t, bool):
-            by.setdefault(doc.get("point", {}).get(axis.name, axis.implicit) if axis else None, []).append(t)
+            by.setdefault(lengths.length(study, doc.get("point", {})), []).append(t)
     if not by:
         return ""
     parts = [f"{'' if k is None else f'{k} steps: '}{len(ts)} run{'s' * (len(ts) != 1)}, {sum(ts) / 60:.0f} min"
