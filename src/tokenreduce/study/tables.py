@@ -196,7 +196,7 @@ def _uncommitted(study: Study, runs: dict[str, dict], claims: list[Expect]) -> t
 
 def records_digest(study: Study, runs: dict[str, dict], claims: list[Expect]) -> str:
     """SHA-256 (its first 16 hex digits) over what ``claims``' tests read, sorted: per seed paired, each of the
-    two records' id, ``metric`` value, per-item values and revision gap; it changes when a run is added,
+    two records' id, ``metric`` value, per-item values and revision_gap; it changes when a run is added,
     made again or re-made from committed code, and only then."""
     read = sorted(json.dumps([str(d.get("id", d.get("run"))), d.get("metrics", {}).get(e.metric),
                               d.get("metrics", {}).get("items", {}).get(e.metric), revision_gap(d)],
