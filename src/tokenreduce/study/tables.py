@@ -133,7 +133,7 @@ def measure_table(decl: Timing, doc: dict[str, Any]) -> list[str]:
 
 def bench_comparison(columns: tuple[Col, ...], runs: dict[str, dict]) -> list[str]:
     """A bench table (``Bed.columns`` of a bed that trains nothing): a row per spec and the control, labelled in
-    the first column; each other column the speed-ups (:func:`~..bench.compare.speedups_text`) of the bench its
+    the first column; each other column the speed-ups (bench.compare.speedups_text) of the bench its
     ``metric`` names, against the unpatched model or (``paired``) the matched random."""
     benches = list(dict.fromkeys(c.metric for c in columns[1:]))
     missing = [n for n in benches if n not in runs]
