@@ -124,7 +124,7 @@ def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgem
     head = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", "95% t-interval",
                               "p raw / adjusted", "verdict", "test bed"])
     return head + [tables.table_row([study.name, j.claim, lengths.point(study, j.expect), j.expect.source,
-                                     j.expect.published or "-", *tables.result_cells(j), study.bed_name])
+                                     *tables.result_cells(j), study.bed_name])
                    for study, _ in studies for j in judgement.judged[study.key]]
 
 

@@ -449,8 +449,9 @@ def p_text(j: Judged) -> str:
 
 
 def result_cells(j: Judged) -> list[str]:
-    """A judged claim's cells in a table of claims: measured, t-interval, p raw / adjusted, the verdict."""
-    return [measured(j), ci_text(j), p_text(j), f"**{word(j)}**"]
+    """A judged claim's cells in a table of claims: published, measured, t-interval, p raw / adjusted, the
+    verdict."""
+    return [j.expect.published or "-", measured(j), ci_text(j), p_text(j), f"**{word(j)}**"]
 
 
 def word(j: Judged) -> str:
@@ -489,11 +490,8 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
     judgement = judgement or bed_judgement(study, runs)
     judged = judgement.judged[study.key]
     lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)",
-                        f"{100 * (1 - Expect.level):g}% t-interval",
-                        "p raw / adjusted", "verdict"])
-    for j in judged:
-        e = j.expect
-        lines.append(table_row([j.claim, where_text(e.at), _contrast(e), e.published or "-", *result_cells(j)]))
+                        f"{100 * (1 - Expect.level):g}% t-interval", "p raw / adjusted", "verdict"])
+    lines += [table_row([j.claim, where_text(j.expect.at), _contrast(j.expect), *result_cells(j)]) for j in judged]
     lines.append("")
     for j in judged:
         e = j.expect
