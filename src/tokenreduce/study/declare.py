@@ -1,11 +1,10 @@
 """The declaration types: what a study author writes (one module under studies/ per paper).
 
 A study declares its claims once (:class:`Expect`) and its test beds (``beds``: name -> :class:`Bed`, the first the
-default, ``tokenreduce study NAME --testbed BED`` another); a bed tests each claim whose two arms it has
-(:func:`tests_claim`), and a user's own test bed (``--model``, ``--data``) runs a declared bed's plan on it. Every
-arm x grid point is one run with a stable id (``eet/scenes/d_eet-b16-s0``), planned by study/grid.py and
-study/plan.py. :func:`register_study` refuses declarations that do not fit together, at import rather than hours
-into a run.
+default, ``--testbed BED`` another, a user's own test bed, ``--model``/``--data``, runs a declared bed's plan); a
+bed tests each claim whose two arms it has (:func:`tests_claim`). Every arm x grid point is one run with a stable id
+(``eet/scenes/d_eet-b16-s0``), planned by study/grid.py and study/plan.py. :func:`register_study` refuses
+declarations that do not fit together, at import rather than hours into a run.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..bench.settings import SPEED
 from ..core.errors import SpecError, TokenReduceError
 from ..core.registry import NoParams, Registry
 from ..train.config import field_names
@@ -219,7 +219,7 @@ class Probe:
 
 
 #: What a timing's ``settings`` may set: the ``eval`` and ``bench`` commands' timing flags, backend, dtype and seed
-SETTINGS = ("batch", "warmup", "repeats", "min_run_s", "backend", "compile_mode", "dtype", "seed")
+SETTINGS = (*SPEED, "backend", "compile_mode", "dtype", "seed")
 #: a bench's setting: each spec beside its matched random pruner (``bench --match-random``)
 MATCH_RANDOM = "match_random"
 #: What a bench's ``model`` names: the timm model, its kwargs, a trained recipe's weights, a stem (``--stem``)
@@ -251,13 +251,14 @@ class Timing:
         return isinstance(self.model, dict)
 
     def __post_init__(self) -> None:
-        model, settings = (self.model, (*SETTINGS, MATCH_RANDOM)) if self.bench else ({"name": ""}, SETTINGS)
+        model = self.model if self.bench else {}
         _refuse(f"timing {self.name!r}", {
-            "a bench (a model off the grid) reads no runs: no at= or finetuned=": self.bench and bool(
-                self.at or self.finetuned),
-            "a bench's model names its timm 'name'": "name" not in model,
+            "a bench (a model off the grid) reads no runs: no at= or finetuned=":
+                self.bench and bool(self.at or self.finetuned),
+            "a bench's model names its timm 'name'": self.bench and "name" not in model,
             **_unknown("model names unknown keys", model, BENCH_MODEL),
-            **_unknown("settings name unknown keys", self.settings, settings)})
+            **_unknown("settings name unknown keys", self.settings,
+                       (*SETTINGS, MATCH_RANDOM) if self.bench else SETTINGS)})
 
 
 #: What a bed's ``smoke`` may set (the one smoke syntax, an experiment's too: what differs, the rest the bed's):
