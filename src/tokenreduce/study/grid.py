@@ -63,7 +63,7 @@ class Planned:
         return tuple(dataclasses.replace(a, values=tuple(grid[a.name])) if a.name in grid else a for a in self.grid)
 
     def smoke_over(self, key: str) -> dict[str, Any]:
-        """What the smoke sets for ``key`` (``SMOKE_KEYS``); nothing outside a smoke."""
+        """What the smoke sets for ``key`` (:data:`SMOKE_KEYS`); nothing outside a smoke."""
         return self.smoke.get(key, {}) if self.is_smoke else {}
 
     def points(self) -> list[Point]:
@@ -97,10 +97,10 @@ class Planned:
         """The run of ``arm`` at ``at`` (:meth:`resolve`; an axis not given: its first value)."""
         at = self.resolve(at)
         full = {a.name: at.get(a.name, a.values[0]) for a in self.axes()}
-        found = next((p for p in self.points() if p.arm == arm and p.values == full), None)
-        if found is None:
-            raise TokenReduceError(f"study {self.name}: no run of arm {arm!r} at {at}")
-        return found
+        for p in self.points():
+            if p.arm == arm and p.values == full:
+                return p
+        raise TokenReduceError(f"study {self.name}: no run of arm {arm!r} at {at}")
 
     def measure_runs(self, m: Any) -> tuple[str | None, list[str]]:
         """The run ids measure ``m`` reads: its reference's (None: the test bed's reference checkpoint, or

@@ -14,14 +14,17 @@ from ..core.errors import TokenReduceError
 
 @dataclass(frozen=True)
 class Testbed:
-    """One of three kinds. A built-in ``reference`` recipe (``fmnist-vit``, ``scenes-vit``): its trained checkpoint
-    (``train.recipes.reference_checkpoint``) starts every run, its dataset is the data. A timm ``model`` name (with
-    create_model ``kwargs``) from scratch, with timm's ``pretrained`` weights (network) or a local ``weights`` file
-    (a state dict timm loads through ``pretrained_cfg_overlay``), on ``data``: a dataset name or a folder
-    (Fashion-MNIST idx files, or an ImageFolder ROOT/{train,val}/<class>/). ``synthetic`` (smoke): Fashion-MNIST-format
-    random images written under the run folder, so a smoke study needs no downloaded data; with ``data`` a dataset
-    built from Fashion-MNIST (``fmnist_scenes``), that dataset made from them. The recipe's other settings
-    (optimiser, schedule, subset) apply to every kind."""
+    """Three kinds, one dataclass (``kwargs``: timm create_model keyword arguments of ``model``):
+
+    - ``reference``: a built-in reference recipe (``fmnist-vit``, ``scenes-vit``): its trained checkpoint
+      (``train.recipes.reference_checkpoint``) starts every run, its dataset is the data;
+    - ``model``: a timm model name, from scratch, with timm's ``pretrained`` weights (network) or a local ``weights``
+      file (a state dict timm loads through ``pretrained_cfg_overlay``), on ``data``: a dataset name or a folder
+      (Fashion-MNIST idx files, or an ImageFolder ROOT/{train,val}/<class>/);
+    - ``synthetic`` (smoke): Fashion-MNIST-format random images written under the run folder, so a smoke study needs
+      no downloaded data; with ``data`` a dataset built from Fashion-MNIST (``fmnist_scenes``), made from them.
+
+    The recipe's other settings (optimiser, schedule, subset) apply to every kind."""
 
     reference: str | None = None
     model: str | None = None
