@@ -13,7 +13,7 @@ from conftest import make_host
 
 import tokenreduce as tr
 from tokenreduce.cli import main
-from tokenreduce.core.registry import REGISTRIES, check_params, config_spec
+from tokenreduce.core.registry import REGISTRIES, NoParams, Registry, check_params, config_spec
 from tokenreduce.models import CheckpointError, build_model, load_model, save_checkpoint
 from tokenreduce.models.stems import canonical_stem
 from tokenreduce.models.transforms import canonical_transform
@@ -123,3 +123,16 @@ def test_format_spec_round_trips_any_literal():
     strings with quotes, booleans."""
     params = {"keep": 0.5, "locs": (1, 2), "extra": [1, 2], "flag": None, "s": "a'b", "on": True}
     assert tr.parse_spec(tr.core.registry.format_spec("any", params)) == ("any", {**params, "extra": (1, 2)})
+
+
+def test_a_registry_given_for_a_while_is_read_by_name_and_never_listed():
+    """``Registry.reading``: while inside, a lookup by name (get, config, resolve) finds the given registry's
+    entries too (the tests' own studies and experiments); ``names`` lists the registry's own only."""
+    home, given = Registry("widget"), Registry("widget")
+    home.register("built_in")(len)
+    given.register("own")(max)
+    with home.reading(given):
+        assert (home.get("own"), home.config("own"), home.resolve("own")[:2]) == (max, NoParams, ("own", max))
+        assert home.get("built_in") is len and home.names() == ["built_in"]
+    with pytest.raises(tr.SpecError, match="unknown widget 'own'; valid widgets: built_in"):
+        home.get("own")

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import ast
 import collections.abc
+import contextlib
 import dataclasses
 import functools
 import importlib
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, Union, get_args, get_origin
 
@@ -256,6 +257,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._load = load
         self._entries: dict[str, tuple[T, type]] = {}
+        self._given: list[Registry[T]] = []
         REGISTRIES.append(self)
 
     @property
@@ -298,23 +300,38 @@ class Registry(Generic[T]):
             importlib.import_module(BUILTINS[self.kind])  # a no-op once imported
         return sorted(self._entries)
 
+    @contextlib.contextmanager
+    def reading(self, other: Registry[T]) -> Iterator[None]:
+        """While inside, a lookup by name here (:meth:`get`, :meth:`config`, :meth:`resolve`) finds the entries
+        of ``other`` too (the tests' own studies and experiments); :meth:`names` lists this registry's only."""
+        self._given.append(other)
+        try:
+            yield
+        finally:
+            self._given.remove(other)
+
     def config(self, name: str) -> type:
         """The Config dataclass of the entry registered under ``name``."""
-        self.get(name)
-        return self._entries[name][1]
+        return self._entry(name)[1]
 
     def get(self, name: str) -> T:
         """The entry registered under ``name``; SpecError naming the valid ones otherwise."""
+        return self._entry(name)[0]
+
+    def _entry(self, name: str) -> tuple[T, type]:
+        """(entry, Config) of ``name``, registered here or in a registry given (:meth:`reading`)."""
+        given = next((r for r in self._given if name in r.names()), None)
+        if given is not None:
+            return given._entry(name)
         names = self.names()
         if name not in self._entries:
             raise SpecError(f"unknown {self.kind} {name!r}; valid {self.plural}: {', '.join(names)}")
-        return self._entries[name][0]
+        return self._entries[name]
 
     def resolve(self, spec: str) -> tuple[str, T, Any]:
         """(name, entry, Config instance) of ``spec``, the parameters checked against the Config."""
         name, params = parse_spec(spec)
-        entry = self.get(name)
-        config = self._entries[name][1]
+        entry, config = self._entry(name)
         fields = [f.name for f in dataclasses.fields(config)]
         valid = ", ".join(fields) or "none"
         unknown = sorted(set(params) - set(fields))

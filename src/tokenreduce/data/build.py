@@ -56,6 +56,12 @@ def is_dense(name: str) -> bool:
     return bool(_REGISTRY.get(str(name), (None, {}))[1].get("dense"))
 
 
+def detect(folder: str) -> str | None:
+    """The registered dataset whose files ``folder`` holds (its first name; ``detect=`` of
+    :func:`register_dataset`), None where it is no such folder."""
+    return next((name for holds, name in _DETECT if holds(folder)), None) if os.path.isdir(folder) else None
+
+
 def cache_dir() -> Path:
     """``$TOKENREDUCE_CACHE`` or ``cache/`` (git-ignored): downloads, trained references, demo runs."""
     return Path(os.environ.get("TOKENREDUCE_CACHE", "cache"))
@@ -119,11 +125,8 @@ def build_dataset(
     if augment is not None and augment not in AUGMENTS:
         raise TokenReduceError(f"unknown augment {augment!r}; choose from {', '.join(AUGMENTS)}")
     name_or_dir = str(name_or_dir)
-    if name_or_dir not in _REGISTRY and os.path.isdir(name_or_dir):
-        for detect, name in _DETECT:
-            if detect(name_or_dir):
-                name_or_dir, data_dir = name, name_or_dir
-                break
+    if name_or_dir not in _REGISTRY and (found := detect(name_or_dir)):
+        name_or_dir, data_dir = found, name_or_dir
     if name_or_dir in _REGISTRY:
         builder, native = _REGISTRY[name_or_dir]
         cfg = make_data_config(img_size or native["img_size"], in_chans or native["in_chans"], mean, std,

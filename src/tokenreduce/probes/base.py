@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -79,8 +79,6 @@ def _builtins() -> None:
 
 
 _EXPERIMENTS: Registry[type[Experiment]] = Registry("experiment", load=_builtins)
-#: registries given for a while (:func:`reading`): found by name, never listed
-_GIVEN: list[Registry[type[Experiment]]] = []
 
 
 def register_experiment(name: str, into: Registry[type[Experiment]] | None = None,
@@ -90,15 +88,10 @@ def register_experiment(name: str, into: Registry[type[Experiment]] | None = Non
     return (into or _EXPERIMENTS).register_class(name)
 
 
-@contextmanager
-def reading(registry: Registry[type[Experiment]]) -> Iterator[None]:
+def reading(registry: Registry[type[Experiment]]) -> AbstractContextManager[None]:
     """While inside, the experiments of ``registry`` are found by name as well as the built-in ones;
     :func:`list_experiments` lists the built-in ones only."""
-    _GIVEN.append(registry)
-    try:
-        yield
-    finally:
-        _GIVEN.remove(registry)
+    return _EXPERIMENTS.reading(registry)
 
 
 def list_experiments() -> list[str]:
@@ -106,12 +99,8 @@ def list_experiments() -> list[str]:
     return _EXPERIMENTS.names()
 
 
-def _registry(name: str) -> Registry[type[Experiment]]:
-    return next((r for r in _GIVEN if name in r.names()), _EXPERIMENTS)
-
-
 def get_experiment(name: str) -> type[Experiment]:
-    return _registry(name).get(name)
+    return _EXPERIMENTS.get(name)
 
 
 def record_report(doc: dict[str, Any]) -> str:
@@ -135,5 +124,5 @@ def build_experiment(spec: str, *, smoke: bool = False) -> Experiment:
         if bad:
             raise SpecError(f"experiment {name}: its smoke overrides name unknown parameters {bad}")
         spec = format_spec(name, {**cls.smoke, **params})
-    _, cls, cfg = _registry(name).resolve(spec)
+    _, cls, cfg = _EXPERIMENTS.resolve(spec)
     return cls(cfg)

@@ -1,62 +1,57 @@
 """The declaration types: what a study author writes (one module under studies/ per paper).
 
-A study declares its claims once (``expect``: :class:`Expect`) and its test beds (``beds``: name -> :class:`Bed`,
-the first the default, ``tokenreduce study NAME --testbed BED`` another). A bed declares what depends on the
-test bed: the :class:`Testbed` its runs start from and are scored on, the recipe, the arms (:class:`Arm`), the
-grid (:class:`Axis`), the tables' columns (:class:`Col`), its evaluations off the grid (:class:`Timing`,
-:class:`Probe`), a smoke version (run by the test suite) and its compute budget. A bed tests each
-claim whose two arms it has (:func:`tests_claim`); a user's own test bed (``--model``, ``--data``) runs a declared
-bed's plan on it. Every arm x grid point is one run with a stable id (``eet/scenes/d_eet-b16-s0``), planned by
-study/grid.py and study/plan.py and run by study/runner.py. :func:`register_study` refuses declarations that do not
-fit together.
+A study declares its claims once (:class:`Expect`) and its test beds (``beds``: name -> :class:`Bed`, the first the
+default, ``--testbed BED`` another, a user's own test bed, ``--model``/``--data``, runs a declared bed's plan); a
+bed tests each claim whose two arms it has (:func:`tests_claim`). Every arm x grid point is one run with a stable id
+(``eet/scenes/d_eet-b16-s0``), planned by study/grid.py and study/plan.py. :func:`register_study` refuses
+declarations that do not fit together, at import rather than hours into a run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import itertools
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..bench.settings import SPEED
 from ..core.errors import SpecError, TokenReduceError
 from ..core.registry import NoParams, Registry
-from .grid import (
-    AFTER,
-    ARM_KINDS,
-    EVALUATED,
-    OFF_THE_SHELF,
-    TRAINED,
-    Planned,
-    allows,
-    alternatives,
-    config_fields,
-)
+from ..train.config import field_names
+from .grid import AFTER, ARM_KINDS, EVALUATED, OFF_THE_SHELF, TRAINED, Planned, allows, alternatives
 from .grid import TESTBED_TEACHER as TESTBED_TEACHER  # re-exported: a recipe's value a study writes
 from .testbed import Testbed
 
-# ----------------------------------------------------------------------------- declarations
+
+def _refuse(where: str, refusals: dict[str, bool]) -> None:
+    """Every combination check's one mechanism: raise the first refusal that holds (its text -> whether it
+    does) as ``where: text``."""
+    for refusal, refused in refusals.items():
+        if refused:
+            raise SpecError(f"{where}: {refusal}")
+
+
+def _unknown(what: str, given: Any, valid: Any) -> dict[str, bool]:
+    """The refusal of names in ``given`` outside ``valid`` (``what``: what names them)."""
+    unknown = sorted(set(given) - set(valid))
+    return {f"its {what} {unknown}; choose from {sorted(valid)}": True} if unknown else {}
+
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: what differs from the recipe, and what it is, by its ``kind``. ``label``: the name tables print.
+    """One arm: what differs from the recipe, and what it is, by its ``kind``; ``label``: the name tables print.
 
-    ``trained``: ``spec`` is the reducer it trains with (None: none; it may name grid values in braces,
-    ``random(seed={seed})``); ``options``: what else differs from the recipe (:data:`ARM_OPTIONS`): ``task`` a
-    task spec, ``stem`` and ``transforms`` model options (models/build.py; on a reference checkpoint a stem is
-    swapped in with fresh weights).
-    ``after``: the same, started from the checkpoint of the trained arm ``reads`` at the same grid point (a
-    second phase). ``evaluated``: trains nothing; ``spec`` is a registered experiment (probes/base.py) run on
-    the checkpoint of the arm ``reads`` at the same grid point, whose result's ``metrics`` are the arm's (the
-    spec may name the point's training settings in braces, ``subset={eval_subset}``). ``off_the_shelf``: ``spec``
-    applied untrained to the test bed's reference, scored per item; its run at the n-th seed is scored on the
-    n-th of as many disjoint folds of the test items, so its claims take the item as their unit
-    (:meth:`Study.per_item`).
-
-    ``only``: axis name -> the values the arm runs at (an axis not named: all; a smoke grid without a named
-    value: its first); a tuple of such dicts: where any of them allows."""
+    ``trained``: ``spec`` is the reducer it trains with (None: none; grid values in braces, ``random(seed={seed})``),
+    ``options`` what else differs (:data:`ARM_OPTIONS`; a stem on a reference checkpoint starts with fresh weights).
+    ``after``: the same, a second phase from the checkpoint of the trained arm ``reads`` at the same grid point.
+    ``evaluated``: trains nothing; ``spec`` is a registered experiment (probes/base.py; the point's training
+    settings in braces, ``subset={eval_subset}``) run on that checkpoint, whose result's ``metrics`` are the arm's.
+    ``off_the_shelf``: ``spec`` applied untrained to the test bed's reference; its run at the n-th seed scores the
+    n-th of as many disjoint folds of the test items, so its claims take the item as their unit.
+    ``only``: axis -> the values it runs at (an axis not named: all; a smoke grid without them: its first); a tuple
+    of such dicts: where any allows."""
 
     label: str
     spec: str | None = None
@@ -66,9 +61,7 @@ class Arm:
     only: dict[str, tuple[Any, ...]] | tuple[dict[str, tuple[Any, ...]], ...] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if _unknown(self.options, ARM_OPTIONS):
-            raise SpecError(f"arm {self.label!r}: its options name unknown keys {_unknown(self.options, ARM_OPTIONS)}; "
-                            f"choose from {list(ARM_OPTIONS)}")
+        _refuse(f"arm {self.label!r}", _unknown("options name unknown keys", self.options, ARM_OPTIONS))
 
     @property
     def task(self) -> str | None:
@@ -83,20 +76,18 @@ class Arm:
         return tuple(self.options.get("transforms", ()))
 
 
-#: What an arm's ``options`` may change from the recipe: its task spec, and its model's stem and transforms
+#: What an arm's ``options`` may change from the recipe: its task spec, its model's stem and transforms
 ARM_OPTIONS = ("task", "stem", "transforms")
-
-
 #: what an off-the-shelf arm's record says it evaluates: the test bed's reference
 REFERENCE = "@reference"
 
 
 @dataclass(frozen=True)
 class Axis:
-    """A grid axis: a TrainConfig field (``seed``) or a parameter of the task spec (``bits``); ``short``
-    prefixes its value in run ids (``s0``). With ``sets`` the axis is a named setting: value -> the TrainConfig
-    fields it sets (the fine-tune length); the one value it sets nothing for is the recipe as it was, the runs
-    made before the axis existed, and their ids leave it out (:attr:`implicit`)."""
+    """A grid axis: a TrainConfig field (``seed``) or a parameter of the task spec (``bits``); ``short`` prefixes
+    its value in run ids (``s0``). ``sets``: a named setting (the fine-tune length), value -> the TrainConfig fields
+    it sets, for every value but one: the recipe as it was, whose runs were made before the axis existed and whose
+    ids leave it out (:attr:`implicit`)."""
 
     name: str
     values: tuple[Any, ...]
@@ -104,9 +95,12 @@ class Axis:
     sets: dict[Any, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.sets and len([v for v in self.values if v not in self.sets]) > 1:
-            raise SpecError(f"axis {self.name}: its sets= names every value but one (the one run ids leave out); "
-                            f"it leaves out {[v for v in self.values if v not in self.sets]}")
+        left = [v for v in self.values if v not in self.sets]
+        _refuse(f"axis {self.name}", {
+            f"its sets= names every value but one (the one run ids leave out); it leaves out {left}":
+                bool(self.sets) and len(left) > 1,
+            **_unknown("sets= name unknown training settings", {k for s in self.sets.values() for k in s},
+                       field_names())})
 
     @property
     def implicit(self) -> Any:
@@ -116,9 +110,8 @@ class Axis:
 
 @dataclass(frozen=True)
 class Col:
-    """A table column (every table's one column syntax). In an arm table ``metric`` is a run metric (mean ± std
-    over seeds; ``paired``: the difference from the baseline, paired by seed); in a measure's, the row's value
-    (:meth:`text`); in a bench's, the ``bench`` command's row key; in a bench table
+    """A column of any table. In an arm table ``metric`` is a run metric (mean ± std over seeds; ``paired``: the
+    difference from the baseline, paired by seed); in a measure's or a bench's, the row's key; in a bench table
     (:attr:`Bed.bench_tables`) after the label column, a bench whose speed-ups it shows (``paired``: against its
     matched random pruner, else the unpatched model)."""
 
@@ -133,18 +126,14 @@ class Col:
 
 #: how a measure's table writes a metric (every other to 2 decimals)
 FORMATS = {"gmacs": "{:.4f}", "img_per_s": "{:.0f}", "macs": "{:,}"}
-
-
 #: The power a claim's plan (:attr:`Expect.power`) asks of its test
 POWER = 0.8
-
 #: The margin within which two arms count as "at equal measured speed": a tenth of the speed-up, the order the
 #: timing noise of one interleaved run on 2 CPU threads allows with ten rounds; a tighter one could not be shown.
 EQUAL_SPEED = 0.1
 EXPECT_KINDS = ("superior", "noninferior", "equivalent")
 #: What a claim's ``source`` says when the contrast is this project's own (its reading of a detail the paper leaves
-#: open, a floor the paper has none of), not a claim of the paper, of its review or of the issue that asked for
-#: the study: such a claim is exploratory (:attr:`Expect.confirmatory`)
+#: open, a floor the paper has none of), not the paper's, its review's or the asking issue's: an exploratory claim
 OWN = "this project's"
 
 
@@ -152,19 +141,16 @@ OWN = "this project's"
 class Expect:
     """A claim: one paired contrast and how it is judged (study/stats.py).
 
-    ``arm - baseline`` on ``metric`` at the grid point ``at`` (every axis but the seed may be fixed), paired by
-    seed (by test item for arms evaluated off the shelf), lies beyond ``margin`` in ``direction`` (+1/-1) by
-    the paired t-test at :attr:`level` two-sided. ``kind``: "superior"; "noninferior" (the margin is the loss
-    allowed, on the losing side); "equivalent" (|Δ| < |margin|, by TOST); these two say ``why`` that
-    margin. ``delta`` (with ``why``): the smallest difference that matters. ``reported``: the
-    difference the source reports and its figures as the source writes them (:attr:`effect`, :attr:`published`).
-    ``family``: claims of one bed sharing this text are also tested as one
-    (the per-seed mean of their differences). ``speed``: (measure, margin): "at equal measured speed" only when
-    both arms' timings on that measure are shown equivalent within the margin (the text's ``{at_speed}``).
-    ``power``: the smallest difference toward the claim its test must detect with :data:`POWER`; the report
-    gives the seeds needed at the pilot sd of the same contrast where the grid was first run (:meth:`Study.pilot`).
-    ``source``: whose claim it is; one that names the contrast as :data:`OWN` makes it exploratory.
-    """
+    ``arm - baseline`` on ``metric`` at the grid point ``at`` (any axis but the seed), paired by seed (by test item
+    for arms evaluated off the shelf), lies beyond ``margin`` in ``direction`` (+1/-1) by the paired t-test at
+    :attr:`level` two-sided. ``kind``: "superior"; "noninferior" (the margin is the loss allowed, on the losing
+    side); "equivalent" (|Δ| < |margin|, by TOST); these two say ``why`` that margin. ``delta`` (with ``why``): the
+    smallest difference that matters. ``reported``: the difference the source reports and its figures as written.
+    ``family``: claims of one bed sharing this text are also tested as one (the per-seed mean of their
+    differences). ``speed``: (measure, margin): "at equal measured speed" (the text's ``{at_speed}``) only when both
+    arms' timings on that measure are shown equivalent within the margin. ``power``: the smallest difference toward
+    the claim its test must detect with :data:`POWER`, planned from the same contrast's sd where the grid was first
+    run (:meth:`Study.pilot`). ``source``: whose claim it is (:data:`OWN`: exploratory)."""
 
     claim: str
     source: str
@@ -201,7 +187,7 @@ class Expect:
         return "" if self.reported is None else self.reported[1]
 
     def __post_init__(self) -> None:
-        refusals = {
+        _refuse(f"claim {self.claim!r}", {
             f"kind must be {', '.join(EXPECT_KINDS[:-1])} or {EXPECT_KINDS[-1]}, not {self.kind!r}":
                 self.kind not in EXPECT_KINDS,
             "it fixes the seed; it may fix grid axes other than seed": "seed" in self.at,
@@ -215,11 +201,7 @@ class Expect:
             "delta= is a positive bound, declared with why=":
                 self.delta is not None and not (self.delta > 0 and self.why),
             "speed= (measure, tolerance) and '{at_speed}' in its text go together":
-                ("{at_speed}" in self.claim) != (self.speed is not None),
-        }
-        for refusal, refused in refusals.items():
-            if refused:
-                raise SpecError(f"claim {self.claim!r}: {refusal}")
+                ("{at_speed}" in self.claim) != (self.speed is not None)})
 
 
 @dataclass(frozen=True)
@@ -236,9 +218,8 @@ class Probe:
     at: dict[str, Any] = field(default_factory=dict)
 
 
-#: What a timing's ``settings`` may set: the command's timing flags, backend, dtype and seed (``eval``'s and
-#: ``bench``'s), and a bench's :data:`MATCH_RANDOM`
-SETTINGS = ("batch", "warmup", "repeats", "min_run_s", "backend", "compile_mode", "dtype", "seed")
+#: What a timing's ``settings`` may set: the ``eval`` and ``bench`` commands' timing flags, backend, dtype and seed
+SETTINGS = (*SPEED, "backend", "compile_mode", "dtype", "seed")
 #: a bench's setting: each spec beside its matched random pruner (``bench --match-random``)
 MATCH_RANDOM = "match_random"
 #: What a bench's ``model`` names: the timm model, its kwargs, a trained recipe's weights, a stem (``--stem``)
@@ -247,13 +228,13 @@ BENCH_MODEL = ("name", "kwargs", "checkpoint", "stem")
 
 @dataclass(frozen=True)
 class Timing:
-    """An interleaved timing of ``specs`` against the unpatched model, on its ``model``: an arm's run at ``at``
-    (the arm's name) or the test bed's reference (None; without one, the baseline arm's run), the ``eval``
-    command's, beside every run of the ``finetuned`` arms at ``at`` (leave the seed out to read every seed),
-    each with its own final evaluation; or a model off the grid (a dict: a bench, the ``bench`` command's,
-    bench/compare.py): the timm ``name`` with ``kwargs`` (random weights), ``checkpoint`` the weights of a
-    trained recipe, ``stem`` a stem swapped in. ``settings``: the command's (:data:`SETTINGS`, a bench's also
-    :data:`MATCH_RANDOM`); ``columns``: a bench's empty for the command's own; ``title``: default the name."""
+    """An interleaved timing of ``specs`` against the unpatched model. On the study's runs (the ``eval``
+    command's): ``model`` an arm, whose run at ``at`` it times, or None, the test bed's reference (without one,
+    the baseline arm's run), beside every run of the ``finetuned`` arms at ``at`` (without a seed: every seed),
+    each with its own final evaluation. On a model off the grid (a bench, the ``bench`` command's,
+    bench/compare.py): ``model`` a dict (:data:`BENCH_MODEL`; random weights but for a ``checkpoint``).
+    ``settings``: :data:`SETTINGS`, a bench's also :data:`MATCH_RANDOM`; ``columns``: a bench's, empty for the
+    command's own; ``title``: default the name."""
 
     name: str
     model: str | dict[str, Any] | None = None
@@ -270,18 +251,14 @@ class Timing:
         return isinstance(self.model, dict)
 
     def __post_init__(self) -> None:
-        valid = (*SETTINGS, MATCH_RANDOM) if self.bench else SETTINGS
-        refusals = {
-            "a bench (a model off the grid) reads no runs: no at= or finetuned=": self.bench and bool(
-                self.at or self.finetuned),
-            f"a bench's model names its timm 'name' and only {', '.join(BENCH_MODEL)}":
-                self.bench and ("name" not in self.model or bool(_unknown(self.model, BENCH_MODEL))),
-            f"its settings name unknown keys {_unknown(self.settings, valid)}; choose from {list(valid)}":
-                bool(_unknown(self.settings, valid)),
-        }
-        for refusal, refused in refusals.items():
-            if refused:
-                raise SpecError(f"timing {self.name!r}: {refusal}")
+        model = self.model if self.bench else {}
+        _refuse(f"timing {self.name!r}", {
+            "a bench (a model off the grid) reads no runs: no at= or finetuned=":
+                self.bench and bool(self.at or self.finetuned),
+            "a bench's model names its timm 'name'": self.bench and "name" not in model,
+            **_unknown("model names unknown keys", model, BENCH_MODEL),
+            **_unknown("settings name unknown keys", self.settings,
+                       (*SETTINGS, MATCH_RANDOM) if self.bench else SETTINGS)})
 
 
 #: What a bed's ``smoke`` may set (the one smoke syntax, an experiment's too: what differs, the rest the bed's):
@@ -293,14 +270,12 @@ SMOKE_KEYS = ("testbed", "recipe", "grid", "measure", "probe", "bench")
 
 @dataclass(frozen=True)
 class Bed:
-    """What a study declares for one test bed. ``arms`` name per-block counts, which depend on the patch grid;
-    ``split``: the axis the arm tables are split by, and their heading; ``columns``: the arm tables' (on a bed
-    that trains nothing: title -> the columns of a table of its benches side by side, one backend each, say);
-    ``evaluations``: read by type as
-    ``measures``, ``probes``, ``benches``; ``budget``: the compute plan, declared before the runs, as (runs, kind
-    of run, measured minutes a run) per kind; ``pending``: why runs are missing; ``title``: its page's
-    heading (none: the study's name).
-    A bed with benches only trains nothing: no arms, recipe, baseline, grid, columns, measures or probes."""
+    """What a study declares for one test bed: the :class:`Testbed` its runs start from and are scored on, and the
+    rest of its plan. ``arms`` name per-block counts, which depend on the patch grid; ``split``: the axis the arm
+    tables are split by, and their heading; ``columns``: the arm tables' (on a bed that trains nothing: title ->
+    a table of its benches side by side); ``evaluations``: off the grid, read by type (:attr:`measures`,
+    :attr:`probes`, :attr:`benches`); ``budget``: the compute plan, declared before the runs, as (runs, kind of
+    run, measured minutes a run) per kind; ``pending``: why runs are missing; ``title``: its page's heading."""
 
     testbed: Testbed = Testbed()
     title: str = ""
@@ -340,9 +315,6 @@ def tests_claim(bed: Bed, e: Expect) -> bool:
             and all(allows(bed.arms[a].only, e.at) for a in (e.arm, e.baseline)))
 
 
-# ----------------------------------------------------------------------------- the study
-
-
 class Study(Planned):
     """Base class of every study (module docstring). An instance is the study on one bed: its attributes are
     that bed's declarations, its ``expect`` the claims the bed tests."""
@@ -371,136 +343,91 @@ class Study(Planned):
         if smoke and self.smoke is None:
             raise TokenReduceError(f"study {cls.name} declares no smoke version on the test bed {self.bed_name}")
         default = self.smoke.get("testbed", decl.testbed) if smoke else decl.testbed
-        if not self.arms and testbed is not None and testbed != default:
+        self.bed = testbed or default
+        self.default_bed = self.bed == default
+        if not (self.arms or self.default_bed):
             raise TokenReduceError(f"study {cls.name} trains nothing (benches only, each on its own model); "
                                    "it takes no test bed (--model, --pretrained, --weights, --data)")
-        self.bed = testbed if testbed is not None else default
-        self.default_bed = testbed is None or testbed == default
-
-    @property
-    def key(self) -> str:
-        """``name/bed``: where its results live under results/ and the prefix of its run ids."""
-        return f"{self.name}/{self.bed_name}"
-
-    @property
-    def is_default_bed(self) -> bool:
-        """Whether the study runs on its first declared bed (its commands need no ``--testbed``)."""
-        return self.bed_name == next(iter(type(self).beds))
+        self.is_default_bed = self.bed_name == next(iter(cls.beds))  # its commands need no --testbed
+        self.key = f"{cls.name}/{self.bed_name}"  # where its results live under results/, its run ids' prefix
 
 
 def check_study(cls: type[Study]) -> None:
-    """Refuse a study whose declarations do not fit together (a typo here would surface hours later):
-    each bed's, and a claim that no bed tests."""
-    if not cls.beds:
-        raise SpecError(f"study {cls.name} declares no test bed (beds = {{name: Bed(...)}})")
-    for name, bed in cls.beds.items():
-        _check_bed(f"study {cls.name} (test bed {name})", bed, [e for e in cls.expect if tests_claim(bed, e)])
-    untested = [e.claim for e in cls.expect if not any(tests_claim(d, e) for d in cls.beds.values())]
-    if untested:
-        arms = {b: sorted(d.arms) for b, d in cls.beds.items()}
-        raise SpecError(f"study {cls.name}: no test bed has the arms (at the grid point) of the claims {untested}; "
-                        f"its beds' arms: {arms}")
+    """Refuse a study whose declarations do not fit together (a typo here would surface hours later): each
+    bed's, read as the study on that bed, then a claim that no bed tests."""
+    _refuse(f"study {cls.name}", {"it declares no test bed (beds = {name: Bed(...)})": not cls.beds})
+    studies = [cls(name) for name in cls.beds]
+    for study in studies:
+        _check_bed(f"study {cls.name} (test bed {study.bed_name})", study)
+    untested = [e.claim for e in cls.expect if not any(e in s.expect for s in studies)]
+    _refuse(f"study {cls.name}", {f"no test bed has the arms (at the grid point) of the claims {untested}; its "
+                                  f"beds' arms: { {b: sorted(d.arms) for b, d in cls.beds.items()} }": bool(untested)})
 
 
-def _unknown(names: Any, valid: Any) -> list[str]:
-    return sorted(set(names) - set(valid))
-
-
-def _check_bed(where: str, bed: Bed, claims: list[Expect]) -> None:
-    """One bed's declarations (``where``: the study and bed, for the message; ``claims``: those it tests)."""
-    names = [x.name for x in bed.evaluations]
-    if len(set(names)) != len(names):
-        raise SpecError(f"{where}: its measures, probes and benches need distinct names; they are {names}")
-    smoke = bed.smoke or {}
-    axes = {a.name: a.values for a in bed.grid}
-    named = [("smoke sets unknown keys", smoke, SMOKE_KEYS),
-             ("smoke grid names axes it lacks", smoke.get("grid", {}), axes),
-             ("smoke bench names unknown settings", smoke.get("bench", {}), {*SETTINGS, "model_kwargs"}),
-             ("recipe names unknown training settings", bed.recipe, config_fields()),
-             ("smoke recipe names unknown training settings", smoke.get("recipe", {}), config_fields()),
-             *((f"axis {a.name} at {v} names unknown training settings", f, config_fields())
-               for a in bed.grid for v, f in a.sets.items())]
-    for what, given, valid in named:
-        if _unknown(given, valid):
-            raise SpecError(f"{where}: its {what} {_unknown(given, valid)}; choose from {sorted(valid)}")
-    if bed.arms and bed.bench_tables:
-        raise SpecError(f"{where}: its columns are its arm tables' (a tuple of Col); a table of benches side by side "
-                        "(title -> columns) goes on a bed that trains nothing")
-    for title, columns in bed.bench_tables.items():
-        unknown = _unknown((c.metric for c in columns[1:]), (b.name for b in bed.benches))
-        if unknown or len(columns) < 2:
-            raise SpecError(f"{where}: bench table {title!r} needs its label column, then columns of the benches it "
-                            f"declares (unknown: {unknown})")
-    if not bed.arms:  # it tests no claim: a claim needs two arms
-        extra = [k for k in ("recipe", "baseline", "grid", "split", "measures", "probes") if getattr(bed, k)]
-        extra += ["columns"] if bed.columns and not bed.bench_tables else []
-        if extra or not bed.benches:
-            raise SpecError(f"{where} has no arms: it trains nothing, so it declares benches only and no recipe, "
-                            "baseline, grid, split, measures, probes or columns but its bench tables "
-                            f"(it has {', '.join(extra) or 'no benches'})")
+def _check_bed(where: str, study: Study) -> None:
+    """The declarations of ``study``'s bed (``where`` names both, for the message)."""
+    names = [x.name for x in study.evaluations]
+    smoke, axes, arms = study.smoke or {}, {a.name: a.values for a in study.grid}, study.arms
+    _refuse(where, {
+        f"its measures, probes and benches need distinct names; they are {names}": len(set(names)) != len(names),
+        **_unknown("smoke sets unknown keys", smoke, SMOKE_KEYS),
+        **_unknown("smoke grid names axes it lacks", smoke.get("grid", {}), axes),
+        **_unknown("smoke bench names unknown settings", smoke.get("bench", {}), {*SETTINGS, "model_kwargs"}),
+        **_unknown("recipe names unknown training settings", study.recipe, field_names()),
+        **_unknown("smoke recipe names unknown training settings", smoke.get("recipe", {}), field_names()),
+        "its columns are its arm tables' (a tuple of Col); a table of benches side by side (title -> columns) goes "
+        "on a bed that trains nothing": bool(arms and study.bench_tables)})
+    for title, columns in study.bench_tables.items():
+        unknown = sorted({c.metric for c in columns[1:]} - {b.name for b in study.benches})
+        _refuse(where, {f"bench table {title!r} needs its label column, then columns of the benches it declares "
+                        f"(unknown: {unknown})": bool(unknown) or len(columns) < 2})
+    if not arms:  # it tests no claim: a claim needs two arms
+        extra = [k for k in ("recipe", "baseline", "grid", "split", "measures", "probes", "columns")
+                 if getattr(study, k)]
+        _refuse(where, {"it has no arms: it trains nothing, so it declares benches only and no recipe, baseline, "
+                        "grid, split, measures, probes or columns but its bench tables "
+                        f"(it has {', '.join(extra) or 'no benches'})": bool(extra) or not study.benches})
         return
-    if "seed" not in axes:
-        raise SpecError(f"{where}: its grid needs a 'seed' axis (contrasts are paired by seed)")
-    _check_arms(where, bed.arms, axes)
-    first = {a.name: a.implicit for a in bed.grid if a.implicit is not None}
-    for e in claims:
-        if e.power is not None and {**e.at, **first} == e.at:
-            raise SpecError(f"{where}: the claim {e.claim!r} declares a power plan, whose pilot is the same contrast "
-                            "where the grid was first run (an axis' implicit value); it is there itself")
-    reads = [("its baseline", bed.baseline, {})]
-    reads += [(f"measure {m.name}", arm, m.at) for m in bed.measures for arm in (m.model, *m.finetuned) if arm]
-    reads += [(f"probe {p.name}", p.arm, p.at) for p in bed.probes if p.arm]
-    for what, arm, at in reads:
-        if arm not in bed.arms:
-            raise SpecError(f"{where}: {what} names unknown arm {arm!r}; choose from {sorted(bed.arms)}")
-        if not allows(bed.arms[arm].only, at):
-            raise SpecError(f"{where}: {what} reads arm {arm} at {at}, where it has no runs "
-                            f"(only {bed.arms[arm].only})")
-    for m in bed.measures:
-        same: dict[tuple, str] = {}
-        for arm in m.finetuned:
-            a = bed.arms[arm]
-            other = same.setdefault((a.spec, a.stem, a.transforms), arm)
-            if other != arm:  # the evaluation groups checkpoints by model and spec
-                raise SpecError(f"{where}: measure {m.name} reads arms {other} and {arm}, which carry the same model "
-                                "and spec: their checkpoints would make one row; measure one of them")
-
-
-def _check_arms(where: str, arms: dict[str, Arm], axes: dict[str, tuple[Any, ...]]) -> None:
-    """What each arm is (its kind and what it reads) and where it runs (``only``, within the grid ``axes``)."""
+    _refuse(where, {"its grid needs a 'seed' axis (contrasts are paired by seed)": "seed" not in axes})
     trained = sorted(n for n, a in arms.items() if a.kind in (TRAINED, AFTER))
-    grid = [dict(zip(axes, v, strict=True)) for v in itertools.product(*axes.values())]
     for name, arm in arms.items():
-        if arm.kind not in ARM_KINDS:
-            raise SpecError(f"{where}: arm {name} is of kind {arm.kind!r}; choose from {', '.join(ARM_KINDS)}")
-        if arm.kind in (EVALUATED, OFF_THE_SHELF) and (not arm.spec or arm.task or arm.stem or arm.transforms):
-            raise SpecError(f"{where}: arm {name} is {arm.kind} (it trains nothing); it takes a label, its spec (the "
-                            f"{'experiment' if arm.kind == EVALUATED else 'reducer'} it applies), reads= and only=")
-        if (arm.reads is not None) != (arm.kind in (AFTER, EVALUATED)):
-            raise SpecError(f"{where}: arm {name}: reads= (the arm whose checkpoint it reads) goes with the kinds "
-                            f"{AFTER!r} and {EVALUATED!r} alone (its kind: {arm.kind!r})")
-        if arm.reads is not None and (arm.reads == name or arm.reads not in trained):
-            raise SpecError(f"{where}: arm {name} reads {arm.reads!r}, which is not another of its trained arms "
-                            f"{trained}")
-    for name, arm in arms.items():  # where it runs, once every arm's reads= is known to be sound
-        bad = {k: v for o in alternatives(arm.only) for k, v in o.items()
-               if k not in axes or k == "seed" or set(v) - set(axes[k])}
-        if bad:
-            raise SpecError(f"{where}: arm {name} runs only at {bad}, which is not a set of values of its grid's "
-                            f"axes other than the seed ({ {k: v for k, v in axes.items() if k != 'seed'} })")
-        source = arm.reads
-        if source and any(allows(arm.only, p) and not allows(arms[source].only, p) for p in grid):
-            raise SpecError(f"{where}: arm {name} reads arm {source}'s runs where {source} has none (its only= "
-                            f"{arm.only} reaches beyond {source}'s {arms[source].only})")
-
-
-# ----------------------------------------------------------------------------- registry
+        outside = {k: v for o in alternatives(arm.only) for k, v in o.items()
+                   if k not in axes or k == "seed" or set(v) - set(axes[k])}
+        _refuse(where, {
+            f"arm {name} is of kind {arm.kind!r}; choose from {', '.join(ARM_KINDS)}": arm.kind not in ARM_KINDS,
+            f"arm {name} is {arm.kind} (it trains nothing); it takes a label, its spec (the "
+            f"{'experiment' if arm.kind == EVALUATED else 'reducer'} it applies), reads= and only=":
+                arm.kind in (EVALUATED, OFF_THE_SHELF) and (not arm.spec or any(arm.options.values())),
+            f"arm {name}: reads= (the arm whose checkpoint it reads) goes with the kinds {AFTER!r} and {EVALUATED!r} "
+            f"alone (its kind: {arm.kind!r})": (arm.reads is not None) != (arm.kind in (AFTER, EVALUATED)),
+            f"arm {name} reads {arm.reads!r}, which is not another of its trained arms {trained}":
+                arm.reads is not None and (arm.reads == name or arm.reads not in trained),
+            f"arm {name} runs only at {outside}, which is not a set of values of its grid's axes other than the seed "
+            f"({ {k: v for k, v in axes.items() if k != 'seed'} })": bool(outside)})
+    reads = [("its baseline", study.baseline, [{}])]
+    reads += [(f"measure {m.name}", a, [m.at]) for m in study.measures for a in (m.model, *m.finetuned) if a]
+    reads += [(f"probe {p.name}", p.arm, [p.at]) for p in study.probes if p.arm]
+    reads += [(f"arm {n}", a.reads, [p.values for p in study.points() if p.arm == n])
+              for n, a in arms.items() if a.reads]
+    for what, arm, ats in reads:  # every arm read runs wherever it is read
+        _refuse(where, {f"{what} names unknown arm {arm!r}; choose from {sorted(arms)}": arm not in arms})
+        missing = next((at for at in ats if not allows(arms[arm].only, at)), None)
+        _refuse(where, {f"{what} reads arm {arm} at {missing}, where it has no runs (only {arms[arm].only})":
+                        missing is not None})
+    for m in study.measures:  # the evaluation groups checkpoints by model and spec: two such arms make one row
+        same = {}
+        for name in m.finetuned:
+            other = same.setdefault((arms[name].spec, arms[name].stem, arms[name].transforms), name)
+            _refuse(where, {f"measure {m.name} reads arms {other} and {name}, which carry the same model and spec: "
+                            "their checkpoints would make one row; measure one of them": other != name})
+    for e in study.expect:
+        _refuse(where, {f"the claim {e.claim!r} declares a power plan, whose pilot is the same contrast where the grid "
+                        "was first run (an axis' implicit value); it is there itself":
+                        e.power is not None and study.pilot(e) == e.at})
 
 
 # the built-in studies register themselves on import
 _STUDIES: Registry[type[Study]] = Registry("study", load=lambda: importlib.import_module("tokenreduce.studies"))
-#: registries given for a while (:func:`reading`): :func:`get_study` finds their studies too, never listed
-_GIVEN: list[Registry[type[Study]]] = []
 
 
 def register_study(name: str, into: Registry[type[Study]] | None = None) -> Callable[[type[Study]], type[Study]]:
@@ -515,15 +442,10 @@ def register_study(name: str, into: Registry[type[Study]] | None = None) -> Call
     return wrap
 
 
-@contextmanager
-def reading(registry: Registry[type[Study]]) -> Iterator[None]:
+def reading(registry: Registry[type[Study]]) -> AbstractContextManager[None]:
     """While inside, :func:`get_study` (the ``study`` command, the report) finds the studies of ``registry``
     as well as the built-in ones (the tests' own studies); :func:`list_studies` lists the built-in ones only."""
-    _GIVEN.append(registry)
-    try:
-        yield
-    finally:
-        _GIVEN.remove(registry)
+    return _STUDIES.reading(registry)
 
 
 def list_studies() -> list[str]:
@@ -531,5 +453,4 @@ def list_studies() -> list[str]:
 
 
 def get_study(name: str) -> type[Study]:
-    given = next((r for r in _GIVEN if name in r.names()), _STUDIES)
-    return given.get(name)
+    return _STUDIES.get(name)

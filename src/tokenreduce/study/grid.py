@@ -1,11 +1,10 @@
 """What the engine asks of a study's declarations: its runs (:class:`Point`, one per arm and grid point it runs
 at), where each runs, and what each trains, reads and times. :class:`Planned` is the base of
-:class:`~tokenreduce.study.declare.Study`, so ``study.points()`` reads as before; no study author calls these."""
+:class:`~tokenreduce.study.declare.Study`; no study author calls these."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from ..core.errors import TokenReduceError
 from ..core.registry import format_spec, parse_spec
+from ..train.config import field_names
 from .testbed import Testbed, synthetic_data
 
 #: What an arm is (``Arm.kind``)
@@ -20,6 +20,8 @@ TRAINED, AFTER, EVALUATED, OFF_THE_SHELF = "trained", "after", "evaluated", "off
 ARM_KINDS = (TRAINED, AFTER, EVALUATED, OFF_THE_SHELF)
 #: the zero-reduction control every bench times
 CONTROL = "tome(r=0)"
+#: a recipe's ``teacher`` meaning "the test bed's reference checkpoint" (it distils from what it starts from)
+TESTBED_TEACHER = "testbed"
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,9 @@ class Planned:
     bed: Testbed
 
     def axes(self) -> tuple[Any, ...]:
-        if not self.is_smoke:
-            return self.grid
+        """The grid it runs: the declared one, or with a smoke the smoke's values of the axes it names."""
         grid = self.smoke_over("grid")
-        return tuple(dataclasses.replace(a, values=tuple(grid.get(a.name, a.values))) for a in self.grid)
+        return tuple(dataclasses.replace(a, values=tuple(grid[a.name])) if a.name in grid else a for a in self.grid)
 
     def smoke_over(self, key: str) -> dict[str, Any]:
         """What the smoke sets for ``key`` (:data:`SMOKE_KEYS`); nothing outside a smoke."""
@@ -71,11 +72,8 @@ class Planned:
         out = []
         for values in itertools.product(*(a.values for a in axes)):
             point = dict(zip((a.name for a in axes), values, strict=True))
-            for arm in self.arms:
-                if not self.runs_at(arm, point):
-                    continue
-                parts = [f"{a.short}{v}" for a, v in zip(axes, values, strict=True) if v != a.implicit]
-                out.append(Point(arm, point, "-".join([arm, *parts])))
+            parts = [f"{a.short}{v}" for a, v in zip(axes, values, strict=True) if v != a.implicit]
+            out += [Point(arm, point, "-".join([arm, *parts])) for arm in self.arms if self.runs_at(arm, point)]
         return out
 
     def runs_at(self, arm: str, at: dict[str, Any]) -> bool:
@@ -86,8 +84,7 @@ class Planned:
 
     def complete(self, at: dict[str, Any]) -> dict[str, Any]:
         r"""``at`` (:meth:`resolve`\ d) with every axis but the seed that it leaves out fixed at that axis'
-        ``implicit`` value, else its first: a claim or measure that names no length reads the runs
-        every arm has."""
+        ``implicit`` value, else its first: a claim or measure that names no length reads the runs every arm has."""
         fixed = {a.name: a.implicit if a.implicit is not None else a.values[0] for a in self.axes() if a.name != "seed"}
         return {**fixed, **self.resolve(at)}
 
@@ -147,8 +144,7 @@ class Planned:
 
     def train_fields(self, p: Point, scratch: Path) -> dict[str, Any]:
         """TrainConfig fields of run ``p`` (without ``out``, set by the runner): recipe, test bed, smoke
-        overrides, arm, grid point, in increasing priority; ``scratch``: where a synthetic test bed's
-        data goes."""
+        overrides, arm, grid point, in increasing priority; ``scratch``: where a synthetic test bed's data goes."""
         arm = self.arms[p.arm]
         fields = {**self.recipe, **self.bed.train_fields(scratch), **self.smoke_over("recipe")}
         task = arm.task or fields.get("task") or "classify"
@@ -156,7 +152,7 @@ class Planned:
         for k, v in p.values.items():
             if k in sets:
                 fields.update(sets[k].get(v, {}))
-            elif k in config_fields():
+            elif k in field_names():
                 fields[k] = v
             else:  # a parameter of the task
                 name, params = parse_spec(task)
@@ -179,14 +175,3 @@ class Planned:
             fields["model"] = {**fields["model"], **({"stem": arm.stem} if arm.stem else {}),
                                **({"transforms": list(arm.transforms)} if arm.transforms else {})}
         return fields
-
-
-#: a recipe's ``teacher`` meaning "the test bed's reference checkpoint" (it distils from what it starts from)
-TESTBED_TEACHER = "testbed"
-
-
-@functools.cache
-def config_fields() -> frozenset[str]:
-    from ..train.config import TrainConfig
-
-    return frozenset(f.name for f in dataclasses.fields(TrainConfig))

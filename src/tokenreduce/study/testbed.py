@@ -1,17 +1,4 @@
-"""``Testbed``: what a study's runs start from and are measured on, a parameter of every study.
-
-Three kinds, one dataclass:
-    reference   a built-in reference recipe (``fmnist-vit``, ``scenes-vit``): its trained checkpoint
-                (``train.recipes.reference_checkpoint``) starts every run, its dataset is the data;
-    model       a timm model name (or a model config dict), from scratch, with timm's pretrained
-                weights (``pretrained=True``, network) or a local weights file (``weights``: a
-                state dict timm loads through ``pretrained_cfg_overlay``), on ``data``: a dataset
-                name or a folder (Fashion-MNIST idx files, or an ImageFolder ROOT/{train,val}/<class>/);
-    synthetic   (smoke) Fashion-MNIST-format random images written under the run folder, so a smoke
-                study needs no downloaded data; with ``data`` a dataset built from Fashion-MNIST
-                (``fmnist_scenes``), that dataset made from the synthetic images.
-The recipe's other settings (optimiser, schedule, subset) apply to every kind.
-"""
+"""``Testbed``: what a study's runs start from and are measured on, a parameter of every study."""
 
 from __future__ import annotations
 
@@ -27,7 +14,17 @@ from ..core.errors import TokenReduceError
 
 @dataclass(frozen=True)
 class Testbed:
-    """See the module docstring. ``kwargs``: timm create_model keyword arguments of ``model``."""
+    """Three kinds, one dataclass (``kwargs``: timm create_model keyword arguments of ``model``):
+
+    - ``reference``: a built-in reference recipe (``fmnist-vit``, ``scenes-vit``): its trained checkpoint
+      (``train.recipes.reference_checkpoint``) starts every run, its dataset is the data;
+    - ``model``: a timm model name, from scratch, with timm's ``pretrained`` weights (network) or a local ``weights``
+      file (a state dict timm loads through ``pretrained_cfg_overlay``), on ``data``: a dataset name or a folder
+      (Fashion-MNIST idx files, or an ImageFolder ROOT/{train,val}/<class>/);
+    - ``synthetic`` (smoke): Fashion-MNIST-format random images written under the run folder, so a smoke study needs
+      no downloaded data; with ``data`` a dataset built from Fashion-MNIST (``fmnist_scenes``), made from them.
+
+    The recipe's other settings (optimiser, schedule, subset) apply to every kind."""
 
     reference: str | None = None
     model: str | None = None
@@ -99,14 +96,14 @@ class Testbed:
         return fields
 
     def fmnist(self) -> bool:
-        """Whether the data is Fashion-MNIST (named, its idx files, or the synthetic stand-in)."""
+        """Whether the data is Fashion-MNIST (named, a folder read as it, or the synthetic stand-in)."""
+        from ..data.build import detect
+        from ..train.recipes import get_recipe
+
         if self.synthetic:
             return self.data in (None, "fashion_mnist")
-        if self.reference and not self.data:
-            from ..train.recipes import get_recipe
-
-            return get_recipe(self.reference).get("data") == "fashion_mnist"
-        return self.data == "fashion_mnist" or bool(self.data and any(Path(self.data).glob("*idx3-ubyte*")))
+        data = self.data or (get_recipe(self.reference).get("data") if self.reference else None)
+        return data == "fashion_mnist" or bool(data and detect(data) == "fashion_mnist")
 
     def checkpoint(self) -> str | None:
         """The reference checkpoint runs start from, or None (a model built from its config)."""
