@@ -216,8 +216,8 @@ class Runner:
         config = self._doc(run_id)["config"]
         if config.get("model"):
             return config["model"]
-        if unit.needs:
-            return self._model(unit.needs[0])
+        if unit.reads:
+            return self._model(unit.reads)
         start = self.study.bed.checkpoint() or config.get("init")
         if start is None:
             raise TokenReduceError(f"run {run_id} names no model and starts from no run or reference")
@@ -266,7 +266,7 @@ class Runner:
             doc["point"] = unit.step.at
         doc.update(body)
         if unit.evaluates not in (None, REFERENCE):  # an experiment's metrics, item-paired with the run it reads
-            metrics, source = body["result"].get("metrics", {}), self._doc(unit.needs[0])
+            metrics, source = body["result"].get("metrics", {}), self._doc(unit.reads)
             for metric in sorted(set(metrics.get("items") or {}) & set(source["metrics"].get("items") or {})):
                 item_pair({"id": doc["id"], "metrics": metrics}, source, metric)  # refused here, not at the report
             doc["metrics"] = metrics
