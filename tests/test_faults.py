@@ -709,9 +709,9 @@ def test_a_copied_study_folder_reads_its_own_checkpoints(tmp_path):
     shutil.copytree(tmp_path / "s1", tmp_path / "s2")  # cp -r s1 s2
     copy = Runner(study, layout_for(study, str(tmp_path / "s2")), threads=1, log=lambda msg: None)
     own = tmp_path / "s2" / "checkpoints" / "a_unpruned-b8-s0" / "model.safetensors"
-    assert copy._checkpoint("a_unpruned-b8-s0") == str(own)
+    assert copy._checkpoint("a_unpruned-b8-s0")["path"] == str(own)
     shutil.rmtree(own.parent)  # gone in the copy: made again there, never read from s1
-    assert copy._checkpoint("a_unpruned-b8-s0") == str(own) and own.is_file()
+    assert copy._checkpoint("a_unpruned-b8-s0")["path"] == str(own) and own.is_file()
 
 
 # ----------------------------------------------------------------------------- lost work, a full disk, tracebacks
@@ -870,23 +870,28 @@ def test_an_img_size_that_is_not_whole_patches_is_one_line_naming_the_valid_size
 
 def test_a_run_made_again_inside_a_timing_runs_under_the_timings_hold(tmp_path, monkeypatch):
     """A measure whose reference checkpoint is gone trains it again (Runner._checkpoint) while it holds the output
-    alone: that run must not be refused by its own process's hold."""
+    alone: that run must not be refused by its own process's hold (training and the timing faked)."""
     from tokenreduce.study import execute
     from tokenreduce.study.runner import Runner
+    from tokenreduce.train.config import TrainConfig
+
+    def fake_train(cfg, ctx):
+        path = Path(cfg.out) / "model.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(cfg.out)
+        return {"config": cfg.to_dict(), "metrics": {"checkpoint": str(path), "metric": "map_asym", "map_asym": 50.0},
+                "checkpoint_sha256": file_sha256(path)}
 
     study = get_study("eet")(smoke=True)
     runner = Runner(study, layout_for(study, str(tmp_path / "s")), threads=1, log=lambda msg: None)
-    request = runner._request
-
-    def measure(unit, threads):
-        if unit.id != "speed":
-            return request(unit, threads)
-        return runner.run_one(runner.unit("a_unpruned-b8-s0"))["run"]  # what the measure's request names
-
-    monkeypatch.setattr(runner, "_request", measure)
+    monkeypatch.setitem(execute.EXECUTORS, TrainConfig, fake_train)
+    for run in runner.unit("speed").needs:
+        runner.run_one(runner.unit(run))
+    reference = runner.layout.checkpoints / "a_unpruned-b8-s0" / "model.safetensors"
+    reference.unlink()
+    monkeypatch.setattr(runner, "_measure", lambda unit, source: source)  # the measure's request: its reference
     monkeypatch.setitem(execute.EXECUTORS, str, lambda made_again, ctx: {"made_again": made_again})
-    monkeypatch.setitem(runner.by_id, "speed", dataclasses.replace(runner.unit("speed"), needs=()))
-    assert runner.run_one(runner.unit("speed"))["made_again"] == "a_unpruned-b8-s0"
+    assert runner.run_one(runner.unit("speed"))["made_again"] == str(reference) and reference.is_file()
 
 
 def test_a_disk_full_before_a_run_starts_is_one_line(data, tmp_path, monkeypatch, capsys):  # noqa: F811

@@ -169,7 +169,7 @@ def test_timings_run_last_alone_in_this_process_with_every_thread(pool: type[_In
     monkeypatch.setitem(execute.EXECUTORS, execute.BenchRequest, timing)
     study = get_study("baselines")()
     runner = Runner(study, layout_for(study, str(tmp_path / "b")), threads=2, log=lambda msg: None)
-    monkeypatch.setattr(runner, "_measure", lambda unit: EvalRequest(""))  # reads no checkpoint
+    monkeypatch.setattr(runner, "_measure", lambda unit, source: EvalRequest(""))  # reads no checkpoint
     trained = [u.id for u in runner.units if u.kind == "train"]
     measures = [u.id for u in runner.units if u.kind == "measure"]
     assert runner.unit("free").needs == ()  # ready at once, yet it waits for every training run

@@ -14,13 +14,14 @@ With a ``stem`` (a method that needs another stem, e.g. ImagePiece's conv stem) 
 the unreduced model with that stem (``stem S``) and each spec on it (``spec [stem S]``), counted and timed
 on that model against the same plain unpatched model, so a method's figures include its stem.
 :func:`bench_document` is the whole run as ``tokenreduce bench`` makes it (its ``results.json``), for
-the command and for a study's benches (study/execute.py) alike.
+the command and for a study's benches alike (:class:`BenchRequest`, the run a study declares, :func:`run_bench`).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -31,6 +32,7 @@ from ..models.stems import build_stem, canonical_stem
 from .backends import get_backend
 from .macs import count_macs, input_shape
 from .report import format_table, provenance
+from .settings import SPEED
 from .speed import Case, matched_random, measure_speed, paired_ratio
 
 #: The columns of the bench table, (row key, header) as ``report.format_table`` takes them.
@@ -157,3 +159,46 @@ def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[s
                      **({"stem": stem[0]} if stem else {})},
         "results": rows,
     }
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """``tokenreduce bench``: ``specs`` against the unpatched model and the ``control`` in one interleaved run, on
+    the timm ``model`` (random weights from ``speed['seed']``) or the trained weights of the recipe ``checkpoint``;
+    ``speed``: the timing flags (the rest as ``settings.SPEED``), backend, compile_mode, dtype, seed."""
+
+    model: dict[str, Any]
+    specs: tuple[str, ...]
+    control: str
+    match_random: bool
+    speed: dict[str, Any]
+    argv: tuple[str, ...]
+    checkpoint: str | None = None
+    stem: str | None = None
+
+
+def run_bench(req: BenchRequest, weights: str | None, *, threads: int, device: str, amp: str = "off",
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``req``'s results document (:func:`bench_document`) on ``threads`` threads and ``device``; ``weights``: the
+    file of the recipe ``req.checkpoint`` (the recipes are train/'s to find)."""
+    import torch
+
+    from ..models import ModelSource, make_model
+
+    speed = {"backend": "eager", "compile_mode": "default", "dtype": "float32", "seed": 0, **SPEED, **req.speed}
+    backend, compile_mode = speed.pop("backend"), speed.pop("compile_mode")
+    dtype, seed = speed.pop("dtype"), speed.pop("seed")
+    torch.manual_seed(seed)
+    if weights:
+        source = ModelSource(checkpoint=weights, spec=None)
+    else:
+        source = ModelSource(config={"name": req.model["name"], "kwargs": dict(req.model.get("kwargs", {})),
+                                     "pretrained": False})
+    built = make_model(source)
+    built.model.to(device, getattr(torch, dtype))
+    info = {"name": built.config["name"], "kwargs": built.config.get("kwargs", {}), "pretrained": False,
+            "reference": req.checkpoint}
+    return bench_document(built.model, req.specs, model_info=info, settings=speed, control=req.control,
+                          match_random=req.match_random, threads=threads, backend=backend, device=device, dtype=dtype,
+                          seed=seed, argv=list(req.argv), stem=with_stem(built.model, req.stem) if req.stem else None,
+                          amp=amp, compile_mode=compile_mode, progress=progress)

@@ -10,6 +10,7 @@ Its steps live here too:
     matched_cases     per training-free case, the random pruner with its per-block token counts
     finetuned_cases   fine-tuned checkpoints and recorded runs grouped by (model, spec) (mean and
                       std over each group)
+    evaluate_fold     a spec scored per item on one fold of the test items (a study's off-the-shelf arm)
     table             the results table (the task's primary metric, MACs, speed) and its legend
     write_outputs     results.json, results.csv, pareto.png and the task's own figures
 Progress goes to stderr (:func:`log`), results to the files and the table.
@@ -404,6 +405,39 @@ class EvalRequest:
     subset: int | None = None
     device: str = "cpu"
     amp: str = "off"
+
+
+@dataclass(frozen=True)
+class FoldRequest:
+    """``spec`` off the shelf on ``checkpoint``, scored per item on items i, i + k, ... (``fold`` = (i, k)) of the
+    test ``subset`` (read from ``data_dir`` when given): a study's off-the-shelf arm, one fold per seed."""
+
+    spec: str
+    checkpoint: str
+    fold: tuple[int, int]
+    data_dir: str | None = None
+    subset: int | None = None
+    eval_batch: int = 250
+
+
+def evaluate_fold(req: FoldRequest, device: str = "cpu", amp: str | None = "off") -> dict[str, Any]:
+    """The fold's per-item evaluation (``Task.evaluate(..., items=True)``) on ``device`` under ``amp``
+    (precision.autocast); the caller sets torch's threads."""
+    from torch.utils.data import Subset
+
+    from ..api import apply
+    from ..models.precision import autocast
+
+    ref = load_reference(req.checkpoint, device)
+    test = load_data(ref, data_dir=req.data_dir, subset=req.subset)
+    i, k = req.fold
+    items = Subset(test.test, range(i, len(test.test), k))
+    apply(ref.model, req.spec)
+    with autocast(device, amp):
+        metrics = ref.task.evaluate(ref.model, items, batch_size=req.eval_batch, device=device,
+                                    database=test.database, items=True)
+    return {"spec": req.spec, "checkpoint": req.checkpoint, "data": test.info, "fold": [i, k],
+            "items": len(items), "metrics": metrics}
 
 
 @dataclass

@@ -45,12 +45,14 @@ TIMED = ("measure", "bench")
 class Unit:
     """One run of the plan: a training ``point`` (``needs``: the run an evaluated arm reads, or the one a
     second training phase starts from), a ``measure`` / ``probe`` that ``needs`` runs, or a ``bench``.
+    ``reads``: the one of its ``needs`` whose checkpoint it reads (a measure's reference run, when it names one);
     ``evaluates``: what an evaluated arm's point evaluates, the run it reads or ``REFERENCE`` (off the shelf)."""
 
     id: str
     point: Point | None = None
     step: Timing | Probe | None = None
     needs: tuple[str, ...] = ()
+    reads: str | None = None
     evaluates: str | None = None
 
     @property
@@ -65,18 +67,18 @@ def plan(study: Study) -> list[Unit]:
     units = []
     for p in study.points():
         arm = study.arms[p.arm]
-        needs = (study.point(arm.reads, p.values).id,) if arm.reads else ()
-        evaluates = REFERENCE if arm.kind == OFF_THE_SHELF else needs[0] if arm.kind == EVALUATED else None
-        units.append(Unit(p.id, point=p, needs=needs, evaluates=evaluates))
+        reads = study.point(arm.reads, p.values).id if arm.reads else None
+        evaluates = REFERENCE if arm.kind == OFF_THE_SHELF else reads if arm.kind == EVALUATED else None
+        units.append(Unit(p.id, point=p, needs=(reads,) if reads else (), reads=reads, evaluates=evaluates))
     for m in study.measures:
         ref, tuned = study.measure_runs(m)
-        units.append(Unit(m.name, step=m, needs=(*([ref] if ref else []), *tuned)))
+        units.append(Unit(m.name, step=m, needs=(*([ref] if ref else []), *tuned), reads=ref))
     for pr in study.probes:
         if pr.fmnist_only and not study.bed.fmnist():
             continue  # the summary says why it is not run
-        needs = (study.point(pr.arm, pr.at).id,) if pr.arm else \
-            () if study.bed.reference else (study.point(study.baseline, {}).id,)
-        units.append(Unit(pr.name, step=pr, needs=needs))
+        reads = study.point(pr.arm, pr.at).id if pr.arm else \
+            None if study.bed.reference else study.point(study.baseline, {}).id
+        units.append(Unit(pr.name, step=pr, needs=(reads,) if reads else (), reads=reads))
     units += [Unit(b.name, step=b) for b in study.benches]
     return units
 

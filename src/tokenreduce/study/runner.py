@@ -20,14 +20,15 @@ import shlex
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
+from contextlib import nullcontext, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 from ..bench import load
-from ..bench.evaluation import SPEED, EvalRequest, Recorded
+from ..bench.compare import BenchRequest
+from ..bench.evaluation import SPEED, EvalRequest, FoldRequest, Recorded
 from ..bench.evaluation import log as stderr_line
 from ..bench.report import provenance, read_provenance, write_json
 from ..core.errors import TokenReduceError
@@ -37,7 +38,7 @@ from ..probes.base import RunContext, get_experiment
 from ..train import lock
 from ..train.config import TrainConfig
 from .declare import REFERENCE, Study
-from .execute import BenchRequest, FoldRequest, ProbeRequest, execute
+from .execute import ProbeRequest, execute
 from .plan import TIMED, Layout, Unit, plan, select
 from .records import read_record, relative, resolved
 from .tables import item_pair, planned_seeds
@@ -57,8 +58,6 @@ class Runner:
         self.by_id = {u.id: u for u in everything}
         self.units = select(study, everything, where) if where else everything
         self.where = " ".join(f"{k}={','.join(sorted(v))}" for k, v in (where or {}).items())
-        self._read: list[dict[str, str]] = []  # the checkpoints the request being made reads, with their digests
-        self._holding = False  # whether this process holds the study's output (train/lock.py)
 
     def unit(self, run_id: str) -> Unit:
         if run_id not in self.by_id:
@@ -90,23 +89,22 @@ class Runner:
     # -- requests: what each run computes, named in full once its needs are done
 
     def request(self, unit: Unit, threads: int | None = None) -> tuple[Any, list[dict[str, str]]]:
-        """``unit``'s request (execute.py) for ``threads`` torch threads, and the checkpoints it reads with their
-        digests; its needs must be done (a gone checkpoint is made again here, :meth:`_checkpoint`)."""
+        """``unit``'s request (execute.py) for ``threads`` torch threads, and the checkpoint it reads with its
+        digest (:meth:`_checkpoint`: a gone one is made again here); its needs must be done."""
         missing = [n for n in unit.needs if not self.layout.json(n).is_file()]
         if missing:
             raise TokenReduceError(f"run {unit.id} reads the runs {missing}, which are not done; run them first")
-        outer, self._read = self._read, []  # a gone checkpoint is made again inside this one: its own list
-        try:
-            return self._request(unit, self.threads if threads is None else threads), self._read
-        finally:
-            self._read = outer
+        read = [self._checkpoint(unit.reads)] if unit.reads else []
+        source = read[0]["path"] if read else None
+        return self._request(unit, source, self.threads if threads is None else threads), read
 
-    def _request(self, unit: Unit, threads: int) -> Any:
+    def _request(self, unit: Unit, source: str | None, threads: int) -> Any:
+        """``unit``'s request; ``source``: the checkpoint of the run it reads (:attr:`Unit.reads`)."""
         study, p, where = self.study, unit.point, self.layout.checkpoints
         if unit.kind == "train":  # resumed where an interrupted one stopped; a second phase starts from the first
             fields = study.train_fields(p, where)
-            if unit.needs:
-                fields["init"] = self._checkpoint(unit.needs[0])
+            if source:
+                fields["init"] = source
             fields.update(out=str(where / unit.id), resume=True, threads=threads, device=self.device)
             if self.amp != "off":  # off leaves a study's own amp (none of them sets one today) standing
                 fields["amp"] = self.amp
@@ -118,24 +116,21 @@ class Runner:
                                fold=(seeds.index(p.values["seed"]), len(seeds)), data_dir=data_dir, subset=subset)
         if unit.kind == "evaluate":
             # its spec may name the run's settings: "oracle_at_counts(subset={eval_subset})", the source's items
-            spec = study.arms[p.arm].spec.format(**study.train_fields(p, where))
-            return self._experiment(spec, self._checkpoint(unit.needs[0]))
+            return self._experiment(study.arms[p.arm].spec.format(**study.train_fields(p, where)), source)
         if unit.kind == "measure":
-            return self._measure(unit)
+            return self._measure(unit, source)
         if unit.kind == "bench":
             return BenchRequest(**study.bench_run(unit.step), argv=tuple(self.command(unit, threads)))
-        checkpoint = self._checkpoint(unit.needs[0]) if unit.needs else study.bed.checkpoint()
-        return self._experiment(unit.step.experiment, checkpoint)
+        return self._experiment(unit.step.experiment, source or study.bed.checkpoint())
 
-    def _measure(self, unit: Unit) -> EvalRequest:
-        """The measure ``unit``: the reference's specs beside the fine-tuned runs' recorded evaluations."""
+    def _measure(self, unit: Unit, source: str | None) -> EvalRequest:
+        """The measure ``unit``: the reference's specs (``source``'s, else the test bed's) beside the fine-tuned
+        runs' recorded evaluations."""
         from ..train import final_evaluation
 
-        m = unit.step
-        ref_id, tuned_ids = self.study.measure_runs(m)
-        reference = self._checkpoint(ref_id) if ref_id else self._reference()
+        m, reference = unit.step, source or self._reference()
         recorded = []
-        for n in tuned_ids:
+        for n in (n for n in unit.needs if n != unit.reads):
             doc = self._doc(n)
             recorded.append(Recorded(n, self._model(n), doc["metrics"].get("spec"), doc["metrics"]["task"],
                                      doc["config"].get("seed"), final_evaluation(doc["metrics"])))
@@ -180,11 +175,11 @@ class Runner:
         """The record of run ``run_id``, checked, its paths resolved where the study is now."""
         return resolved(read_record(self.layout.json(run_id), self.study, units=self.by_id), self.layout)
 
-    def _checkpoint(self, run_id: str) -> str:
-        """The checkpoint of the done training run ``run_id``. One that is gone (checkpoints are not kept) is
-        made again by running the run again; where that does not reproduce the recorded metric, the new run
-        replaces the record (:meth:`_record`), so a record describes the checkpoint later runs read, and a done run
-        that read the old one is named in an error."""
+    def _checkpoint(self, run_id: str) -> dict[str, str]:
+        """The checkpoint of the done training run ``run_id`` and its SHA-256, as a run that reads it records them.
+        One that is gone (checkpoints are not kept) is made again by running the run again; where that does not
+        reproduce the recorded metric, the new run replaces the record (:meth:`_record`), so a record describes the
+        checkpoint later runs read, and a done run that read the old one is named in an error."""
         doc = self._doc(run_id)
         path = doc["metrics"]["checkpoint"]  # resolved (_doc)
         if Path(path).is_file():
@@ -200,7 +195,7 @@ class Runner:
                 raise TokenReduceError(f"run {run_id} has no checkpoint of its own to read ({unit.kind})")
             readers = [u.id for u in self.by_id.values() if run_id in u.needs and self.done(u)]
             self.log(f"{self.study.key}/{run_id}: its checkpoint {path} is gone; running it again to make it")
-            again = self.run_one(unit, replacing=doc)
+            again = self._run(unit, replacing=doc)  # under the hold of the run that reads it
             if "replaces" in again and readers:
                 metric = doc["metrics"]["metric"]
                 raise TokenReduceError(f"{run_id} made again gave {metric} {again['metrics'][metric]}, not the "
@@ -208,8 +203,7 @@ class Runner:
                                        f"the done runs {readers} read the old run: delete their records to make "
                                        "them again from the new one")
             path, digest = again["metrics"]["checkpoint"], again["checkpoint_sha256"]
-        self._read.append({"path": path, "sha256": digest})
-        return path
+        return {"path": path, "sha256": digest}
 
     def _model(self, run_id: str) -> dict[str, Any]:
         """The model config the training run ``run_id`` trained: its own, else that of the run it started
@@ -222,8 +216,8 @@ class Runner:
         config = self._doc(run_id)["config"]
         if config.get("model"):
             return config["model"]
-        if unit.needs:
-            return self._model(unit.needs[0])
+        if unit.reads:
+            return self._model(unit.reads)
         start = self.study.bed.checkpoint() or config.get("init")
         if start is None:
             raise TokenReduceError(f"run {run_id} names no model and starts from no run or reference")
@@ -231,29 +225,24 @@ class Runner:
 
     # -- execution
 
-    def run_one(self, unit: Unit, replacing: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Execute ``unit`` in this process (its needs must be done) and write its record; returns it.
-        ``replacing``: the record of a run made again (:meth:`_checkpoint`). Meanwhile the study's output is held
-        (train/lock.py): shared by a run that trains or evaluates, alone by a timing, which so shares its cores with
-        no other run writing there; the machine's load around a timing goes into its record (bench/load.py)."""
+    def run_one(self, unit: Unit) -> dict[str, Any]:
+        """Execute ``unit`` in this process (its needs must be done) and write its record; returns it. Meanwhile the
+        study's output is held (train/lock.py): shared by a run that trains or evaluates, alone by a timing, which so
+        shares its cores with no other run writing there."""
         timing = unit.kind in TIMED
-        with nullcontext() if self._holding else self._hold(unit.id, timing):
-            t0 = time.perf_counter()
-            request, read = self.request(unit)
-            with load.watched(self.threads, self.log) if timing else nullcontext() as seen:
-                body = execute(request, self._context(unit, self.threads, self.log))
-            return self._record(unit, body, read=read, threads=self.threads, t0=t0,
-                                extra={load.KEY: seen} if timing else {}, replacing=replacing)
+        with lock.hold(self.layout.results, what=f"{'timing' if timing else 'study'} run {unit.id}", shared=not timing):
+            return self._run(unit)
 
-    @contextmanager
-    def _hold(self, what: str, timing: bool) -> Iterator[None]:
-        """The study's output held for the block (alone for a timing), this process marked as its holder."""
-        with lock.hold(self.layout.results, what=f"{'timing' if timing else 'study'} run {what}", shared=not timing):
-            self._holding = True
-            try:
-                yield
-            finally:
-                self._holding = False
+    def _run(self, unit: Unit, replacing: dict[str, Any] | None = None) -> dict[str, Any]:
+        """:meth:`run_one` under the hold this process has; ``replacing``: the record of a run made again
+        (:meth:`_checkpoint`). The machine's load around a timing goes into its record (bench/load.py)."""
+        timing = unit.kind in TIMED
+        t0 = time.perf_counter()
+        request, read = self.request(unit)
+        with load.watched(self.threads, self.log) if timing else nullcontext() as seen:
+            body = execute(request, self._context(unit, self.threads, self.log))
+        return self._record(unit, body, read=read, threads=self.threads, t0=t0,
+                            extra={load.KEY: seen} if timing else {}, replacing=replacing)
 
     def _context(self, unit: Unit, threads: int, log: Callable[[str], None]) -> RunContext:
         return RunContext(threads=threads, device=self.device, amp=self.amp, out_dir=self.layout.checkpoints / unit.id,
@@ -277,7 +266,7 @@ class Runner:
             doc["point"] = unit.step.at
         doc.update(body)
         if unit.evaluates not in (None, REFERENCE):  # an experiment's metrics, item-paired with the run it reads
-            metrics, source = body["result"].get("metrics", {}), self._doc(unit.needs[0])
+            metrics, source = body["result"].get("metrics", {}), self._doc(unit.reads)
             for metric in sorted(set(metrics.get("items") or {}) & set(source["metrics"].get("items") or {})):
                 item_pair({"id": doc["id"], "metrics": metrics}, source, metric)  # refused here, not at the report
             doc["metrics"] = metrics
@@ -333,7 +322,7 @@ class Runner:
         here. A failed run ends the pool once the running ones finish, with one line naming it."""
         lane = max(1, self.threads // jobs)
         waiting, running, failed = list(units), {}, []
-        with self._hold("pool", timing=False), ProcessPoolExecutor(
+        with lock.hold(self.layout.results, what="study run pool", shared=True), ProcessPoolExecutor(
                 jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_orphaned_exit) as pool:
             while waiting or running:
                 busy = {u.id for u in waiting} | {u.id for u, *_ in running.values()}
