@@ -35,13 +35,14 @@ from ..core.errors import TokenReduceError
 from ..core.registry import format_spec, parse_spec
 from ..models.references import file_sha256
 from ..probes.base import RunContext, get_experiment
+from ..tasks.items import item_pair
 from ..train import lock
 from ..train.config import TrainConfig
 from .declare import REFERENCE, Study
 from .execute import ProbeRequest, execute
 from .plan import TIMED, Layout, Unit, plan, select
 from .records import read_record, relative, resolved
-from .tables import item_pair, planned_seeds
+from .tables import planned_seeds
 
 
 class Runner:
