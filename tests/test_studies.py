@@ -207,6 +207,7 @@ def test_the_smallest_study_of_the_docs_declares_and_plans():
     study = get_study("topk_vs_random")(smoke=True)
     assert [p.id for p in study.points()] == ["random-s0", "topk-s0", "random-s1", "topk-s1"]
     assert [e.arm for e in study.expect] == ["topk"] and "topk_vs_random" not in list_studies()
+    assert study.title == "Top-k against random at the same token counts, fine-tuned"  # a bed's, not the class's
 
 
 def test_bad_declarations_are_refused():
