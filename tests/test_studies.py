@@ -657,3 +657,15 @@ def test_a_study_section_says_what_its_runs_cost_as_run_per_fine_tune_length():
     assert as_run(fmnist, {"full-s0": runs["full-s0"]}) == "as run: 1 run, 2 min of training wall time summed"
     assert as_run(scenes, {}) == ""
     assert scenes.budget[-1] == one_epoch_budget(18, 105) == (18, "937-step training", 105 / 18)
+
+
+def test_the_arm_tables_heading_says_what_each_length_trains_on_and_is_scored_on():
+    """A grid with the fine-tune length: the heading names the recipe's training pool and test set, and those of
+    each marked length (every item), so a (steps 937) row is never read as trained on the recipe's subset."""
+    scenes = get_study("baselines")("scenes")
+    head = summary(scenes, {}).splitlines()[0]
+    recipe = scenes.recipe
+    assert f"{recipe['subset']} training items, batch {recipe['batch_size']}, scored on {recipe['eval_subset']} " \
+           "test items; a row marked (steps 937): 1 epoch(s) of every training item, scored on every test item" in head
+    assert "a row marked (steps 9370): 10 epoch(s) of every training item" in head
+    assert "row marked" not in summary(get_study("baselines")("fmnist"), {}).splitlines()[0]  # no length axis there

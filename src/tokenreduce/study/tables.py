@@ -553,10 +553,27 @@ def machines_text(runs: dict[str, dict]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+def schedule_text(study: Study) -> str:
+    """The recipe the arm tables' runs train with, in words; with a named setting on the grid (``Axis.sets``: the
+    fine-tune length), also what the rows marked with its values train on and are scored on instead."""
+    marked = [(a, v, {**study.recipe, **a.sets[v]}) for a in study.axes() for v in a.values if v in a.sets]
+    if not marked:
+        return recipe_text(study.recipe)
+    return "; ".join([f"{recipe_text(study.recipe)}, scored on {_items_text(study.recipe)[1]}",
+                      *(f"a row marked ({a.name} {v}): {r.get('epochs')} epoch(s) of {_items_text(r)[0]}, scored "
+                        f"on {_items_text(r)[1]}" for a, v, r in marked)])
+
+
+def _items_text(recipe: dict[str, Any]) -> tuple[str, str]:
+    """What ``recipe`` trains on and is scored on: ("6400 training items" or "every training item", ditto test)."""
+    return (f"{recipe['subset']} training items" if recipe.get("subset") else "every training item",
+            f"{recipe['eval_subset']} test items" if recipe.get("eval_subset") else "every test item")
+
+
 def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = None) -> str:
     """The study's markdown: arm tables per split value, measures, probes, benches, verdicts (``judgement``:
     the claims judged with others, :func:`judge`; default: this bed's alone)."""
-    lines = [f"## Arms ({recipe_text(study.recipe)}) on {study.bed.text()}", ""] if study.arms else []
+    lines = [f"## Arms ({schedule_text(study)}) on {study.bed.text()}", ""] if study.arms else []
     missing = [p.id for p in study.points() if p.id not in runs]
     if missing and study.pending:
         lines += [f"{len(missing)} of {len(study.points())} runs {NOT_RUN}: {study.pending}.", ""]
