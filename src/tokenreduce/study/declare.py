@@ -133,7 +133,7 @@ POWER = 0.8
 EQUAL_SPEED = 0.1
 EXPECT_KINDS = ("superior", "noninferior", "equivalent")
 #: What a claim's ``source`` says when the contrast is this project's own (its reading of a detail the paper leaves
-#: open, a floor the paper has none of), not the paper's, its review's or the asking issue's: an exploratory claim
+#: open, a floor the paper has none of), not the paper's, its review's or the study's question: an exploratory claim
 OWN = "this project's"
 
 
@@ -172,7 +172,7 @@ class Expect:
 
     @property
     def confirmatory(self) -> bool:
-        """A claim of the paper, of its review or of the issue that asked for the study (its ``source`` says
+        """A claim of the paper, of its review or the question the study was built to answer (its ``source`` says
         whose): tested in the multiplicity families and given a verdict; else exploratory: raw p and interval."""
         return OWN not in self.source
 

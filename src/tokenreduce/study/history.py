@@ -113,7 +113,8 @@ def record(path: Path, studies: list[tuple[Study, dict[str, dict]]], judgement: 
 
 def _why(before: dict[str, Any], now: dict[str, Any]) -> str:
     if now["verdict"] == EXPLORATORY:  # its one entry after the verdicts it had: no verdict from here on
-        return "declared exploratory (not a claim of the paper, its review or the issue): it left the families"
+        return ("declared exploratory (not a claim of the paper, its review or the study's question): it left the "
+                "families")
     causes = [what for key, what in (
         ("records", "new runs"),
         ("statistics", f"the statistics changed (version {before['statistics']} -> {now['statistics']})"),

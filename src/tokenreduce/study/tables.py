@@ -362,8 +362,8 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         if not e.confirmatory:
             said = "; ".join(f"{h.text} (raw p = {h.p:.3g})" for h in v.tests) or v.why
             v = replace(v, word=EXPLORATORY, why=f"{EXPLORATORY} (a contrast of {OWN} own, not a claim of the paper, "
-                        f"its review or the issue that asked for the study: outside the multiplicity families, no "
-                        f"verdict): n = {v.n}: {said}")
+                        f"its review or the question the study was built to answer: outside the multiplicity "
+                        f"families, no verdict): n = {v.n}: {said}")
         items, items_why = item_interval(study, runs, e) if not members else (None, "a family claim: seeds as the unit")
         left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
@@ -527,7 +527,7 @@ STATISTICS = ("Every claim's test is two-sided at its level (0.05), i.e. each si
               "multiplicity. \"equivalent within ±δ\": TOST at a declared ±δ rejects; \"not reproduced\": the "
               "test of H0 Δ = published effect, one-sided toward no effect, rejects; \"inconclusive\": no test "
               "rejects, which says the data could not tell, not that there is no effect. A claim is confirmatory "
-              "when it is its paper's, its review's or that of the issue that asked for the study; one whose source "
+              "when it is its paper's, its review's or the question the study was built to answer; one whose source "
               f"names the contrast as {OWN} own is exploratory: its difference, interval and raw p are shown with "
               "the word \"exploratory\", never a verdict, and it stays outside the multiplicity families.")
 
@@ -559,9 +559,9 @@ def schedule_text(study: Study) -> str:
     marked = [(a, v, {**study.recipe, **a.sets[v]}) for a in study.axes() for v in a.values if v in a.sets]
     if not marked:
         return recipe_text(study.recipe)
-    return "; ".join([f"{recipe_text(study.recipe)}, scored on {_items_text(study.recipe)[1]}",
-                      *(f"a row marked ({a.name} {v}): {r.get('epochs')} epoch(s) of {_items_text(r)[0]}, scored "
-                        f"on {_items_text(r)[1]}" for a, v, r in marked)])
+    rows = [f"a row marked ({a.name} {v}): {r.get('epochs')} epoch(s) of {train}, scored on {test}"
+            for a, v, r in marked for train, test in [_items_text(r)]]
+    return "; ".join([f"{recipe_text(study.recipe)}, scored on {_items_text(study.recipe)[1]}", *rows])
 
 
 def _items_text(recipe: dict[str, Any]) -> tuple[str, str]:
