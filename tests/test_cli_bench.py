@@ -179,3 +179,26 @@ def test_bench_times_the_model_of_a_tokenreduce_checkpoint(tmp_path, capsys, mon
     one_line_error(capsys, ["bench", "--checkpoint", str(ckpt), "--model", "test_vit"], "leave out --model")
     monkeypatch.setenv("TOKENREDUCE_CACHE", str(tmp_path / "cache"))
     one_line_error(capsys, ["bench", "--checkpoint", "fmnist-vit", "--quick"], "no trained fmnist-vit checkpoint")
+
+
+
+def test_the_bench_command_and_a_studys_bench_build_one_request(monkeypatch, capsys):
+    """The command builds the library's BenchRequest from its flags, the request a study builds from a declared
+    bench (study/grid.py), and runs it through bench.compare.run_bench: the same model, specs and settings make
+    the same request."""
+    from tokenreduce.bench import compare
+    from tokenreduce.study.declare import Timing, get_study
+
+    made = []
+
+    def run_bench(request, **where):
+        made.append(request)
+        return {"model": {"name": "test_vit", "img_size": [64, 64]}, "provenance": {}, "results": []}
+
+    monkeypatch.setattr(compare, "run_bench", run_bench)
+    assert main(["bench", *TINY, "--spec", "tome(r=2)", "--match-random", "--threads", "1", "--quick"]) == 0
+    bench = Timing("tiny", model={"name": "test_vit", "kwargs": {"img_size": 64}}, specs=("tome(r=2)",),
+                   settings={"match_random": True, "batch": 4, "warmup": 1, "repeats": 3, "min_run_s": 0.0})
+    declared = compare.BenchRequest(**get_study("deit_bench")().bench_run(bench), argv=made[0].argv)
+    defaults = {"backend": "eager", "compile_mode": "default", "dtype": "float32", "seed": 0}
+    assert made == [compare.BenchRequest(**{**vars(declared), "speed": {**defaults, **declared.speed}})]

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..adapters import hosts
 from ..core.errors import TokenReduceError
+from ..models.build import ModelSource, make_model
 from ..models.stems import build_stem, canonical_stem
 from .backends import get_backend
 from .macs import count_macs, input_shape
@@ -99,7 +100,7 @@ def bench_cases(model: nn.Module, specs: Sequence[str], control: str, match_rand
 
 
 def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_random: bool = False,
-                img_size: int | None = None, speed: dict[str, Any] | None = None, seed: int = 0,
+                speed: dict[str, Any] | None = None, seed: int = 0,
                 stem: tuple[str, nn.Module] | None = None,
                 progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The rows (module docstring) for ``specs`` on the unpatched ``model`` (on its device and dtype).
@@ -114,10 +115,10 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
 
     for row in rows:  # MACs from the compiled schedules; also rejects a bad spec before any timing
         with hosts.patched(host(row), row["spec"]):
-            macs = count_macs(host(row), img_size)
+            macs = count_macs(host(row))
         row.update(macs=macs.total, gmacs=macs.total / 1e9, tokens_per_block=macs.tokens_per_block)
     cases = [Case(r["label"], r["spec"], host(r) if "stem" in r else None) for r in rows]
-    results = measure_speed(model, cases, img_size=img_size, seed=seed, progress=progress, **(speed or {}))
+    results = measure_speed(model, cases, seed=seed, progress=progress, **(speed or {}))
     by_label = {s.label: s for s in results}
     for row in rows:
         row.update({k: v for k, v in by_label[row["label"]].as_dict().items() if k not in ("label", "spec")})
@@ -133,7 +134,7 @@ def bench_specs(model: nn.Module, specs: Sequence[str], *, control: str, match_r
 
 def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[str, Any], settings: dict[str, Any],
                    control: str, match_random: bool, threads: int, backend: str, device: str, dtype: str,
-                   seed: int, img_size: int | None = None, argv: Sequence[str] | None = None,
+                   seed: int, argv: Sequence[str] | None = None,
                    stem: tuple[str, nn.Module] | None = None, amp: str = "off", compile_mode: str = "default",
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``tokenreduce bench``'s results document: :func:`bench_specs` on the unpatched ``model`` (already
@@ -143,7 +144,7 @@ def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[s
     from ..models.precision import autocast
 
     with autocast(device, amp):
-        rows = bench_specs(model, specs, control=control, match_random=match_random, img_size=img_size,
+        rows = bench_specs(model, specs, control=control, match_random=match_random,
                            speed={**settings, "threads": threads, "backend": backend, "compile_mode": compile_mode},
                            seed=seed, stem=stem,
                            progress=progress)
@@ -163,41 +164,38 @@ def bench_document(model: nn.Module, specs: Sequence[str], *, model_info: dict[s
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """``tokenreduce bench``: ``specs`` against the unpatched model and the ``control`` in one interleaved run, on
-    the timm ``model`` (random weights from ``speed['seed']``) or the trained weights of the recipe ``checkpoint``;
-    ``speed``: the timing flags (the rest as ``settings.SPEED``), backend, compile_mode, dtype, seed."""
+    """``tokenreduce bench`` as its flags give it, and a bench as a study declares it (study/grid.py): ``specs``
+    against the unpatched model of ``source`` (its checkpoint's reducer left out; random weights drawn from the
+    seed where it names none) and the ``control`` in one interleaved run; ``speed``: the timing flags (the rest as
+    ``settings.SPEED``), backend, compile_mode, dtype, seed; ``reference``: the checkpoint as it was named (a file
+    or a trained recipe), which the results name; ``stem``: also timed with this stem in place of the patch
+    embedding."""
 
-    model: dict[str, Any]
+    source: ModelSource
     specs: tuple[str, ...]
     control: str
     match_random: bool
     speed: dict[str, Any]
     argv: tuple[str, ...]
-    checkpoint: str | None = None
+    reference: str | None = None
     stem: str | None = None
 
 
-def run_bench(req: BenchRequest, weights: str | None, *, threads: int, device: str, amp: str = "off",
+def run_bench(req: BenchRequest, *, threads: int, device: str, amp: str = "off",
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """``req``'s results document (:func:`bench_document`) on ``threads`` threads and ``device``; ``weights``: the
-    file of the recipe ``req.checkpoint`` (the recipes are train/'s to find)."""
+    """``req``'s results document (:func:`bench_document`) on ``threads`` threads and ``device``."""
     import torch
-
-    from ..models import ModelSource, make_model
 
     speed = {"backend": "eager", "compile_mode": "default", "dtype": "float32", "seed": 0, **SPEED, **req.speed}
     backend, compile_mode = speed.pop("backend"), speed.pop("compile_mode")
     dtype, seed = speed.pop("dtype"), speed.pop("seed")
     torch.manual_seed(seed)
-    if weights:
-        source = ModelSource(checkpoint=weights, spec=None)
-    else:
-        source = ModelSource(config={"name": req.model["name"], "kwargs": dict(req.model.get("kwargs", {})),
-                                     "pretrained": False})
-    built = make_model(source)
+    source, built = req.source, make_model(req.source)
     built.model.to(device, getattr(torch, dtype))
-    info = {"name": built.config["name"], "kwargs": built.config.get("kwargs", {}), "pretrained": False,
-            "reference": req.checkpoint}
+    config = built.config or {}
+    info = {"name": config.get("name", source.hf_config), "kwargs": config.get("kwargs", {}),
+            "pretrained": source.pretrained or bool((source.config or {}).get("pretrained")),
+            "reference": req.reference, **({"weights": str(source.weights)} if source.weights else {})}
     return bench_document(built.model, req.specs, model_info=info, settings=speed, control=req.control,
                           match_random=req.match_random, threads=threads, backend=backend, device=device, dtype=dtype,
                           seed=seed, argv=list(req.argv), stem=with_stem(built.model, req.stem) if req.stem else None,

@@ -18,7 +18,7 @@ from ..core.errors import TokenReduceError
 from . import checks, vocab
 
 if TYPE_CHECKING:  # imported late at run time: the CLI starts without torch
-    from ..models import ModelSource
+    from ..models import Checkpoint, ModelSource
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -97,10 +97,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _reference(args: argparse.Namespace) -> tuple[Any, str]:
-    """(unpatched model, its timm name) of ``--checkpoint``: a checkpoint path or a trained recipe's name."""
+def _checkpoint(args: argparse.Namespace) -> Checkpoint:
+    """The checkpoint ``--checkpoint`` names (a file or folder, or a trained recipe's name), read once."""
     from ..bench.evaluation import log
-    from ..models import CheckpointError, ModelSource, make_model
+    from ..models import CheckpointError, read_checkpoint
     from ..train.recipes import RECIPES, reference_checkpoint
 
     refuse_model_flags(args, "--checkpoint")
@@ -112,15 +112,14 @@ def _reference(args: argparse.Namespace) -> tuple[Any, str]:
         raise TokenReduceError(f"--checkpoint {args.checkpoint}: no such file or directory, and not a recipe name "
                                f"(recipes: {', '.join(sorted(RECIPES))})")
     try:
-        built = make_model(ModelSource(checkpoint=path, spec=None))
+        ckpt = read_checkpoint(path)
     except CheckpointError as e:
         if not Path(path).is_file():
             raise
         raise CheckpointError(f"{e} (a timm state_dict is given as --weights PATH)") from e
-    if built.meta.get("spec"):
-        log(f"note: {path} carries the reducer {built.meta['spec']}; its unpatched model is timed")
-    log(f"reference {path}: {built.config['name']}")
-    return built.model, built.config["name"]
+    if ckpt.meta.get("spec"):
+        log(f"note: {path} carries the reducer {ckpt.meta['spec']}; its unpatched model is timed")
+    return ckpt
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,40 +145,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, settings: dict) -> int:
-    import torch
-
     from ..bench import load
-    from ..bench.compare import bench_document, columns_for, with_stem
+    from ..bench.compare import BenchRequest, columns_for, run_bench
     from ..bench.evaluation import log
     from ..bench.report import format_table, write_json
+    from ..models import ModelSource
 
-    torch.manual_seed(args.seed)
-    if args.checkpoint:
-        model, args.model = _reference(args)
-    else:
-        log(f"creating {args.hf_config or args.model} "
-            f"({'pretrained' if args.pretrained else 'randomly initialised'} weights)")
-        model, args.model = build_model(args)
-    model.to(args.device, getattr(torch, args.dtype))
     if args.stem and args.hf_config:
         raise TokenReduceError("--stem replaces a timm model's patch embedding; a transformers model (--hf-config) "
                                "keeps its own")
-    stem = with_stem(model, args.stem) if args.stem else None
+    if args.checkpoint:
+        source = ModelSource(checkpoint=_checkpoint(args), spec=None)
+    else:
+        log(f"creating {args.hf_config or args.model} "
+            f"({'pretrained' if args.pretrained else 'randomly initialised'} weights)")
+        source = model_source(args)
+    request = BenchRequest(source, tuple(args.spec), args.control, args.match_random, argv=tuple(args.argv),
+                           speed={**settings, "backend": args.backend, "compile_mode": args.compile_mode,
+                                  "dtype": args.dtype, "seed": args.seed}, reference=args.checkpoint, stem=args.stem)
     threads = checks.resolve_threads(args.threads)
-    n_cases = len(args.spec) * (2 if args.match_random else 1) + 2 + (len(args.spec) + 1 if stem else 0)
+    n_cases = len(args.spec) * (2 if args.match_random else 1) + 2 + (len(args.spec) + 1 if args.stem else 0)
     log(f"timing {n_cases} cases, batch {settings['batch']} and 1, "
         f"{settings['warmup']} warm-up + {settings['repeats']} timed rounds, {threads} threads, {args.device} "
         f"{args.dtype}, amp {args.amp}, backend {args.backend}")
-    info = {"name": args.model, "hf_config": args.hf_config, "pretrained": args.pretrained, "weights": args.weights,
-            "reference": args.checkpoint}
     with load.watched(threads, log) as seen:
-        doc = bench_document(model, args.spec, model_info=info, settings=settings, control=args.control,
-                             match_random=args.match_random, img_size=args.img_size, threads=threads,
-                             backend=args.backend, device=args.device, dtype=args.dtype, seed=args.seed,
-                             argv=args.argv, stem=stem, amp=args.amp, compile_mode=args.compile_mode, progress=log)
+        doc = run_bench(request, threads=threads, device=args.device, amp=args.amp, progress=log)
     doc["provenance"][load.KEY] = seen
     rows, (h, w) = doc["results"], doc["model"]["img_size"]
-    print(f"{args.model}  {h}x{w}  batch {settings['batch']} (latency: batch 1)  "
+    print(f"{doc['model']['name']}  {h}x{w}  batch {settings['batch']} (latency: batch 1)  "
           f"{threads} threads  {args.device} {args.dtype}  backend {args.backend}  "
           f"{'trained weights' if args.checkpoint else 'pretrained' if args.pretrained else 'random weights'}")
     print(format_table(rows, columns_for(rows)))

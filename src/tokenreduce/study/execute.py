@@ -66,11 +66,8 @@ def measure(req: ev.EvalRequest, ctx: RunContext) -> dict[str, Any]:
 
 
 def bench(req: BenchRequest, ctx: RunContext) -> dict[str, Any]:
-    """The bench command's results document (bench/compare.py), a recipe's weights where train/ finds them."""
-    from ..train.recipes import reference_checkpoint
-
-    weights = str(reference_checkpoint(req.checkpoint)) if req.checkpoint else None
-    return {"result": run_bench(req, weights, threads=ctx.threads, device=ctx.device, amp=ctx.amp, progress=ctx.log)}
+    """The bench command's results document (bench/compare.py)."""
+    return {"result": run_bench(req, threads=ctx.threads, device=ctx.device, amp=ctx.amp, progress=ctx.log)}
 
 
 EXECUTORS: dict[type, Callable[[Any, RunContext], dict[str, Any]]] = {

@@ -123,17 +123,24 @@ class Planned:
         return all(a in self.arms and self.arms[a].kind == OFF_THE_SHELF for a in (e.arm, e.baseline))
 
     def bench_run(self, b: Any) -> dict[str, Any]:
-        """The ``bench`` command's request of the bench ``b`` (a Timing of a model off the grid) as this study
-        runs it: a smoke's timing settings and narrower model, no checkpoint."""
+        """The fields of the ``bench`` command's request (bench.compare.BenchRequest) of the bench ``b`` (a Timing of
+        a model off the grid) as this study runs it: a smoke's timing settings and narrower model, no checkpoint; a
+        recipe's checkpoint found where train/ keeps it."""
+        from ..models.build import ModelSource  # late: the command line reads declarations without torch
+        from ..train.recipes import reference_checkpoint
+
         model, settings = dict(b.model), dict(b.settings)
         if self.is_smoke:
             over = dict(self.smoke_over("bench"))
             model = {**model, "kwargs": {**model.get("kwargs", {}), **over.pop("model_kwargs", {})}}
             model.pop("checkpoint", None)
             settings.update(over)
-        return {"model": {k: v for k, v in model.items() if k in ("name", "kwargs")}, "specs": tuple(b.specs),
-                "control": CONTROL, "match_random": settings.pop("match_random", False), "speed": settings,
-                "checkpoint": model.get("checkpoint"), "stem": model.get("stem")}
+        recipe = model.get("checkpoint")
+        source = ModelSource(checkpoint=str(reference_checkpoint(recipe)), spec=None) if recipe else ModelSource(
+            config={"name": model["name"], "kwargs": dict(model.get("kwargs", {})), "pretrained": False})
+        return {"source": source, "specs": tuple(b.specs), "control": CONTROL,
+                "match_random": settings.pop("match_random", False), "speed": settings, "reference": recipe,
+                "stem": model.get("stem")}
 
     def eval_items(self, scratch: Path) -> tuple[str | None, int | None]:
         """(data_dir, eval_subset) of the study's runs: where a measure finds the same test items (a
