@@ -10,6 +10,7 @@ import pytest
 
 from tokenreduce.core.errors import SpecError
 from tokenreduce.study import stats
+from tokenreduce.study.declare import CONFIRMATORY
 
 
 def test_the_t_interval_covers_the_true_mean_at_its_nominal_rate():
@@ -673,7 +674,6 @@ def test_an_exploratory_claim_never_enters_the_history_as_a_verdict(tmp_path):
     assert [(e["verdict"], e["p"]) for e in claims["synthetic/any | b above a | -"]] == \
         [("reproduced", claims["synthetic/any | b above a | -"][0]["p"]), ("exploratory", "-")]
     [row] = _rows(text)
-    assert row.endswith("| declared exploratory (not a claim of the paper, its review or the study's question): "
-                        "it left the families |")
+    assert row.endswith(f"| declared exploratory (not {CONFIRMATORY}): it left the families |")
     runs.update(_runs({"b": [-4.0, -4.1, -3.9]}))
     assert _published(tmp_path, _study([_own("b above a", "b", direction=1)]), runs)[0] == update

@@ -132,8 +132,10 @@ POWER = 0.8
 #: timing noise of one interleaved run on 2 CPU threads allows with ten rounds; a tighter one could not be shown.
 EQUAL_SPEED = 0.1
 EXPECT_KINDS = ("superior", "noninferior", "equivalent")
+#: Whose claim is confirmatory: tested in the multiplicity families and given a verdict
+CONFIRMATORY = "its paper's, its review's or the question the study was built to answer"
 #: What a claim's ``source`` says when the contrast is this project's own (its reading of a detail the paper leaves
-#: open, a floor the paper has none of), not the paper's, its review's or the study's question: an exploratory claim
+#: open, a floor the paper has none of), not :data:`CONFIRMATORY`: an exploratory claim
 OWN = "this project's"
 
 
@@ -172,8 +174,8 @@ class Expect:
 
     @property
     def confirmatory(self) -> bool:
-        """A claim of the paper, of its review or the question the study was built to answer (its ``source`` says
-        whose): tested in the multiplicity families and given a verdict; else exploratory: raw p and interval."""
+        """Whether the claim is :data:`CONFIRMATORY` (its ``source`` says whose): tested in the multiplicity families
+        and given a verdict; else exploratory: raw p and interval."""
         return OWN not in self.source
 
     @property

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..bench.report import write_text
 from . import stats
-from .declare import Expect, Study
+from .declare import CONFIRMATORY, Expect, Study
 from .records import RecordError
 from .tables import EXPLORATORY, Judged, Judgement, table_head, table_row, test_keywords, where_text, word
 
@@ -113,8 +113,7 @@ def record(path: Path, studies: list[tuple[Study, dict[str, dict]]], judgement: 
 
 def _why(before: dict[str, Any], now: dict[str, Any]) -> str:
     if now["verdict"] == EXPLORATORY:  # its one entry after the verdicts it had: no verdict from here on
-        return ("declared exploratory (not a claim of the paper, its review or the study's question): it left the "
-                "families")
+        return f"declared exploratory (not {CONFIRMATORY}): it left the families"
     causes = [what for key, what in (
         ("records", "new runs"),
         ("statistics", f"the statistics changed (version {before['statistics']} -> {now['statistics']})"),

@@ -24,7 +24,7 @@ from ..probes.base import record_report
 from ..tasks.items import item_pair, record_items
 from ..train.recipes import recipe_text
 from . import stats
-from .declare import OFF_THE_SHELF, OWN, POWER, Axis, Col, Expect, Probe, Study, Timing
+from .declare import CONFIRMATORY, OFF_THE_SHELF, OWN, POWER, Axis, Col, Expect, Probe, Study, Timing
 
 NOT_RUN = "not run"
 #: what an exploratory claim (:attr:`~.declare.Expect.confirmatory` false) shows in place of a verdict word
@@ -361,9 +361,8 @@ def judge(studies: list[tuple[Study, dict[str, dict]]], scope: str = "the report
         v = stats.verdict(diffs, **test_keywords(e), adjusted=adj if e.confirmatory else None)
         if not e.confirmatory:
             said = "; ".join(f"{h.text} (raw p = {h.p:.3g})" for h in v.tests) or v.why
-            v = replace(v, word=EXPLORATORY, why=f"{EXPLORATORY} (a contrast of {OWN} own, not a claim of the paper, "
-                        f"its review or the question the study was built to answer: outside the multiplicity "
-                        f"families, no verdict): n = {v.n}: {said}")
+            v = replace(v, word=EXPLORATORY, why=f"{EXPLORATORY} (a contrast of {OWN} own, not "
+                        f"{CONFIRMATORY}: outside the multiplicity families, no verdict): n = {v.n}: {said}")
         items, items_why = item_interval(study, runs, e) if not members else (None, "a family claim: seeds as the unit")
         left = without_items(study, runs, e) if by_item(study, e) and not members else []
         dropped = f"; left out: {', '.join(left)} hold no per-item {e.metric}, so the test is over the other " \
@@ -527,9 +526,9 @@ STATISTICS = ("Every claim's test is two-sided at its level (0.05), i.e. each si
               "multiplicity. \"equivalent within ±δ\": TOST at a declared ±δ rejects; \"not reproduced\": the "
               "test of H0 Δ = published effect, one-sided toward no effect, rejects; \"inconclusive\": no test "
               "rejects, which says the data could not tell, not that there is no effect. A claim is confirmatory "
-              "when it is its paper's, its review's or the question the study was built to answer; one whose source "
-              f"names the contrast as {OWN} own is exploratory: its difference, interval and raw p are shown with "
-              "the word \"exploratory\", never a verdict, and it stays outside the multiplicity families.")
+              f"when it is {CONFIRMATORY}; one whose source names the contrast as {OWN} own is exploratory: its "
+              "difference, interval and raw p are shown with the word \"exploratory\", never a verdict, and it "
+              "stays outside the multiplicity families.")
 
 
 # ----------------------------------------------------------------------------- the summary
