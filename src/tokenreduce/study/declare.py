@@ -352,6 +352,7 @@ class Study(Planned):
                                    "it takes no test bed (--model, --pretrained, --weights, --data)")
         self.is_default_bed = self.bed_name == next(iter(cls.beds))  # its commands need no --testbed
         self.key = f"{cls.name}/{self.bed_name}"  # where its results live under results/, its run ids' prefix
+        self.heading = self.title or cls.name  # its page's section and figures
 
 
 def check_study(cls: type[Study]) -> None:

@@ -140,7 +140,7 @@ def _figure(study: Study, groups: list[list[tuple[Any, Judged]]], path: Path) ->
     ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("fine-tune steps (batch 64)")
     ax.set_ylabel(f"paired difference, {g[0][1].expect.metric}\n(mean, {1 - g[0][1].expect.level:.0%} t-interval)")
-    set_title(fig, f"{study.title or study.name}: each claim's difference over the fine-tune length")
+    set_title(fig, f"{study.heading}: each claim's difference over the fine-tune length")
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return write_png(fig, path)

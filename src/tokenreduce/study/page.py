@@ -65,7 +65,7 @@ def figure(study: Study, runs: dict[str, dict], path: Path) -> Path | None:
     ax.set_xticks([j + width * (n - 1) / 2 for j in range(len(splits))])
     ax.set_xticklabels([study.split[1].format(v) if study.split else "" for v, _ in splits])
     ax.set_ylabel(header)
-    set_title(fig, f"{study.title or study.name}: mean ± std over seeds")
+    set_title(fig, f"{study.heading}: mean ± std over seeds")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return write_png(fig, path)
 
@@ -95,7 +95,7 @@ def as_run(study: Study, runs: dict[str, dict]) -> str:
 
 def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Judgement) -> list[str]:
     slug = study.key.replace("/", "-")
-    lines = [f"## {study.title or study.name}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
+    lines = [f"## {study.heading}", "", f"Claim: {study.claim}. Source: {study.source}.", "",
              f"- test bed `{study.bed_name}`: {study.bed.text()}" if study.arms else
              f"- test bed `{study.bed_name}`: each bench's own model (it trains nothing)",
              f"- command: `tokenreduce study {study.name}"
