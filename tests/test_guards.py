@@ -25,7 +25,7 @@ from conftest import Interrupted, default_sigint, stop_at, wait_for
 
 import tokenreduce
 from tokenreduce import TokenReduceError
-from tokenreduce.bench import evaluation
+from tokenreduce.bench import compare, evaluation
 from tokenreduce.bench import export as bench_export
 from tokenreduce.bench.budgets import find_budgets
 from tokenreduce.bench.report import write_json
@@ -145,8 +145,7 @@ def test_ctrl_c_in_other_commands_is_one_line_and_exit_130(argv, ckpt, tmp_path,
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    for module, name in [(evaluation, "load_reference"), (tokenreduce.models, "make_model"),
-                         (demo, "reference")]:
+    for module, name in [(evaluation, "load_reference"), (compare, "make_model"), (demo, "reference")]:
         monkeypatch.setattr(module, name, interrupt)
     argv = [str(ckpt) if a == "CKPT" else a for a in argv]
     out = ["--out", str(tmp_path / "out")]
@@ -235,7 +234,7 @@ def test_train_flags_are_checked_first(argv, match, data, tmp_path, monkeypatch,
 ])
 def test_output_and_resource_flags_are_checked_before_any_work(argv, match, ckpt, tmp_path, monkeypatch, capsys):
     (tmp_path / "file").write_text("a file, not a folder")
-    for module, name in [(evaluation, "load_reference"), (tokenreduce.models, "make_model"),
+    for module, name in [(evaluation, "load_reference"), (tokenreduce.models, "make_model"), (compare, "make_model"),
                          (demo, "reference"), (bench_export, "load_for_export"),
                          (tokenreduce.models, "load_model")]:
         monkeypatch.setattr(module, name, _never)
