@@ -12,7 +12,14 @@ from conftest import TEST_EXPERIMENTS
 
 from tokenreduce.cli import main
 from tokenreduce.core.errors import SpecError
-from tokenreduce.probes import Experiment, RunContext, build_experiment, list_experiments, register_experiment
+from tokenreduce.probes import (
+    Experiment,
+    ProbeRequest,
+    RunContext,
+    build_experiment,
+    list_experiments,
+    register_experiment,
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,21 @@ def test_command_lists_runs_and_writes_results(tmp_path, capsys):
     assert doc["experiment"] == "square_test(n=4, scale=1.0)" and doc["result"]["closed"] == 14.0
     assert doc["provenance"]["command"].startswith("tokenreduce experiment")
     assert main(["experiment", "nope"]) == 2
+
+
+def test_the_command_and_a_study_run_an_experiment_from_one_request(tmp_path, monkeypatch, capsys):
+    """``tokenreduce experiment SPEC --smoke`` builds the library's ProbeRequest, the request a study's probe is
+    (study/execute.py runs it in a RunContext); the same request gives the same experiment and result."""
+    from tokenreduce.study import execute
+
+    made = []
+    monkeypatch.setattr(ProbeRequest, "experiment", lambda self: made.append(self) or build_experiment(
+        self.spec, smoke=self.smoke))
+    assert main(["experiment", "square_test(scale=2.0)", "--smoke", "--threads", "1", "--out", str(tmp_path)]) == 0
+    assert made == [ProbeRequest("square_test(scale=2.0)", smoke=True)]
+    assert "| 10 | 570.0 | 570.0 |" in capsys.readouterr().out
+    body = execute.execute(made[0], RunContext(threads=1, out_dir=tmp_path))
+    assert body == {"experiment": "square_test(n=10, scale=2.0)", "result": {"n": 10, "loop": 570.0, "closed": 570.0}}
 
 
 def _within(value: Any, lo: float, hi: float) -> bool:

@@ -37,7 +37,7 @@ def _log(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..probes import build_experiment, get_experiment, list_experiments
+    from ..probes import ProbeRequest, get_experiment, list_experiments
 
     if not args.spec:
         for name in list_experiments():
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.report import provenance, write_json
     from ..probes import RunContext
 
-    exp = build_experiment(args.spec, smoke=args.smoke)
+    exp = ProbeRequest(args.spec, smoke=args.smoke).experiment()
     checks.threads(args.threads)
     args.device = checks.device(args.device)
     if args.results:

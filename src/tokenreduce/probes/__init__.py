@@ -10,6 +10,7 @@ from . import (  # noqa: F401
 )
 from .base import (
     Experiment,
+    ProbeRequest,
     RunContext,
     build_experiment,
     get_experiment,
@@ -18,5 +19,5 @@ from .base import (
     register_experiment,
 )
 
-__all__ = ["Experiment", "RunContext", "build_experiment", "get_experiment", "list_experiments",
+__all__ = ["Experiment", "ProbeRequest", "RunContext", "build_experiment", "get_experiment", "list_experiments",
            "reading", "register_experiment"]

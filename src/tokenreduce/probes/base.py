@@ -126,3 +126,15 @@ def build_experiment(spec: str, *, smoke: bool = False) -> Experiment:
         spec = format_spec(name, {**cls.smoke, **params})
     _, cls, cfg = _EXPERIMENTS.resolve(spec)
     return cls(cfg)
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """``tokenreduce experiment SPEC [--smoke]`` as its arguments give it, and a study's probe or evaluated arm as
+    the runner makes it (the checkpoint it reads among the spec's parameters)."""
+
+    spec: str
+    smoke: bool = False
+
+    def experiment(self) -> Experiment:
+        return build_experiment(self.spec, smoke=self.smoke)

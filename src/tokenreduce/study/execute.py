@@ -2,31 +2,24 @@
 
 Training is ``TrainConfig`` (what ``tokenreduce train`` builds from its flags); a measure ``tokenreduce eval``'s
 ``EvalRequest``, the fine-tuned runs among its ``recorded`` evaluations; a bench ``tokenreduce bench``'s
-``BenchRequest``; an off-the-shelf arm's seed a ``FoldRequest`` (bench/evaluation.py); a probe a ``ProbeRequest``.
-A request names everything its run reads (checkpoints, records' numbers), so :func:`execute` runs it in any
-process, the runner's or a worker's; the ``RunContext`` (threads, device, precision, a folder, a log) is where it
-runs, not what it computes.
+``BenchRequest``; an off-the-shelf arm's seed a ``FoldRequest`` (bench/evaluation.py); a probe ``tokenreduce
+experiment``'s ``ProbeRequest``. A request names everything its run reads (checkpoints, records' numbers), so
+:func:`execute` runs it in any process, the runner's or a worker's; the ``RunContext`` (threads, device, precision,
+a folder, a log) is where it runs, not what it computes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ..bench import evaluation as ev
 from ..bench.compare import BenchRequest, run_bench
 from ..bench.evaluation import FoldRequest
 from ..models.references import file_sha256
-from ..probes.base import RunContext, build_experiment
+from ..probes.base import ProbeRequest, RunContext
 from ..train.config import TrainConfig
-
-
-@dataclass(frozen=True)
-class ProbeRequest:
-    """``tokenreduce experiment SPEC`` (probes/), its checkpoint among its parameters."""
-
-    spec: str
 
 
 def train(cfg: TrainConfig, ctx: RunContext) -> dict[str, Any]:
@@ -46,7 +39,7 @@ def fold(req: FoldRequest, ctx: RunContext) -> dict[str, Any]:
 
 
 def probe(req: ProbeRequest, ctx: RunContext) -> dict[str, Any]:
-    exp = build_experiment(req.spec)
+    exp = req.experiment()
     return {"experiment": exp.spec(), "result": exp.run(ctx)}
 
 

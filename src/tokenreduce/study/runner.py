@@ -34,12 +34,12 @@ from ..bench.report import provenance, read_provenance, write_json
 from ..core.errors import TokenReduceError
 from ..core.registry import format_spec, parse_spec
 from ..models.references import file_sha256
-from ..probes.base import RunContext, get_experiment
+from ..probes.base import ProbeRequest, RunContext, get_experiment
 from ..tasks.items import item_pair
 from ..train import lock
 from ..train.config import TrainConfig
 from .declare import REFERENCE, Study
-from .execute import ProbeRequest, execute
+from .execute import execute
 from .plan import TIMED, Layout, Unit, plan, select
 from .records import read_record, relative, resolved
 from .tables import planned_seeds
