@@ -532,6 +532,17 @@ def test_the_length_section_says_what_else_differs_between_lengths_and_the_front
     assert f"--where steps={TEN_EPOCHS} --device cuda" in front
 
 
+def test_the_front_matter_counts_the_training_records_that_store_per_item_results():
+    """Read from the records, not written in prose: a sentence naming which runs hold per-item results went stale
+    as soon as other runs stored them."""
+    from tokenreduce.study.page import methods
+
+    runs = {f"r{k}": {"kind": "train", "metrics": {"m": 1.0, **({"items": {"m": "..."}} if k < 2 else {})}}
+            for k in range(5)}
+    runs["probe"] = {"kind": "probe", "metrics": {"items": {"m": "..."}}}
+    assert "Per-item results: 2 of the 5 training records store them;" in methods([(_study([]), runs)])
+
+
 # ----------------------------------------------------------------------------- the verdict history
 
 

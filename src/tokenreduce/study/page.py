@@ -137,22 +137,26 @@ METHODS = ("How the verdicts are reached: each claim is a paired contrast (arm m
            "the larger adjusted p, the raw p is shown beside it. A claim declared for several methods is also tested "
            "as one family claim, seeds as the unit. Every \"costs nothing / at or above / keeps\" claim is a "
            "non-inferiority test against a declared margin, given with its reason. Where runs store per-item results "
-           "(the one-epoch runs) an interval over seeds and test items is shown beside the t-interval: every seed is "
-           "scored on the same items, so seeds and items cross, and the interval adds the variance of the items the "
-           "seeds share to the seed t-interval's (a two-way random-effects model; its coverage is checked by "
-           "simulation at 3 seeds x 10 000 items). The 100-step records hold none, so their intervals are seed-level "
-           "only.")
+           "an interval over seeds and test items is shown beside the t-interval: every seed is scored on the same "
+           "items, so seeds and items cross, and the interval adds the variance of the items the seeds share to the "
+           "seed t-interval's (a two-way random-effects model; its coverage is checked by simulation at 3 seeds x "
+           "10 000 items).")
 
 
 def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
-    """:data:`METHODS` and which claims declared a power plan before their runs (the rest: post hoc)."""
+    """:data:`METHODS`, how many training records store per-item results (read from them), and which claims
+    declared a power plan before their runs (the rest: post hoc)."""
     planned = [s.name for s, _ in studies if any(e.power is not None for e in s.expect)]
     before = (f"Power plans declared before the runs (the n of seeds that gives 80% power at the level "
               "the claim is decided at, its level over the tests of its Holm family, beside the n run): "
               f"the longer fine-tunes of {', '.join(dict.fromkeys(planned))}. Elsewhere no plan was declared: "
               if planned else "No study here declared a power plan before its runs: ")
-    text = (f"{METHODS} {before}where a claim gives a published effect, the power its n had for it at the observed "
-            "sd is stated, labelled post hoc.")
+    trained = [d for _, runs in studies for d in runs.values() if d.get("kind") == "train"]
+    held = sum(bool(d.get("metrics", {}).get("items")) for d in trained)
+    text = (f"{METHODS} Per-item results: {held} of the {len(trained)} training records store them; a claim whose "
+            f"records hold none has the seed-level interval only, and its study's verdict notes say so. {before}where "
+            "a claim gives a published effect, the power its n had for it at the observed sd is stated, labelled post "
+            "hoc.")
     # the fine-tune length: the grid axis whose longer values set training fields (one epoch, ten)
     length = next((a for s, _ in studies for a in s.grid if a.sets), None)
     papers = [s.paper_epochs for s, _ in studies if s.paper_epochs]
