@@ -14,7 +14,7 @@ from typing import Any
 from ..bench.report import revision_gap, write_text
 from ..core.errors import TokenReduceError
 from . import history, lengths, tables
-from .declare import Study, get_study, list_studies
+from .declare import POWER, Study, get_study, list_studies
 from .figures import colours, pyplot, set_title, write_png
 from .plan import Layout, plan
 from .records import load_runs
@@ -121,7 +121,7 @@ def study_section(study: Study, runs: dict[str, dict], root: Path, judgement: Ju
 
 
 def claims_table(studies: list[tuple[Study, dict[str, dict]]], judgement: Judgement) -> list[str]:
-    head = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", "95% t-interval",
+    head = tables.table_head(["study", "claim", "where", "source", "published", "measured here (Δ)", tables.INTERVAL,
                               "p raw / adjusted", "verdict", "test bed"])
     return head + [tables.table_row([study.name, j.claim, lengths.point(study, j.expect), j.expect.source,
                                      *tables.result_cells(j), study.bed_name])
@@ -147,7 +147,7 @@ def methods(studies: list[tuple[Study, dict[str, Any]]]) -> str:
     """:data:`METHODS`, how many training records store per-item results (read from them), and which claims
     declared a power plan before their runs (the rest: post hoc)."""
     planned = [s.name for s, _ in studies if any(e.power is not None for e in s.expect)]
-    before = (f"Power plans declared before the runs (the n of seeds that gives 80% power at the level "
+    before = (f"Power plans declared before the runs (the n of seeds that gives {POWER:.0%} power at the level "
               "the claim is decided at, its level over the tests of its Holm family, beside the n run): "
               f"the longer fine-tunes of {', '.join(dict.fromkeys(planned))}. Elsewhere no plan was declared: "
               if planned else "No study here declared a power plan before its runs: ")

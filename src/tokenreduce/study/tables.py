@@ -27,6 +27,9 @@ from . import stats
 from .declare import CONFIRMATORY, OFF_THE_SHELF, OWN, POWER, Axis, Col, Expect, Probe, Study, Timing
 
 NOT_RUN = "not run"
+#: the confidence of every t-interval (every claim's level), and their column's heading
+CONFIDENCE = f"{100 * (1 - Expect.level):g}%"
+INTERVAL = f"{CONFIDENCE} t-interval"
 #: what an exploratory claim (:attr:`~.declare.Expect.confirmatory` false) shows in place of a verdict word
 EXPLORATORY = "exploratory"
 #: the words that decide nothing, which a record of uncommitted code therefore cannot make provisional
@@ -489,7 +492,7 @@ def verdict_table(study: Study, runs: dict[str, dict], judgement: Judgement | No
     judgement = judgement or bed_judgement(study, runs)
     judged = judgement.judged[study.key]
     lines = table_head(["claim", "where", "contrast", "published", "measured Δ (mean ± sd)",
-                        f"{100 * (1 - Expect.level):g}% t-interval", "p raw / adjusted", "verdict"])
+                        INTERVAL, "p raw / adjusted", "verdict"])
     lines += [table_row([j.claim, where_text(j.expect.at), _contrast(j.expect), *result_cells(j)]) for j in judged]
     lines.append("")
     for j in judged:
@@ -519,16 +522,16 @@ UNITS = {
                "(every seed is scored on the same test items).",
 }
 #: how every verdict table's tests were run, in words
-STATISTICS = ("Every claim's test is two-sided at its level (0.05), i.e. each side one-sided at "
-              "0.025, so \"reproduced\" and \"contradicted\" together keep 0.05; one-sided p-values (TOST, the "
-              "test against a published effect) are shown doubled so every p compares with 0.05. The t-interval "
-              "is the 95% paired t-interval over seeds whose side of the margin decides the claim before "
-              "multiplicity. \"equivalent within ±δ\": TOST at a declared ±δ rejects; \"not reproduced\": the "
-              "test of H0 Δ = published effect, one-sided toward no effect, rejects; \"inconclusive\": no test "
-              "rejects, which says the data could not tell, not that there is no effect. A claim is confirmatory "
-              f"when it is {CONFIRMATORY}; one whose source names the contrast as {OWN} own is exploratory: its "
-              "difference, interval and raw p are shown with the word \"exploratory\", never a verdict, and it "
-              "stays outside the multiplicity families.")
+STATISTICS = (f"Every claim's test is two-sided at its level ({Expect.level:g}), i.e. each side one-sided at "
+              f"{Expect.level / 2:g}, so \"reproduced\" and \"contradicted\" together keep {Expect.level:g}; "
+              "one-sided p-values (TOST, the test against a published effect) are shown doubled so every p compares "
+              f"with {Expect.level:g}. The t-interval is the {CONFIDENCE} paired t-interval over seeds whose side of "
+              "the margin decides the claim before multiplicity. \"equivalent within ±δ\": TOST at a declared ±δ "
+              "rejects; \"not reproduced\": the test of H0 Δ = published effect, one-sided toward no effect, rejects; "
+              "\"inconclusive\": no test rejects, which says the data could not tell, not that there is no effect. A "
+              f"claim is confirmatory when it is {CONFIRMATORY}; one whose source names the contrast as {OWN} own is "
+              "exploratory: its difference, interval and raw p are shown with the word \"exploratory\", never a "
+              "verdict, and it stays outside the multiplicity families.")
 
 
 # ----------------------------------------------------------------------------- the summary
