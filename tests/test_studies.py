@@ -417,7 +417,7 @@ def test_report_rebuilds_byte_identical_and_shows_missing_runs(tmp_path: Path):
 def test_a_study_without_results_says_not_run(tmp_path: Path):
     text = build_report(tmp_path, names=["eet"], readme=None).read_text()
     assert "not run: no run JSON under `eet/fmnist/runs/`" in text and "| eet | CTP alone lowers mAP |" in text
-    assert "not run: the 937-step runs are made in the background" in text  # the scene bed says why
+    assert "not run: by plan, the 937-step runs are made on CPU cores" in text  # the scene bed says why
     assert "**not run**" in text
 
 

@@ -141,7 +141,10 @@ def test_a_pending_reason_is_printed_where_runs_are_missing(tmp_path: Path):
     from tokenreduce.study.tables import summary
 
     study = _scenes("eet", "pending_test", pending="scheduled for the next sitting")()
-    assert "runs not run: scheduled for the next sitting." in summary(study, {})
+    assert "60 of 60 runs not run (steps 100: 36, 937: 12, 9370: 12): scheduled for the next sitting." in \
+        summary(study, {})
+    done = {p.id: {"metrics": {}} for p in study.points() if p.values["steps"] != 9370}  # which are missing, counted
+    assert "12 of 60 runs not run (steps 9370: 12): scheduled for the next sitting." in summary(study, done)
     text = build_report(tmp_path, names=["pending_test"]).read_text()
     assert "not run: scheduled for the next sitting." in text
 

@@ -64,10 +64,10 @@ def one_epoch_budget(runs: int, minutes: float) -> tuple[int, str, float]:
     return runs, f"{EPOCH_STEPS}-step training", minutes / runs
 
 
-#: why a longer run may have no record yet (a scene bed's ``pending``)
-LONGER_PENDING = (f"the {EPOCH_STEPS}-step runs are made in the background across sittings (about 10 hours on 2 CPU "
-                  f"cores); the {TEN_EPOCHS}-step runs are a GPU's part of the plan (tokenreduce study NAME --device "
-                  f"cuda --where steps={TEN_EPOCHS} runs them)")
+#: why a longer run may have no record yet (a scene bed's ``pending``; the summary counts those missing per length)
+LONGER_PENDING = (f"by plan, the {EPOCH_STEPS}-step runs are made on CPU cores across sittings and the "
+                  f"{TEN_EPOCHS}-step runs on a GPU (tokenreduce study NAME --device cuda --where steps={TEN_EPOCHS} "
+                  "runs them)")
 
 
 def lengths(arms: dict[str, Arm], longer: tuple[str, ...], **where: tuple[Any, ...]) -> dict[str, Arm]:

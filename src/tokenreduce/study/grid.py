@@ -112,6 +112,12 @@ class Planned:
         tuned = [p.id for a in m.finetuned for p in self.points() if p.arm == a and p.matches(at)]
         return (self.point(ref, m.at).id if ref else None), tuned
 
+    def by_setting(self, points: list[Point]) -> dict[str, dict[Any, int]]:
+        """For each named setting on the grid with several values (``Axis.sets``: the fine-tune length), how many
+        of ``points`` run at each of its values (a value with none left out)."""
+        return {a.name: {v: n for v in a.values if (n := sum(p.values.get(a.name) == v for p in points))}
+                for a in self.axes() if a.sets and len(a.values) > 1}
+
     def pilot(self, e: Any) -> dict[str, Any]:
         """The grid point whose records give claim ``e``'s power plan its pilot sd: the same contrast with each
         axis that has an ``implicit`` value at it (the runs made first: the shortened fine-tune)."""

@@ -292,12 +292,10 @@ class Runner:
         self.log(f"study {self.study.key}: {len(pending)} of {total} runs{f' at {self.where}' if self.where else ''} "
                  f"to do on {self.study.bed.text()}"
                  f"{' (smoke)' if self.study.is_smoke else ''}; results in {self.layout.results}")
-        for axis in (a for a in self.study.axes() if a.sets and len(a.values) > 1):  # a setting such as the length
-            count = {v: sum(u.point is not None and u.point.values.get(axis.name) == v for u in pending)
-                     for v in axis.values}
-            if sum(n > 0 for n in count.values()) > 1:
-                self.log(f"  to do by {axis.name}: " + ", ".join(f"{v}: {n}" for v, n in count.items() if n)
-                         + f" (--where {axis.name}=V runs one)")
+        for name, count in self.study.by_setting([u.point for u in pending if u.point is not None]).items():
+            if len(count) > 1:
+                self.log(f"  to do by {name}: " + ", ".join(f"{v}: {n}" for v, n in count.items())
+                         + f" (--where {name}=V runs one)")
 
         def finished(u: Unit, seconds: float, lanes: int) -> None:
             times.append(seconds)

@@ -576,9 +576,11 @@ def summary(study: Study, runs: dict[str, dict], judgement: Judgement | None = N
     """The study's markdown: arm tables per split value, measures, probes, benches, verdicts (``judgement``:
     the claims judged with others, :func:`judge`; default: this bed's alone)."""
     lines = [f"## Arms ({schedule_text(study)}) on {study.bed.text()}", ""] if study.arms else []
-    missing = [p.id for p in study.points() if p.id not in runs]
+    missing = [p for p in study.points() if p.id not in runs]
     if missing and study.pending:
-        lines += [f"{len(missing)} of {len(study.points())} runs {NOT_RUN}: {study.pending}.", ""]
+        by = "".join(f" ({name} {', '.join(f'{v}: {n}' for v, n in count.items())})"
+                     for name, count in study.by_setting(missing).items())
+        lines += [f"{len(missing)} of {len(study.points())} runs {NOT_RUN}{by}: {study.pending}.", ""]
     for value, at in split_points(study) if study.arms else []:
         if study.split:
             lines += [f"### {study.split[1].format(value)}", ""]
