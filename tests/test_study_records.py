@@ -103,3 +103,36 @@ def test_a_measure_reads_the_test_bed_reference_every_seed_of_its_arms_and_its_b
     assert [(r.name, r.model, r.seed, r.task) for r in request.recorded] == [(n, model, int(n[-1]), "classify")
                                                                             for n in unit.needs]
     assert request.speed["backend"] == "onnxruntime" and read == []
+
+
+def test_a_measure_whose_reference_arm_is_fine_tuned_too_records_that_run_as_well(tmp_path: Path):
+    """The reference run of a measure timed at seed 0 is also one of its fine-tuned runs there: it is both the
+    checkpoint whose specs are timed and a recorded evaluation."""
+    import dataclasses
+
+    base = get_study("baselines")
+    bed = base.beds["fmnist"]
+    matched = dataclasses.replace(next(m for m in bed.measures if m.name == "matched"), model="random-1.5x",
+                                  at={"seed": 0})
+
+    class Reread(base):
+        beds = {"fmnist": dataclasses.replace(bed, evaluations=(matched,))}
+
+    study = Reread("fmnist")
+    runner = Runner(study, Layout(tmp_path, tmp_path / "checkpoints"), threads=1, log=lambda msg: None)
+    unit = runner.unit("matched")
+    tuned = [f"{a}-s0" for a in ("random-1.5x", "topk-1.5x", "random~topk-1.5x")]
+    assert unit.reads == "random-1.5x-s0" and set(unit.needs) == set(tuned)
+    for run_id in tuned:
+        checkpoint = tmp_path / "checkpoints" / run_id / "model.safetensors"
+        checkpoint.parent.mkdir(parents=True)
+        checkpoint.write_text(run_id)
+        path = runner.layout.json(run_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"id": f"{study.key}/{run_id}", "study": study.name, "bed": study.bed_name,
+                                    "run": run_id, "kind": "train", "testbed": study.bed.describe(),
+                                    "point": {"seed": 0}, "config": {"model": {"name": "m"}, "seed": 0},
+                                    "metrics": {"checkpoint": str(checkpoint), "top1": 50.0, "task": "classify"}}))
+    request, read = runner.request(unit)
+    assert request.reference == read[0]["path"] == str(tmp_path / "checkpoints" / tuned[0] / "model.safetensors")
+    assert [r.name for r in request.recorded] == tuned

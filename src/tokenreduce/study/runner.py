@@ -131,7 +131,7 @@ class Runner:
 
         m, reference = unit.step, source or self._reference()
         recorded = []
-        for n in (n for n in unit.needs if n != unit.reads):
+        for n in self.study.measure_runs(m)[1]:  # its fine-tuned runs, whichever arm its reference is
             doc = self._doc(n)
             recorded.append(Recorded(n, self._model(n), doc["metrics"].get("spec"), doc["metrics"]["task"],
                                      doc["config"].get("seed"), final_evaluation(doc["metrics"])))
