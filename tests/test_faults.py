@@ -101,14 +101,21 @@ def test_resume_of_an_empty_or_unknown_folder_is_refused(folder, data, tmp_path,
     assert not (out / "last.safetensors").exists()
 
 
-def test_resume_keeps_the_runs_thread_count(data, tmp_path, capsys):  # noqa: F811
+def test_resume_keeps_the_runs_pace(data, tmp_path, capsys):  # noqa: F811
+    """A bare --resume keeps the run's thread count and checkpoint interval (train.config.RESUME_KEEPS);
+    a flag given still changes them."""
     out = tmp_path / "run"
     with pytest.raises(Interrupted):
         train(tiny_config(data, out, ckpt_every=1, threads=1), on_step=stop_at(3))
     assert main(["train", "--out", str(out), "--resume"]) == 0
     err = capsys.readouterr().err
-    assert "resuming" in err and "threads" not in err  # nothing changed: 'threads None (was 1)' no more
-    assert read_meta(out / "model.safetensors")["config"]["threads"] == 1
+    assert "resuming" in err and "threads" not in err and "ckpt_every" not in err  # nothing changed
+    config = read_meta(out / "model.safetensors")["config"]
+    assert (config["threads"], config["ckpt_every"]) == (1, 1)
+    with pytest.raises(Interrupted):
+        train(tiny_config(data, tmp_path / "again", ckpt_every=1, threads=1), on_step=stop_at(3))
+    assert main(["train", "--out", str(tmp_path / "again"), "--resume", "--ckpt-every", "7"]) == 0
+    assert "ckpt_every 7 (was 1)" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- 6. a changed training set

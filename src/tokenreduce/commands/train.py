@@ -177,8 +177,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _started_with(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings (runtime fields left out) of the run ``--resume`` continues, so that the flags given
-    add to them: ``tokenreduce train --out DIR --resume`` alone continues the run in DIR."""
+    """The settings of the run ``--resume`` continues (of the runtime fields only its pace, ``RESUME_KEEPS``), so
+    that the flags given add to them: ``tokenreduce train --out DIR --resume`` alone continues the run in DIR."""
+    from ..train.config import RESUME_KEEPS
     from ..train.loop import RUNTIME_FIELDS, saved_config
     from ..train.recipes import default_out
 
@@ -190,7 +191,7 @@ def _started_with(args: argparse.Namespace) -> dict[str, Any]:
         what = "does not exist" if not Path(out).exists() else "holds no run (no last.safetensors or model.safetensors)"
         raise TokenReduceError(f"--resume: {out} {what}, so there is nothing to resume; check --out, or drop "
                                "--resume to start a new run there")
-    return {k: v for k, v in saved.to_dict().items() if k not in RUNTIME_FIELDS}
+    return {k: v for k, v in saved.to_dict().items() if k not in RUNTIME_FIELDS or k in RESUME_KEEPS}
 
 
 def with_bits(task: str, bits: int) -> str:

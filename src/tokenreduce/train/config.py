@@ -23,6 +23,9 @@ from ..core.errors import TokenReduceError
 #: Fields that say how to run, not what to train: they may change when a run is resumed.
 RUNTIME_FIELDS = ("out", "resume", "force", "allow_data_change", "threads", "device", "num_workers", "quiet",
                   "ckpt_every", "download")
+#: Of those, the run's own pace, which a bare ``--resume`` keeps (a flag given changes it): a resumed run is
+#: bit-identical only on its own thread count, and checkpoints as often as it did.
+RESUME_KEEPS = ("threads", "num_workers", "ckpt_every")
 #: Fields older runs recorded that mean nothing now (dropped when their config is read back, if empty).
 _RETIRED = ("extra",)
 
