@@ -116,6 +116,12 @@ def test_resume_keeps_the_runs_pace(data, tmp_path, capsys):  # noqa: F811
         train(tiny_config(data, tmp_path / "again", ckpt_every=1, threads=1), on_step=stop_at(3))
     assert main(["train", "--out", str(tmp_path / "again"), "--resume", "--ckpt-every", "7"]) == 0
     assert "ckpt_every 7 (was 1)" in capsys.readouterr().err
+    # the library: a pace field left None (not given) is the run's own
+    with pytest.raises(Interrupted):
+        train(tiny_config(data, tmp_path / "lib", ckpt_every=1, threads=1, num_workers=0), on_step=stop_at(3))
+    done = train(tiny_config(data, tmp_path / "lib", ckpt_every=1, threads=None, num_workers=None, resume=True))
+    config = read_meta(done["checkpoint"])["config"]
+    assert (config["threads"], config["num_workers"]) == (1, 0)
 
 
 # ----------------------------------------------------------------------------- 6. a changed training set

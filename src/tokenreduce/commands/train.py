@@ -179,8 +179,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def _started_with(args: argparse.Namespace) -> dict[str, Any]:
     """The settings of the run ``--resume`` continues (of the runtime fields only its pace, ``RESUME_KEEPS``), so
     that the flags given add to them: ``tokenreduce train --out DIR --resume`` alone continues the run in DIR."""
-    from ..train.config import RESUME_KEEPS
-    from ..train.loop import RUNTIME_FIELDS, saved_config
+    from ..train.config import RESUME_KEEPS, RUNTIME_FIELDS
+    from ..train.loop import saved_config
     from ..train.recipes import default_out
 
     out = args.out or (default_out(args.recipe) if args.recipe else None)

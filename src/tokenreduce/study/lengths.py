@@ -11,7 +11,19 @@ from typing import Any
 from .declare import Expect, Study
 from .figures import pyplot, set_title, write_png
 from .stats import summarize, welch_change
-from .tables import NOT_RUN, Judged, axis, ci_text, interval_text, measured, table_head, table_row, where_text, word
+from .tables import (
+    INTERVAL,
+    NOT_RUN,
+    Judged,
+    axis,
+    ci_text,
+    interval_text,
+    measured,
+    table_head,
+    table_row,
+    where_text,
+    word,
+)
 
 AXIS = "steps"
 
@@ -139,7 +151,7 @@ def _figure(study: Study, groups: list[list[tuple[Any, Judged]]], path: Path) ->
     ax.set_xticks(sorted({s for g in groups for s, _ in g}))
     ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("fine-tune steps (batch 64)")
-    ax.set_ylabel(f"paired difference, {g[0][1].expect.metric}\n(mean, {1 - g[0][1].expect.level:.0%} t-interval)")
+    ax.set_ylabel(f"paired difference, {g[0][1].expect.metric}\n(mean, {INTERVAL})")
     set_title(fig, f"{study.heading}: each claim's difference over the fine-tune length")
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()

@@ -77,7 +77,7 @@ from ..models import (
 )
 from ..tasks import Task, TaskContext, build_task, dataset_labels, get_task, list_tasks
 from . import dist, lock
-from .config import RUNTIME_FIELDS, TrainConfig
+from .config import RESUME_KEEPS, RUNTIME_FIELDS, TrainConfig
 from .optim import WarmupCosine, build_optimizer
 from .progress import Progress
 
@@ -205,8 +205,9 @@ def _resolve_resume(cfg: TrainConfig) -> tuple[TrainConfig, Any, list[str]]:
         if saved.identity() != cfg.identity():
             raise _contradicted(saved, cfg)
         given = {k: getattr(cfg, k) for k in RUNTIME_FIELDS}
-        if given["threads"] is None:  # not given: the run's own thread count (another one is not bit-identical)
-            given["threads"] = saved.threads
+        for k in RESUME_KEEPS:  # not given (None): the run's own pace (another thread count is not bit-identical)
+            if given[k] is None:
+                given[k] = getattr(saved, k)
         notes = [f"{k} {given[k]} (was {getattr(saved, k)})" for k in RUNTIME_FIELDS
                  if k not in ("out", "resume", "force", "allow_data_change") and given[k] != getattr(saved, k)]
         return dataclasses.replace(saved, **given), ckpt, notes
